@@ -1,0 +1,843 @@
+"""The records pgsnap works with: immutable, typed, and lossless through JSON.
+
+Everything here is a frozen attrs class (or an enum). Records are *facts*
+(what was observed: volumes, snapshots, backups) or *requests* (a recovery
+target). They hold no connections and do no I/O.
+
+JSON: :func:`to_json` / :func:`from_json` (and ``to_dict`` / ``from_dict``)
+convert any record losslessly. The document carries ``format_version``
+(:data:`FORMAT_VERSION`); a reader accepts any minor version of its major
+version and ignores keys it does not know, and refuses another major version
+with :class:`~pgsnap.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, TypeVar, Union
+
+import attrs
+
+from pgsnap.errors import FormatError, LSNError, TargetError
+
+__all__ = [
+    "FORMAT_VERSION",
+    "LSN",
+    "MAX_TIMELINE",
+    "ArchiverStatus",
+    "BackupRecord",
+    "BackupStart",
+    "BackupState",
+    "BackupStop",
+    "Layout",
+    "RecoveryAction",
+    "RecoverySettings",
+    "RecoveryTarget",
+    "ServerFacts",
+    "Snapshot",
+    "SnapshotGroup",
+    "SnapshotPolicy",
+    "StorageVolume",
+    "Tablespace",
+    "TargetKind",
+    "Timeline",
+    "Volume",
+    "VolumeRole",
+    "from_dict",
+    "from_json",
+    "to_dict",
+    "to_json",
+    "validate_timeline",
+]
+
+FORMAT_VERSION: Final = "1.0"
+"""Format version written into every JSON document (``major.minor``)."""
+
+MAX_TIMELINE: Final = 0xFFFFFFFF
+"""Largest timeline id PostgreSQL can use (an unsigned 32-bit number)."""
+
+Timeline = int
+"""A timeline id: an integer from 1 to :data:`MAX_TIMELINE`."""
+
+_LSN_RE = re.compile(r"^\s*([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})\s*$")
+_MAX_LSN = 0xFFFFFFFFFFFFFFFF
+
+
+def validate_timeline(value: int) -> int:
+    """Return ``value`` if it is a legal timeline id, else raise ``InputError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TIMELINE:
+        from pgsnap.errors import InputError  # noqa: PLC0415 - keep import list short
+
+        raise InputError(
+            f"invalid timeline id {value!r}",
+            hint=f"a timeline id is an integer from 1 to {MAX_TIMELINE}",
+            value=value,
+        )
+    return value
+
+
+def _check_lsn_value(_inst: object, _attr: object, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LSNError(f"an LSN must be an integer, not {type(value).__name__}", value=value)
+    if not 0 <= value <= _MAX_LSN:
+        raise LSNError(
+            f"LSN {value} is out of range",
+            hint="an LSN is an unsigned 64-bit number (0/0 to FFFFFFFF/FFFFFFFF)",
+            value=value,
+        )
+
+
+@attrs.frozen(order=True)
+class LSN:
+    """A WAL location (log sequence number): a 64-bit byte position in the WAL.
+
+    Written ``X/Y`` (high and low 32 bits in hex, e.g. ``16/B374D848``).
+    :meth:`parse` accepts upper or lower case and zero-padded halves (the
+    PostgreSQL 19 style ``0/0000ABCD``); ``str()`` gives PostgreSQL's
+    unpadded upper-case form. LSNs compare and sort as integers; ``lsn + n``
+    and ``lsn - n`` move by bytes, ``lsn1 - lsn2`` is the distance in bytes.
+    """
+
+    value: int = attrs.field(validator=_check_lsn_value)
+
+    @classmethod
+    def parse(cls, text: str | LSN) -> LSN:
+        """Parse ``X/Y`` text (or return an LSN unchanged)."""
+        if isinstance(text, LSN):
+            return text
+        if not isinstance(text, str):
+            raise LSNError(f"an LSN must be text like '16/B374D848', not {type(text).__name__}")
+        m = _LSN_RE.match(text)
+        if m is None:
+            raise LSNError(
+                f"malformed LSN {text!r}",
+                hint="write an LSN as two hex numbers of 1 to 8 digits, e.g. '16/B374D848'",
+                text=text,
+            )
+        return cls((int(m.group(1), 16) << 32) | int(m.group(2), 16))
+
+    @property
+    def high(self) -> int:
+        """The upper 32 bits (the "log id")."""
+        return self.value >> 32
+
+    @property
+    def low(self) -> int:
+        """The lower 32 bits."""
+        return self.value & 0xFFFFFFFF
+
+    def __str__(self) -> str:
+        return f"{self.high:X}/{self.low:X}"
+
+    def __repr__(self) -> str:
+        return f"LSN('{self}')"
+
+    def __add__(self, other: int) -> LSN:
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        return LSN(self.value + other)
+
+    @typing.overload
+    def __sub__(self, other: LSN) -> int: ...
+    @typing.overload
+    def __sub__(self, other: int) -> LSN: ...
+    def __sub__(self, other: LSN | int) -> int | LSN:
+        if isinstance(other, LSN):
+            return self.value - other.value
+        if isinstance(other, bool) or not isinstance(other, int):
+            return NotImplemented
+        return LSN(self.value - other)
+
+
+def _lsn(value: LSN | str) -> LSN:
+    return LSN.parse(value)
+
+
+def _opt_lsn(value: LSN | str | None) -> LSN | None:
+    return None if value is None else LSN.parse(value)
+
+
+def _timeline_ok(_inst: object, _attr: object, value: int) -> None:
+    validate_timeline(value)
+
+
+def _str_tuple(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+def _sorted_map(mapping: Mapping[str, str]) -> dict[str, str]:
+    return dict(sorted(mapping.items()))
+
+
+def _volumes(values: Iterable[Volume]) -> tuple[Volume, ...]:
+    return tuple(values)
+
+
+def _snapshots(values: Iterable[Snapshot]) -> tuple[Snapshot, ...]:
+    return tuple(values)
+
+
+def _tablespaces(values: Iterable[Tablespace]) -> tuple[Tablespace, ...]:
+    return tuple(values)
+
+
+# --------------------------------------------------------------------------- volumes
+
+
+class VolumeRole(enum.Enum):
+    """What a volume holds for the cluster."""
+
+    DATA = "data"
+    """The data directory (PGDATA)."""
+    WAL = "wal"
+    """``pg_wal`` when it lives on its own volume."""
+    TABLESPACE = "tablespace"
+    """A tablespace (the volume's ``tablespace_oid`` says which)."""
+    ARCHIVE = "archive"
+    """The WAL archive: never snapshotted with the cluster, never restored."""
+
+
+def _check_volume(inst: Volume, _attr: object, _value: VolumeRole) -> None:
+    if inst.role is VolumeRole.TABLESPACE and inst.tablespace_oid is None:
+        from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+
+        raise ConfigurationError(
+            f"volume {inst.id!r} has role tablespace but no tablespace_oid",
+            hint="give the OID of the tablespace it holds (SELECT oid FROM pg_tablespace)",
+            volume_id=inst.id,
+        )
+
+
+@attrs.frozen
+class Volume:
+    """One storage volume of a cluster's layout and the role it plays.
+
+    ``id`` is the backend's volume id; ``mount_point`` is where the volume's
+    file system is mounted on the database host (for directory-backed mock
+    volumes: the directory).
+    """
+
+    id: str
+    name: str
+    role: VolumeRole = attrs.field(validator=_check_volume)
+    mount_point: str
+    tablespace_oid: int | None = None
+
+
+@attrs.frozen
+class Layout:
+    """The volumes that hold one cluster: data, optional WAL, tablespaces, archive."""
+
+    volumes: tuple[Volume, ...] = attrs.field(converter=_volumes)
+
+    def __attrs_post_init__(self) -> None:
+        from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+
+        ids = [v.id for v in self.volumes]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ConfigurationError(
+                f"volume id(s) listed more than once in the layout: {', '.join(dupes)}",
+                hint="each storage volume plays exactly one role",
+            )
+        if sum(v.role is VolumeRole.DATA for v in self.volumes) != 1:
+            raise ConfigurationError(
+                "a layout needs exactly one volume with role 'data'",
+                hint="add the volume that holds the data directory",
+            )
+
+    def by_role(self, role: VolumeRole) -> tuple[Volume, ...]:
+        """The volumes with ``role``, in layout order."""
+        return tuple(v for v in self.volumes if v.role is role)
+
+    @property
+    def data(self) -> Volume:
+        """The data-directory volume."""
+        return self.by_role(VolumeRole.DATA)[0]
+
+    @property
+    def wal(self) -> Volume | None:
+        """The ``pg_wal`` volume, if ``pg_wal`` lives on its own volume."""
+        found = self.by_role(VolumeRole.WAL)
+        return found[0] if found else None
+
+    @property
+    def snapshotted(self) -> tuple[Volume, ...]:
+        """The volumes a backup snapshots: every role except the archive."""
+        return tuple(v for v in self.volumes if v.role is not VolumeRole.ARCHIVE)
+
+    def get(self, volume_id: str) -> Volume:
+        """The volume with ``volume_id``; ``VolumeNotFound`` if it is not in the layout."""
+        for v in self.volumes:
+            if v.id == volume_id:
+                return v
+        from pgsnap.errors import VolumeNotFound  # noqa: PLC0415
+
+        raise VolumeNotFound(f"volume {volume_id!r} is not in the layout", volume_id=volume_id)
+
+
+@attrs.frozen
+class StorageVolume:
+    """A volume as the storage backend reports it."""
+
+    id: str
+    name: str
+    size_bytes: int = 0
+    path: str | None = None
+    """Where the volume's content is reachable on this host, if the backend knows."""
+    mapped_hosts: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    extra: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
+    """Vendor-specific fields (free text)."""
+
+
+@attrs.frozen
+class Snapshot:
+    """A point-in-time copy of one volume."""
+
+    id: str
+    volume_id: str
+    name: str
+    created_at: dt.datetime
+    group_id: str | None = None
+    """The consistency group the snapshot was taken in, if any."""
+    secure: bool = False
+    """Protected against deletion until its retention expires (where supported)."""
+    extra: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
+
+
+@attrs.frozen
+class SnapshotGroup:
+    """Snapshots of several volumes taken at one instant (a consistency group)."""
+
+    id: str
+    name: str
+    created_at: dt.datetime
+    snapshots: tuple[Snapshot, ...] = attrs.field(converter=_snapshots)
+
+    def for_volume(self, volume_id: str) -> Snapshot:
+        """The group's snapshot of ``volume_id``; ``SnapshotNotFound`` if absent."""
+        for s in self.snapshots:
+            if s.volume_id == volume_id:
+                return s
+        from pgsnap.errors import SnapshotNotFound  # noqa: PLC0415
+
+        raise SnapshotNotFound(
+            f"snapshot group {self.id!r} has no snapshot of volume {volume_id!r}",
+            snapshot_id=self.id,
+            volume_id=volume_id,
+        )
+
+
+@attrs.frozen
+class SnapshotPolicy:
+    """A storage-side schedule that takes and rotates snapshots."""
+
+    id: str
+    name: str
+    volume_ids: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    paused: bool = False
+
+
+# --------------------------------------------------------------------------- archiver
+
+
+@attrs.frozen
+class ArchiverStatus:
+    """One row of ``pg_stat_archiver`` plus the settings that decide archiving.
+
+    Times are aware datetimes (or None when never happened).
+    """
+
+    archived_count: int
+    last_archived_wal: str | None
+    last_archived_time: dt.datetime | None
+    failed_count: int
+    last_failed_wal: str | None
+    last_failed_time: dt.datetime | None
+    wal_level: str
+    archive_mode: str
+    archive_command: str = ""
+    archive_library: str = ""
+    oldest_ready_age_seconds: float | None = None
+    """Age of the oldest ``.ready`` file in ``archive_status`` (None: none waiting / unknown)."""
+
+
+# --------------------------------------------------------------------------- server
+
+
+@attrs.frozen
+class Tablespace:
+    """A user tablespace of the cluster (the built-in ones are not listed)."""
+
+    oid: int
+    name: str
+    location: str
+
+
+@attrs.frozen
+class ServerFacts:
+    """What the database adapter observed about a running server.
+
+    ``settings`` holds the settings that matter for backup and recovery, as
+    PostgreSQL reports them (text): ``wal_level``, ``archive_mode``,
+    ``archive_command``, ``archive_library``, ``archive_timeout``,
+    ``full_page_writes``, ``data_checksums``, ``hot_standby``.
+    """
+
+    version_num: int
+    system_identifier: str
+    data_directory: str
+    wal_directory: str
+    """Where ``pg_wal`` really lives (the symlink resolved)."""
+    wal_segment_size: int
+    timeline: int
+    checkpoint_lsn: LSN = attrs.field(converter=_lsn)
+    redo_lsn: LSN = attrs.field(converter=_lsn)
+    current_lsn: LSN | None = attrs.field(converter=_opt_lsn)
+    """``pg_current_wal_lsn()`` (None on a standby)."""
+    in_recovery: bool
+    tablespaces: tuple[Tablespace, ...] = attrs.field(default=(), converter=_tablespaces)
+    settings: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
+
+    @property
+    def major(self) -> int:
+        """The major version (12 ... 18)."""
+        return self.version_num // 10000
+
+
+@attrs.frozen
+class BackupStart:
+    """What ``pg_backup_start`` returned."""
+
+    lsn: LSN = attrs.field(converter=_lsn)
+    timeline: int
+    time: dt.datetime
+
+
+@attrs.frozen
+class BackupStop:
+    """What ``pg_backup_stop(false)`` returned: keep both files byte for byte."""
+
+    lsn: LSN = attrs.field(converter=_lsn)
+    labelfile: str
+    spcmapfile: str
+    time: dt.datetime
+    timeline: int
+
+
+# --------------------------------------------------------------------------- backups
+
+
+class BackupState(enum.Enum):
+    """Life of a backup: STARTED → WAITING_FOR_WAL → DONE, or FAILED from any state."""
+
+    STARTED = "started"
+    WAITING_FOR_WAL = "waiting_for_wal"
+    DONE = "done"
+    FAILED = "failed"
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise TargetError(
+            f"time {value.isoformat()} has no time zone",
+            hint="use an aware datetime, e.g. datetime(..., tzinfo=timezone.utc)",
+        )
+    return value
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    checked = _utc(value)
+    assert checked is not None
+    return checked
+
+
+@attrs.frozen
+class BackupRecord:
+    """A backup in the catalog: what was taken, where it starts and ends.
+
+    ``labelfile`` and ``spcmapfile`` are the exact texts PostgreSQL returned at
+    backup stop; they are written back byte for byte at restore. ``snapshots``
+    maps each snapshotted volume id to its snapshot id.
+    """
+
+    id: str
+    label: str
+    state: BackupState
+    system_identifier: str
+    """The cluster's system identifier (text: it does not fit a JSON double)."""
+    server_version: int
+    """``server_version_num``, e.g. 150018."""
+    wal_segment_size: int
+    layout: Layout
+    start_lsn: LSN = attrs.field(converter=_lsn)
+    start_timeline: int = attrs.field(validator=_timeline_ok)
+    start_time: dt.datetime = attrs.field(converter=_aware)
+    stop_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
+    stop_timeline: int | None = None
+    stop_time: dt.datetime | None = attrs.field(default=None, converter=_utc)
+    labelfile: str | None = None
+    spcmapfile: str | None = None
+    snapshot_group_id: str | None = None
+    snapshots: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
+    orphaned_snapshots: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """Snapshots taken for this backup that could not be deleted after a failure."""
+    failure_reason: str | None = None
+    backup_mode_seconds: float | None = None
+    """Time the server spent in backup mode."""
+    total_seconds: float | None = None
+    pgsnap_version: str = ""
+
+    @property
+    def is_usable(self) -> bool:
+        """True when the backup is DONE (only DONE backups are restored)."""
+        return self.state is BackupState.DONE
+
+
+# --------------------------------------------------------------------------- targets
+
+
+class TargetKind(enum.Enum):
+    """Kinds of recovery target, as PostgreSQL's ``recovery_target*`` settings."""
+
+    LATEST = "latest"
+    """Replay all available WAL (complete recovery)."""
+    IMMEDIATE = "immediate"
+    """Stop as soon as the backup is consistent."""
+    TIME = "time"
+    LSN = "lsn"
+    XID = "xid"
+    NAME = "name"
+    """A restore point made by ``pg_create_restore_point``."""
+
+
+_TARGET_VALUE_TYPES: Final[dict[TargetKind, type]] = {
+    TargetKind.LATEST: type(None),
+    TargetKind.IMMEDIATE: type(None),
+    TargetKind.TIME: dt.datetime,
+    TargetKind.LSN: LSN,
+    TargetKind.XID: int,
+    TargetKind.NAME: str,
+}
+
+
+def _target_value_ok(
+    inst: RecoveryTarget, _attr: object, value: dt.datetime | LSN | int | str | None
+) -> None:
+    kind = inst.kind
+    expected = _TARGET_VALUE_TYPES[kind]
+    if not isinstance(value, expected) or isinstance(value, bool):
+        raise TargetError(
+            f"a {kind.value} target needs a value of type {expected.__name__}, not {value!r}",
+            hint="build targets with RecoveryTarget.time(...), .lsn(...), .xid(...), .name(...)",
+        )
+    if kind is TargetKind.TIME:
+        assert isinstance(value, dt.datetime)
+        _utc(value)
+    if kind is TargetKind.XID and not 3 <= typing.cast(int, value) <= 0xFFFFFFFFFFFFFFFF:
+        raise TargetError(f"transaction id {value} is out of range", hint="use a normal xid (>= 3)")
+    if kind is TargetKind.NAME and not 0 < len(typing.cast(str, value)) <= 63:
+        raise TargetError(
+            f"restore point name {value!r} must have 1 to 63 characters",
+            hint="use the name given to pg_create_restore_point()",
+        )
+
+
+@attrs.frozen
+class RecoveryTarget:
+    """Where recovery stops: exactly one target, and only one.
+
+    Build with the class methods: ``RecoveryTarget.latest()``,
+    ``.immediate()``, ``.time(aware_datetime)``, ``.lsn("0/3000060")``,
+    ``.xid(735)``, ``.name("before_migration")``. A time without a time zone is
+    refused with :class:`~pgsnap.errors.TargetError`, never guessed.
+    ``inclusive`` matters for time, LSN and xid targets (PostgreSQL's
+    ``recovery_target_inclusive``).
+    """
+
+    kind: TargetKind
+    value: dt.datetime | LSN | int | str | None = attrs.field(
+        default=None, validator=_target_value_ok
+    )
+    inclusive: bool = True
+
+    @classmethod
+    def latest(cls) -> RecoveryTarget:
+        """Replay to the end of the available WAL."""
+        return cls(TargetKind.LATEST)
+
+    @classmethod
+    def immediate(cls) -> RecoveryTarget:
+        """Stop at the backup's consistency point."""
+        return cls(TargetKind.IMMEDIATE)
+
+    @classmethod
+    def time(cls, when: dt.datetime | str, *, inclusive: bool = True) -> RecoveryTarget:
+        """Stop at a commit time; ``when`` must carry a time zone."""
+        if isinstance(when, str):
+            try:
+                when = dt.datetime.fromisoformat(when)
+            except ValueError:
+                raise TargetError(
+                    f"malformed time {when!r}",
+                    hint="use ISO 8601 with an offset, e.g. '2026-11-30 12:00:00+00:00'",
+                ) from None
+        return cls(TargetKind.TIME, when, inclusive)
+
+    @classmethod
+    def lsn(cls, where: LSN | str, *, inclusive: bool = True) -> RecoveryTarget:
+        """Stop at a WAL location."""
+        return cls(TargetKind.LSN, LSN.parse(where), inclusive)
+
+    @classmethod
+    def xid(cls, xid: int, *, inclusive: bool = True) -> RecoveryTarget:
+        """Stop at the commit of a transaction id."""
+        return cls(TargetKind.XID, xid, inclusive)
+
+    @classmethod
+    def name(cls, restore_point: str) -> RecoveryTarget:
+        """Stop at a named restore point."""
+        return cls(TargetKind.NAME, restore_point)
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return self.kind.value
+        value = self.value.isoformat() if isinstance(self.value, dt.datetime) else self.value
+        excl = "" if self.inclusive else " (exclusive)"
+        return f"{self.kind.value} {value}{excl}"
+
+
+# --------------------------------------------------------------------------- JSON
+
+_T = TypeVar("_T")
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, LSN):
+        return str(value)
+    if attrs.has(type(value)):
+        out: dict[str, Any] = {}
+        for f in attrs.fields(type(value)):
+            out[f.name] = _encode(getattr(value, f.name))
+        return out
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_encode(v) for v in value]
+    if isinstance(value, frozenset | set):
+        return sorted((_encode(v) for v in value), key=json.dumps)
+    if isinstance(value, Mapping):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    raise FormatError(f"cannot serialise a {type(value).__name__}")
+
+
+def _decode(tp: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return data
+    if origin in (Union, types.UnionType):
+        if data is None and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        # RecoveryTarget.value: the kind decides; try in order.
+        errors: list[str] = []
+        for cand in non_none:
+            try:
+                return _decode(cand, data, where)
+            except (FormatError, LSNError, TargetError, TypeError, ValueError) as exc:
+                errors.append(str(exc))
+        raise FormatError(f"{where}: {data!r} matches none of {tp}: {'; '.join(errors)}")
+    if origin in (frozenset, set):
+        if not isinstance(data, list):
+            raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
+        return frozenset(_decode(args[0] if args else Any, v, f"{where}[]") for v in data)
+    if origin is tuple:
+        if not isinstance(data, list):
+            raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
+        item = args[0] if args else Any
+        return tuple(_decode(item, v, f"{where}[{i}]") for i, v in enumerate(data))
+    if origin in (Mapping, dict) or tp is dict:
+        if not isinstance(data, dict):
+            raise FormatError(f"{where}: expected an object, got {type(data).__name__}")
+        vt = args[1] if len(args) == 2 else Any
+        return {str(k): _decode(vt, v, f"{where}.{k}") for k, v in data.items()}
+    if tp is LSN:
+        if not isinstance(data, str):
+            raise FormatError(f"{where}: expected an LSN string, got {data!r}")
+        return LSN.parse(data)
+    if isinstance(tp, type) and attrs.has(tp):
+        return _from_dict(tp, data, where)
+    if tp is dt.datetime:
+        if not isinstance(data, str):
+            raise FormatError(f"{where}: expected an ISO time string, got {data!r}")
+        try:
+            return dt.datetime.fromisoformat(data)
+        except ValueError as exc:
+            raise FormatError(f"{where}: malformed time {data!r}") from exc
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(data)
+        except ValueError as exc:
+            raise FormatError(f"{where}: {data!r} is not a valid {tp.__name__}") from exc
+    if tp is bool:
+        if not isinstance(data, bool):
+            raise FormatError(f"{where}: expected true/false, got {data!r}")
+        return data
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise FormatError(f"{where}: expected an integer, got {data!r}")
+        return data
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise FormatError(f"{where}: expected a number, got {data!r}")
+        return float(data)
+    if tp is str:
+        if not isinstance(data, str):
+            raise FormatError(f"{where}: expected a string, got {data!r}")
+        return data
+    if tp is type(None):
+        if data is not None:
+            raise FormatError(f"{where}: expected null, got {data!r}")
+        return None
+    raise FormatError(f"{where}: cannot decode type {tp!r}")
+
+
+def _from_dict(cls: type[_T], data: Any, where: str) -> _T:
+    if not isinstance(data, dict):
+        raise FormatError(f"{where}: expected an object for {cls.__name__}, got {data!r}")
+    hints = dict(typing.get_type_hints(cls))
+    if cls is RecoveryTarget:
+        # The kind decides the value's type (a NAME target may look like a time).
+        kind = _decode(TargetKind, data.get("kind"), f"{where}.kind")
+        hints["value"] = _TARGET_VALUE_TYPES[kind]
+    kwargs: dict[str, Any] = {}
+    for f in attrs.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is attrs.NOTHING:
+                raise FormatError(f"{where}: {cls.__name__} needs {f.name!r}")
+            continue
+        kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+    # Unknown keys (from a newer minor version) are ignored on purpose.
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, FormatError):
+            raise
+        raise FormatError(f"{where}: invalid {cls.__name__}: {exc}") from exc
+
+
+def to_dict(record: Any) -> dict[str, Any]:
+    """A JSON-ready dict of an attrs record, with ``format_version`` and ``type``."""
+    body = _encode(record)
+    if not isinstance(body, dict):
+        raise FormatError(f"cannot serialise a {type(record).__name__} as a document")
+    return {"format_version": FORMAT_VERSION, "type": type(record).__name__, **body}
+
+
+def check_format_version(data: Mapping[str, Any], where: str = "document") -> None:
+    """Refuse a document whose major format version is not ours."""
+    version = data.get("format_version")
+    if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
+        raise FormatError(f"{where} has no valid format_version (got {version!r})")
+    ours = FORMAT_VERSION.split(".")[0]
+    if version.split(".")[0] != ours:
+        raise FormatError(
+            f"{where} has format version {version}; this pgsnap reads {ours}.x",
+            hint="upgrade pgsnap to read documents written by a newer major version",
+        )
+
+
+def from_dict(cls: type[_T], data: Mapping[str, Any]) -> _T:
+    """Rebuild a record of ``cls`` from :func:`to_dict` output."""
+    check_format_version(data, cls.__name__)
+    body = {k: v for k, v in data.items() if k not in ("format_version", "type")}
+    return _from_dict(cls, body, cls.__name__)
+
+
+def to_json(record: Any, *, indent: int | None = 2) -> str:
+    """Serialise a record as a JSON document (see :func:`to_dict`)."""
+    return json.dumps(to_dict(record), indent=indent, sort_keys=False)
+
+
+def from_json(cls: type[_T], text: str | bytes) -> _T:
+    """Rebuild a record of ``cls`` from :func:`to_json` output."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise FormatError("a pgsnap document is a JSON object")
+    return from_dict(cls, data)
+
+
+# --------------------------------------------------------------------------- recovery settings
+
+
+class RecoveryAction(enum.Enum):
+    """What the server does when it reaches the target (``recovery_target_action``)."""
+
+    PROMOTE = "promote"
+    PAUSE = "pause"
+    SHUTDOWN = "shutdown"
+
+
+def _quote_conf(value: str) -> str:
+    """Quote a value for postgresql.conf (single quotes doubled)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+@attrs.frozen
+class RecoverySettings:
+    """The recovery configuration written into the data directory (PostgreSQL 12+).
+
+    ``target_timeline`` is ``"latest"``, ``"current"`` or a timeline number as
+    text. ``lines()`` renders the ``postgresql.auto.conf`` entries; the adapter
+    also creates ``recovery.signal``.
+    """
+
+    restore_command: str
+    target: RecoveryTarget
+    target_timeline: str = "latest"
+    action: RecoveryAction = RecoveryAction.PROMOTE
+
+    def parameters(self) -> dict[str, str]:
+        """The settings as PostgreSQL parameter name → unquoted value."""
+        out = {
+            "restore_command": self.restore_command,
+            "recovery_target_timeline": self.target_timeline,
+            "recovery_target_action": self.action.value,
+        }
+        t = self.target
+        if t.kind is TargetKind.IMMEDIATE:
+            out["recovery_target"] = "immediate"
+        elif t.kind is TargetKind.TIME:
+            assert isinstance(t.value, dt.datetime)
+            # Numeric offset from UTC, never an abbreviation (PostgreSQL docs).
+            out["recovery_target_time"] = t.value.astimezone(dt.UTC).strftime(
+                "%Y-%m-%d %H:%M:%S.%f+00"
+            )
+        elif t.kind is TargetKind.LSN:
+            out["recovery_target_lsn"] = str(t.value)
+        elif t.kind is TargetKind.XID:
+            out["recovery_target_xid"] = str(t.value)
+        elif t.kind is TargetKind.NAME:
+            assert isinstance(t.value, str)
+            out["recovery_target_name"] = t.value
+        if t.kind in (TargetKind.TIME, TargetKind.LSN, TargetKind.XID):
+            out["recovery_target_inclusive"] = "on" if t.inclusive else "off"
+        return out
+
+    def lines(self) -> list[str]:
+        """``name = 'value'`` lines for ``postgresql.auto.conf``."""
+        return [f"{k} = {_quote_conf(v)}" for k, v in self.parameters().items()]

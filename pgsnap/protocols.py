@@ -1,0 +1,328 @@
+"""The four seams of pgsnap, as :class:`typing.Protocol` classes.
+
+Implementations do not inherit from these: anything with the right methods
+fits. Each method's docstring is its contract: what it guarantees and which
+:mod:`pgsnap.errors` it raises. The conformance suite in
+:mod:`pgsnap.testing.conformance` is what "implements StorageBackend" means.
+
+- :class:`StorageBackend`: volumes, consistency-group snapshots, restore,
+  mapping, clones, snapshot policies.
+- :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server.
+- :class:`WalArchive`: where archived WAL lives.
+- :class:`Catalog`: where backup records live.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from pgsnap.model import (
+        ArchiverStatus,
+        BackupRecord,
+        BackupStart,
+        BackupStop,
+        RecoverySettings,
+        ServerFacts,
+        Snapshot,
+        SnapshotGroup,
+        SnapshotPolicy,
+        StorageVolume,
+    )
+    from pgsnap.wal import ArchiveIndex, TimelineGraph
+
+__all__ = [
+    "BackupSession",
+    "Capability",
+    "Catalog",
+    "DatabaseAdapter",
+    "RecoveryOutcome",
+    "StorageBackend",
+    "WalArchive",
+]
+
+
+class Capability(enum.Enum):
+    """What a storage backend can do; the planner reads these, never guesses."""
+
+    CONSISTENCY_GROUPS = "consistency_groups"
+    """Snapshots of several volumes are taken at one instant in one call."""
+    POLICIES = "policies"
+    """The storage runs snapshot schedules that can be paused and resumed."""
+    MAPPING = "mapping"
+    """Volumes are mapped to hosts (SDCs, initiators) and can be unmapped."""
+    SECURE_SNAPSHOTS = "secure_snapshots"
+    """Snapshots can be protected against deletion for a retention period."""
+    CLONES = "clones"
+    """A snapshot can be turned into a new writable volume."""
+    DIRECTORY_VOLUMES = "directory_volumes"
+    """Volumes are host directories; restore rewrites them in place (no mount)."""
+
+
+class StorageBackend(Protocol):
+    """A storage system holding the cluster's volumes.
+
+    Errors: every method raises :class:`~pgsnap.errors.BackendError` (or a
+    subclass) on failure, never a library's own exception;
+    :class:`~pgsnap.errors.VolumeNotFound` / :class:`~pgsnap.errors.SnapshotNotFound`
+    for unknown ids; :class:`~pgsnap.errors.UnsupportedCapability` when asked
+    for something :attr:`capabilities` does not list;
+    :class:`~pgsnap.errors.BackendUnavailable` when retrying may help.
+    """
+
+    @property
+    def name(self) -> str:
+        """The backend's registered name (``"mock"``, ``"powerflex"``...)."""
+        ...
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What this backend supports."""
+        ...
+
+    def list_volumes(self) -> tuple[StorageVolume, ...]:
+        """Every volume the backend can see, sorted by id."""
+        ...
+
+    def get_volume(self, volume_id: str) -> StorageVolume:
+        """One volume; ``VolumeNotFound`` if it does not exist."""
+        ...
+
+    def list_snapshots(self, volume_id: str | None = None) -> tuple[Snapshot, ...]:
+        """Snapshots (of one volume, or all), oldest first.
+
+        ``VolumeNotFound`` if ``volume_id`` is given and does not exist.
+        """
+        ...
+
+    def create_snapshot_group(
+        self, volume_ids: Sequence[str], name: str, *, secure: bool = False
+    ) -> SnapshotGroup:
+        """Snapshot ``volume_ids`` together, all or nothing.
+
+        With ``CONSISTENCY_GROUPS`` the snapshots share one instant. If any
+        volume cannot be snapshotted, no snapshot is left behind and the error
+        says which volume. ``secure`` needs ``SECURE_SNAPSHOTS``.
+        """
+        ...
+
+    def get_snapshot_group(self, group_id: str) -> SnapshotGroup:
+        """A group by id; ``SnapshotNotFound`` if it does not exist (any more)."""
+        ...
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Delete one snapshot; ``SnapshotNotFound`` if it does not exist."""
+        ...
+
+    def delete_snapshot_group(self, group_id: str) -> None:
+        """Delete every snapshot of a group; ``SnapshotNotFound`` if unknown."""
+        ...
+
+    def restore_volume(self, volume_id: str, snapshot_id: str) -> None:
+        """Replace the volume's content with the snapshot's; the snapshot stays.
+
+        The snapshot must be of this volume. The caller makes sure nothing
+        uses the volume (server stopped, unmounted where needed).
+        """
+        ...
+
+    def map_volume(self, volume_id: str, host: str) -> None:
+        """Make the volume visible to ``host`` (needs ``MAPPING``); idempotent."""
+        ...
+
+    def unmap_volume(self, volume_id: str, host: str) -> None:
+        """Hide the volume from ``host`` (needs ``MAPPING``); idempotent."""
+        ...
+
+    def clone_snapshot(self, snapshot_id: str, name: str) -> StorageVolume:
+        """A new writable volume with the snapshot's content (needs ``CLONES``)."""
+        ...
+
+    def list_policies(self) -> tuple[SnapshotPolicy, ...]:
+        """Snapshot policies (needs ``POLICIES``; empty tuple otherwise)."""
+        ...
+
+    def pause_policy(self, policy_id: str) -> None:
+        """Stop a policy from taking or rotating snapshots; idempotent."""
+        ...
+
+    def resume_policy(self, policy_id: str) -> None:
+        """Let a paused policy run again; idempotent."""
+        ...
+
+
+class BackupSession(Protocol):
+    """Backup mode on one dedicated database session.
+
+    Use as a context manager: leaving the block closes the session, and a
+    backup still running is aborted by the server (never left in backup mode).
+    """
+
+    def start(self, label: str, *, fast: bool = True) -> BackupStart:
+        """Enter backup mode (``pg_backup_start`` / ``pg_start_backup(.., false)``).
+
+        ``BackupModeError`` if the server refuses (a backup already running in
+        this session, ``wal_level`` too low...).
+        """
+        ...
+
+    def stop(self) -> BackupStop:
+        """Leave backup mode without waiting for the archive.
+
+        Returns the label and tablespace map; ``BackupModeError`` if the
+        session was lost (the server has then aborted the backup).
+        """
+        ...
+
+    def close(self) -> None:
+        """Close the session (aborting a running backup); idempotent."""
+        ...
+
+    def __enter__(self) -> BackupSession: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class RecoveryOutcome(Protocol):
+    """What the server did at the end of a recovery (see the adapter)."""
+
+    @property
+    def reached_target(self) -> bool:
+        """The server logged that it stopped at (or after) the target."""
+        ...
+
+    @property
+    def timeline(self) -> int:
+        """The timeline the server is on afterwards."""
+        ...
+
+    @property
+    def state(self) -> str:
+        """``"promoted"``, ``"paused"`` or ``"shutdown"``."""
+        ...
+
+    @property
+    def log_lines(self) -> tuple[str, ...]:
+        """The server's log lines about the recovery (where it stopped, new timeline)."""
+        ...
+
+
+class DatabaseAdapter(Protocol):
+    """One PostgreSQL cluster: observe it, put it in backup mode, stop, start, recover.
+
+    Errors: :class:`~pgsnap.errors.DatabaseError` (with ``sqlstate`` when the
+    server gave one); never a driver exception.
+    """
+
+    def describe(self) -> ServerFacts:
+        """Version, system identifier, directories, settings, timeline, checkpoint."""
+        ...
+
+    def archiver_status(self) -> ArchiverStatus:
+        """The ``pg_stat_archiver`` row and the archiving settings."""
+        ...
+
+    def backup_session(self) -> BackupSession:
+        """A new dedicated session for backup mode (not yet in backup mode)."""
+        ...
+
+    def is_running(self) -> bool:
+        """True when the server accepts connections."""
+        ...
+
+    def stop_server(self, *, timeout: float = 120.0) -> None:
+        """Stop the server (fast shutdown) and wait; no-op when already stopped."""
+        ...
+
+    def start_server(self, *, timeout: float = 120.0) -> None:
+        """Start the server and return once the postmaster is up (it may still recover)."""
+        ...
+
+    def wait_recovery(self, *, timeout: float = 600.0) -> RecoveryOutcome:
+        """Wait until recovery ends (promoted, paused or shut down) and say how."""
+        ...
+
+    def write_recovery_settings(self, settings: RecoverySettings) -> None:
+        """Write the settings and ``recovery.signal``, replacing stale targets."""
+        ...
+
+    def clear_recovery_settings(self) -> None:
+        """Remove what :meth:`write_recovery_settings` wrote; idempotent."""
+        ...
+
+    def prepare_data_directory(self, *, clear_wal: bool) -> tuple[str, ...]:
+        """Clean a restored data directory (server stopped); return what was removed.
+
+        Removes ``postmaster.pid``, ``postmaster.opts``, ``pg_replslot/*`` and
+        temporary state; with ``clear_wal`` also the files in ``pg_wal``.
+        """
+        ...
+
+    def write_backup_label(self, labelfile: str, spcmapfile: str) -> None:
+        """Write ``backup_label`` (and ``tablespace_map`` if non-empty) byte for byte."""
+        ...
+
+
+class WalArchive(Protocol):
+    """Where archived WAL lives (a directory first)."""
+
+    @property
+    def location(self) -> str:
+        """Where the archive is, for messages (a path or URL, never a secret)."""
+        ...
+
+    def list_names(self) -> tuple[str, ...]:
+        """Every file name in the archive; ``ArchiveError`` if unreadable."""
+        ...
+
+    def exists(self, name: str) -> bool:
+        """True when the file is in the archive (compressed forms count)."""
+        ...
+
+    def read_text(self, name: str) -> str:
+        """The content of a small text file (``.history``, ``.backup``)."""
+        ...
+
+    def index(self, segment_size: int) -> ArchiveIndex:
+        """An :class:`~pgsnap.wal.ArchiveIndex` of the archive as it is now."""
+        ...
+
+    def histories(self) -> TimelineGraph:
+        """The timeline graph from every ``.history`` file in the archive."""
+        ...
+
+    def restore_command(self) -> str:
+        """A ``restore_command`` that copies ``%f`` from this archive to ``%p``."""
+        ...
+
+
+class Catalog(Protocol):
+    """Where backup records are kept.
+
+    Writes are atomic: a reader sees the old record or the new one, never a
+    mix; concurrent writers cannot corrupt it.
+    """
+
+    def put(self, record: BackupRecord) -> None:
+        """Insert or replace the record with ``record.id``."""
+        ...
+
+    def get(self, backup_id: str) -> BackupRecord:
+        """One record; ``BackupNotFound`` if absent."""
+        ...
+
+    def list(self) -> tuple[BackupRecord, ...]:
+        """Every record, oldest start time first."""
+        ...
+
+    def delete(self, backup_id: str) -> None:
+        """Remove a record; ``BackupNotFound`` if absent."""
+        ...
