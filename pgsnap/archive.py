@@ -1,0 +1,291 @@
+"""A WAL archive that is a directory (the I/O side of :mod:`pgsnap.wal`).
+
+:class:`DirectoryWalArchive` lists and reads the files that ``archive_command``
+(e.g. ``cp %p /archive/%f``) puts in a directory, builds the
+:class:`~pgsnap.wal.ArchiveIndex` and :class:`~pgsnap.wal.TimelineGraph` from
+them, and writes the matching ``restore_command``. It only reads.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import logging
+import lzma
+import os
+import shlex
+import zlib
+from typing import Final
+
+from pgsnap.errors import ArchiveError, HistoryFileError, WalNameError
+from pgsnap.wal import (
+    COMPRESSION_SUFFIXES,
+    ArchiveIndex,
+    TimelineGraph,
+    TimelineHistory,
+    WalFileKind,
+    parse_archive_name,
+    parse_history,
+)
+
+__all__ = ["DirectoryWalArchive"]
+
+logger = logging.getLogger(__name__)
+
+MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
+"""Largest ``.history``/``.backup`` file :meth:`DirectoryWalArchive.read_text` reads (1 MiB)."""
+
+_DECOMPRESSORS: Final = {
+    "gz": gzip.decompress,
+    "bz2": bz2.decompress,
+    "xz": lzma.decompress,
+}
+
+
+class DirectoryWalArchive:
+    """A WAL archive in a local (or mounted) directory.
+
+    ``list_names`` returns the regular files (symlinks to files count), sorted,
+    leaving out names that start with ``.`` and names that end in ``.tmp``:
+    both are how copy tools and archive scripts write a file before renaming it
+    into place, so they are not (yet) archive content. Files that vanish while
+    the directory is read are skipped.
+    """
+
+    __slots__ = ("_path",)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Use the directory at ``path`` (made absolute; it is checked when used)."""
+        self._path = os.path.abspath(os.fspath(path))
+
+    @property
+    def path(self) -> str:
+        """The absolute path of the archive directory."""
+        return self._path
+
+    @property
+    def location(self) -> str:
+        """Where the archive is, for messages (the absolute path)."""
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"DirectoryWalArchive({self._path!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DirectoryWalArchive):
+            return NotImplemented
+        return self._path == other._path
+
+    def __hash__(self) -> int:
+        return hash(self._path)
+
+    # -- listing ----------------------------------------------------------------------
+
+    def list_names(self) -> tuple[str, ...]:
+        """The names of the archive's files, sorted (see the class docstring)."""
+        names: list[str] = []
+        try:
+            with os.scandir(self._path) as it:
+                for entry in it:
+                    name = entry.name
+                    if name.startswith(".") or name.endswith(".tmp"):
+                        continue
+                    try:
+                        if not entry.is_file():
+                            continue
+                    except OSError:  # vanished (or unreadable) while listing
+                        logger.debug("skipping %s: it vanished while listing", name)
+                        continue
+                    names.append(name)
+        except FileNotFoundError:
+            raise ArchiveError(
+                f"the WAL archive directory {self._path} does not exist",
+                hint="check the archive path (the directory archive_command copies into) and "
+                "that its file system is mounted",
+                path=self._path,
+            ) from None
+        except NotADirectoryError:
+            raise ArchiveError(
+                f"the WAL archive path {self._path} is not a directory",
+                hint="give the directory that archive_command copies WAL files into",
+                path=self._path,
+            ) from None
+        except PermissionError:
+            raise ArchiveError(
+                f"permission denied reading the WAL archive directory {self._path}",
+                hint="run as a user that can read the archive (e.g. postgres) or fix its "
+                "permissions",
+                path=self._path,
+            ) from None
+        except OSError as exc:
+            raise ArchiveError(
+                f"cannot list the WAL archive directory {self._path}: {exc.strerror or exc}",
+                hint="check that the archive's file system is mounted and healthy",
+                path=self._path,
+            ) from exc
+        names.sort()
+        return tuple(names)
+
+    def _file(self, name: str) -> str:
+        if (
+            not isinstance(name, str)
+            or not name
+            or name in (".", "..")
+            or "/" in name
+            or "\0" in name
+            or (os.sep != "/" and os.sep in name)
+        ):
+            raise WalNameError(
+                f"{name!r} is not a plain file name",
+                hint="pass a file name found in the archive, e.g. 00000002.history",
+                name=name,
+            )
+        return os.path.join(self._path, name)
+
+    def exists(self, name: str) -> bool:
+        """Whether the archive holds ``name`` as a regular file, or a compressed copy
+        of it (``name.gz``, ``.bz2``, ``.xz``, ``.lz4``, ``.zst``)."""
+        path = self._file(name)
+        return os.path.isfile(path) or any(
+            os.path.isfile(f"{path}.{ext}") for ext in COMPRESSION_SUFFIXES
+        )
+
+    # -- reading ----------------------------------------------------------------------
+
+    def read_bytes(self, name: str, *, max_size: int = MAX_TEXT_FILE_SIZE) -> bytes:
+        """The content of a small file, decompressed if its name ends in ``.gz``,
+        ``.bz2`` or ``.xz``. ``ArchiveError`` if it is missing, unreadable, larger
+        than ``max_size`` or compressed with lz4/zstd (no standard-library codec)."""
+        path = self._file(name)
+        try:
+            with open(path, "rb") as f:
+                data = f.read(max_size + 1)
+        except FileNotFoundError:
+            raise ArchiveError(
+                f"{name} is not in the WAL archive {self._path}",
+                hint="list the archive to see which files it holds",
+                path=self._path,
+                name=name,
+            ) from None
+        except IsADirectoryError:
+            raise ArchiveError(
+                f"{name} in the WAL archive {self._path} is a directory, not a file",
+                hint="pass the name of a .history or .backup file",
+                path=self._path,
+                name=name,
+            ) from None
+        except OSError as exc:
+            raise ArchiveError(
+                f"cannot read {name} from the WAL archive {self._path}: {exc.strerror or exc}",
+                hint="check the file's permissions and the archive's file system",
+                path=self._path,
+                name=name,
+            ) from exc
+        if len(data) > max_size:
+            raise ArchiveError(
+                f"{name} in {self._path} is larger than {max_size} bytes",
+                hint="read_text is for .history and .backup files, not WAL segments",
+                path=self._path,
+                name=name,
+            )
+        comp = parse_archive_name(name).compression
+        if comp is None:
+            return data
+        decompress = _DECOMPRESSORS.get(comp)
+        if decompress is None:
+            raise ArchiveError(
+                f"cannot decompress {name}: {comp} needs a library pgsnap does not use",
+                hint="store .history and .backup files uncompressed or gzip-compressed",
+                path=self._path,
+                name=name,
+            )
+        try:
+            out = decompress(data)
+        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+            raise ArchiveError(
+                f"{name} in {self._path} is not valid {comp} data: {exc}",
+                hint="the file is damaged; restore it from another copy",
+                path=self._path,
+                name=name,
+            ) from exc
+        if len(out) > max_size:
+            raise ArchiveError(
+                f"{name} in {self._path} decompresses to more than {max_size} bytes",
+                hint="read_text is for .history and .backup files, not WAL segments",
+                path=self._path,
+                name=name,
+            )
+        return out
+
+    def read_text(self, name: str) -> str:
+        """The text of a ``.history`` or ``.backup`` file (decompressed as in
+        :meth:`read_bytes`). Bytes that are not UTF-8 (a label or restore point
+        name in another server encoding) are replaced by U+FFFD."""
+        return self.read_bytes(name).decode("utf-8", errors="replace")
+
+    # -- derived facts ----------------------------------------------------------------
+
+    def index(self, segment_size: int) -> ArchiveIndex:
+        """Classify the archive's files (see :meth:`ArchiveIndex.build`)."""
+        return ArchiveIndex.build(self.list_names(), segment_size)
+
+    def read_histories(self, names: tuple[str, ...] | None = None) -> tuple[TimelineHistory, ...]:
+        """Parse every ``.history`` file (or those in ``names``), one per timeline.
+
+        When a timeline's history is stored both plain and compressed, the plain
+        file is read. A malformed file raises :class:`HistoryFileError` naming it.
+        """
+        chosen: dict[int, str] = {}
+        for name in self.list_names() if names is None else names:
+            entry = parse_archive_name(name)
+            if entry.kind is not WalFileKind.HISTORY or entry.timeline is None:
+                continue
+            current = chosen.get(entry.timeline)
+            if current is None or (
+                parse_archive_name(current).compression is not None and entry.compression is None
+            ):
+                chosen[entry.timeline] = name
+        out: list[TimelineHistory] = []
+        for tli, name in sorted(chosen.items()):
+            text = self.read_text(name)
+            try:
+                out.append(parse_history(text, tli))
+            except HistoryFileError as exc:
+                raise HistoryFileError(
+                    f"{name} in {self._path}: {exc.message}",
+                    hint=exc.hint,
+                    **{**exc.details, "name": name, "path": self._path},
+                ) from exc
+        return tuple(out)
+
+    def histories(self) -> TimelineGraph:
+        """The timeline graph of every ``.history`` file in the archive."""
+        return TimelineGraph.from_histories(self.read_histories())
+
+    # -- recovery ---------------------------------------------------------------------
+
+    def restore_command(self, *, gzip: bool = False) -> str:
+        """A ``restore_command`` that copies files from this directory.
+
+        ``test -f '<dir>/%f' && cp '<dir>/%f' '%p'``: it exits non-zero when a
+        file is missing, as PostgreSQL requires. The directory is shell-quoted
+        and ``%`` in it doubled (PostgreSQL substitutes ``%f``, ``%p``, ``%r``
+        and ``%%``). With ``gzip=True`` a missing file is also looked for as
+        ``%f.gz`` and decompressed with ``gzip -dc``.
+        """
+        if "\n" in self._path or "\r" in self._path:
+            raise ArchiveError(
+                f"the archive path {self._path!r} contains a line break, which cannot be "
+                "written into restore_command",
+                hint="move or link the archive to a path without line breaks",
+                path=self._path,
+            )
+        d = shlex.quote(self._path).replace("%", "%%")
+        plain = f"test -f {d}/'%f' && cp {d}/'%f' '%p'"
+        if not gzip:
+            return plain
+        return (
+            f"if test -f {d}/'%f'; then cp {d}/'%f' '%p'; "
+            f"elif test -f {d}/'%f.gz'; then gzip -dc {d}/'%f.gz' > '%p'; "
+            "else exit 1; fi"
+        )
