@@ -1,0 +1,601 @@
+"""The mock backend's own behaviour: ids, fault injection, directories, secure snapshots.
+
+The protocol contract itself is checked by tests/conformance/test_mock_conformance.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import pickle
+import pwd
+import shutil
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgsnap.backends.mock import FAULT_POINTS, MockBackend
+from pgsnap.errors import (
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    SnapshotNotFound,
+    UnsupportedCapability,
+    VolumeNotFound,
+)
+from pgsnap.protocols import Capability
+
+T0 = dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class FakeTime:
+    """A clock and a sleep function that advances it (no wall-clock waits)."""
+
+    def __init__(self) -> None:
+        self.now = T0
+        self.slept: list[float] = []
+
+    def clock(self) -> dt.datetime:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += dt.timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def fake() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+def backend(fake: FakeTime) -> MockBackend:
+    return MockBackend(clock=fake.clock, sleep=fake.sleep)
+
+
+def two_volumes(backend: MockBackend) -> tuple[str, str]:
+    return backend.add_volume("data").id, backend.add_volume("wal").id
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_ids_are_deterministic(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    assert (v1, v2) == ("vol-0001", "vol-0002")
+    group = backend.create_snapshot_group([v1, v2], "b1")
+    assert group.id == "cg-0001"
+    assert [s.id for s in group.snapshots] == ["snap-0001", "snap-0002"]
+    assert backend.add_policy("nightly", [v1]).id == "pol-0001"
+    assert backend.clone_snapshot("snap-0001", "dev").id == "vol-0003"
+    assert backend.add_volume("x", volume_id="custom").id == "custom"
+    with pytest.raises(ConfigurationError, match="already used"):
+        backend.add_volume("y", volume_id="custom")
+
+
+def test_name_repr_and_capabilities() -> None:
+    backend = MockBackend(capabilities={Capability.CLONES})
+    assert backend.name == "mock"
+    assert backend.capabilities == frozenset({Capability.CLONES})
+    text = repr(backend)
+    assert "\n" not in text
+    assert text.startswith("<MockBackend volumes=0 ")
+    assert "capabilities=clones" in text
+    assert MockBackend().capabilities == frozenset(Capability)
+    with pytest.raises(ConfigurationError):
+        MockBackend(capabilities=["mapping"])  # type: ignore[list-item]
+
+
+def test_consistency_group_shares_one_instant(backend: MockBackend, fake: FakeTime) -> None:
+    group = backend.create_snapshot_group(two_volumes(backend), "b1")
+    assert {s.created_at for s in group.snapshots} == {T0}
+    assert group.created_at == T0
+
+
+def test_without_consistency_groups_volumes_are_snapshotted_one_by_one(fake: FakeTime) -> None:
+    backend = MockBackend(capabilities=(), clock=fake.clock, sleep=fake.sleep)
+    v1, v2 = two_volumes(backend)
+    group = backend.create_snapshot_group([v1, v2], "b1")
+    first, second = group.snapshots
+    assert first.created_at == T0
+    assert second.created_at > first.created_at  # even with a clock that did not move
+    assert second.group_id == first.group_id == group.id
+    # With latency per volume, the gap is the latency.
+    backend.add_latency("snapshot_volume", 2.0)
+    later = backend.create_snapshot_group([v1, v2], "b2")
+    a, b = later.snapshots
+    assert b.created_at - a.created_at == dt.timedelta(seconds=2)
+
+
+def test_naive_clock_is_refused() -> None:
+    backend = MockBackend(clock=lambda: dt.datetime(2025, 1, 1))
+    vol = backend.add_volume("data")
+    with pytest.raises(ConfigurationError, match="naive"):
+        backend.create_snapshot_group([vol.id], "b1")
+    assert backend.list_snapshots() == ()
+
+
+def test_group_input_errors(backend: MockBackend) -> None:
+    v1, _ = two_volumes(backend)
+    with pytest.raises(ConfigurationError, match="at least one"):
+        backend.create_snapshot_group([], "empty")
+    with pytest.raises(ConfigurationError, match="more than once"):
+        backend.create_snapshot_group([v1, v1], "dupe")
+    with pytest.raises(VolumeNotFound) as info:
+        backend.create_snapshot_group([v1, "nope"], "missing")
+    assert info.value.details["volume_id"] == "nope"
+    assert backend.list_snapshots() == ()
+
+
+def test_restore_of_another_volume_snapshot_is_refused(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    snap = backend.create_snapshot_group([v1], "b1").snapshots[0]
+    with pytest.raises(BackendError, match="can only restore its own volume") as info:
+        backend.restore_volume(v2, snap.id)
+    err = info.value
+    assert not isinstance(err, LookupError)
+    assert err.details["snapshot_volume_id"] == v1
+    assert err.hint is not None
+    assert "clone" in err.hint
+
+
+def test_deleting_one_snapshot_shrinks_its_group(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    group = backend.create_snapshot_group([v1, v2], "b1")
+    backend.delete_snapshot(group.snapshots[0].id)
+    assert [s.volume_id for s in backend.get_snapshot_group(group.id).snapshots] == [v2]
+    backend.delete_snapshot(group.snapshots[1].id)
+    with pytest.raises(SnapshotNotFound):
+        backend.get_snapshot_group(group.id)
+
+
+# --------------------------------------------------------------------------- faults and calls
+
+
+def test_fault_fires_on_the_nth_call_only(backend: MockBackend) -> None:
+    backend.inject_fault("list_volumes", on_call=2)
+    backend.list_volumes()
+    with pytest.raises(BackendUnavailable) as info:
+        backend.list_volumes()
+    assert info.value.retryable
+    assert info.value.details["method"] == "list_volumes"
+    backend.list_volumes()  # times=1: spent
+
+
+def test_fault_fires_times_in_a_row(backend: MockBackend) -> None:
+    backend.inject_fault("get_volume", times=2)
+    vid = backend.add_volume("data").id
+    for _ in range(2):
+        with pytest.raises(BackendUnavailable):
+            backend.get_volume(vid)
+    assert backend.get_volume(vid).id == vid
+
+
+def test_fault_with_custom_error_and_clear(backend: MockBackend) -> None:
+    boom = RuntimeError("boom")
+    backend.inject_fault("list_snapshots", error=boom)
+    with pytest.raises(RuntimeError) as info:
+        backend.list_snapshots()
+    assert info.value is boom
+    backend.inject_fault("list_snapshots", times=5)
+    backend.clear_faults()
+    assert backend.list_snapshots() == ()
+
+
+def test_fault_fires_before_any_state_change(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    backend.inject_fault("create_snapshot_group")
+    with pytest.raises(BackendUnavailable):
+        backend.create_snapshot_group([v1, v2], "b1")
+    assert backend.list_snapshots() == ()
+    group = backend.create_snapshot_group([v1, v2], "b1")
+    assert group.id == "cg-0001"  # the failed call used no id
+
+    backend.write_blob(v1, "k", b"new")
+    backend.inject_fault("restore_volume")
+    with pytest.raises(BackendUnavailable):
+        backend.restore_volume(v1, group.for_volume(v1).id)
+    assert backend.read_blob(v1, "k") == b"new"
+
+    backend.inject_fault("delete_snapshot_group")
+    with pytest.raises(BackendUnavailable):
+        backend.delete_snapshot_group(group.id)
+    assert backend.get_snapshot_group(group.id) == group
+
+
+def test_inject_fault_validates_its_arguments(backend: MockBackend) -> None:
+    with pytest.raises(ConfigurationError, match="not a mock method"):
+        backend.inject_fault("list_volume")
+    with pytest.raises(ConfigurationError):
+        backend.inject_fault("list_volumes", on_call=0)
+    with pytest.raises(ConfigurationError):
+        backend.inject_fault("list_volumes", times=0)
+    with pytest.raises(ConfigurationError):
+        backend.add_latency("list_volumes", -1)
+    assert "snapshot_volume" in FAULT_POINTS
+
+
+def test_latency_uses_the_injected_sleep(backend: MockBackend, fake: FakeTime) -> None:
+    backend.add_latency("list_volumes", 1.5)
+    backend.list_volumes()
+    backend.list_volumes()
+    assert fake.slept == [1.5, 1.5]
+    assert fake.now == T0 + dt.timedelta(seconds=3)
+    backend.clear_faults()
+    backend.list_volumes()
+    assert fake.slept == [1.5, 1.5]
+
+
+def test_call_log_records_names_and_arguments(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    group = backend.create_snapshot_group([v1, v2], "b1")
+    backend.restore_volume(v1, group.for_volume(v1).id)
+    backend.map_volume(v1, "db1")
+    assert backend.calls == [
+        ("create_snapshot_group", ((v1, v2), "b1", False)),
+        ("snapshot_volume", (v1,)),
+        ("snapshot_volume", (v2,)),
+        ("restore_volume", (v1, "snap-0001")),
+        ("map_volume", (v1, "db1")),
+    ]
+
+
+def test_group_is_all_or_nothing_on_a_fault_mid_group(tmp_path: Path, fake: FakeTime) -> None:
+    backend = MockBackend(root=tmp_path / "root", clock=fake.clock)
+    vids = []
+    for name in ("data", "wal", "ts"):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "f").write_text(name)
+        vids.append(backend.add_volume(name, path=directory).id)
+    backend.inject_fault("snapshot_volume", on_call=2)
+    with pytest.raises(BackendUnavailable) as info:
+        backend.create_snapshot_group(vids, "b1")
+    err = info.value
+    assert err.details["volume_id"] == vids[1]
+    assert "vol-0002" in str(err)
+    assert "no snapshot of the group was kept" in str(err)
+    assert backend.list_snapshots() == ()
+    assert list((tmp_path / "root" / "snapshots").iterdir()) == []
+    assert pickle.loads(pickle.dumps(err)).details["volume_id"] == vids[1]
+    # The failed attempt consumed no id.
+    assert backend.create_snapshot_group(vids, "b1").id == "cg-0001"
+
+
+def test_group_is_all_or_nothing_on_an_io_error(tmp_path: Path) -> None:
+    backend = MockBackend(root=tmp_path / "root")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    va = backend.add_volume("a", path=tmp_path / "a").id
+    vb = backend.add_volume("b", path=tmp_path / "b").id
+    (tmp_path / "b").rmdir()  # the second volume's directory vanished
+    with pytest.raises(BackendError, match="failed at volume 'vol-0002'") as info:
+        backend.create_snapshot_group([va, vb], "b1")
+    assert info.value.details["volume_id"] == vb
+    assert isinstance(info.value.__cause__, BackendError)
+    assert backend.list_snapshots() == ()
+    assert list((tmp_path / "root" / "snapshots").iterdir()) == []
+
+
+# --------------------------------------------------------------------------- capabilities
+
+
+def test_ungranted_capabilities_raise() -> None:
+    backend = MockBackend(capabilities={Capability.CONSISTENCY_GROUPS})
+    vid = backend.add_volume("data").id
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    with pytest.raises(UnsupportedCapability) as info:
+        backend.map_volume(vid, "db1")
+    assert info.value.details["capability"] == "mapping"
+    assert pickle.loads(pickle.dumps(info.value)).details["capability"] == "mapping"
+    with pytest.raises(UnsupportedCapability):
+        backend.clone_snapshot(snap.id, "dev")
+    with pytest.raises(UnsupportedCapability):
+        backend.create_snapshot_group([vid], "s", secure=True)
+    with pytest.raises(UnsupportedCapability):
+        backend.add_volume("dir", path=Path("/tmp"))
+    with pytest.raises(UnsupportedCapability):
+        backend.add_policy("p", [vid])
+    assert backend.list_policies() == ()
+    with pytest.raises(UnsupportedCapability):
+        backend.pause_policy("pol-0001")
+
+
+def test_mapping_is_idempotent(backend: MockBackend) -> None:
+    vid = backend.add_volume("data").id
+    backend.map_volume(vid, "db2")
+    backend.map_volume(vid, "db1")
+    backend.map_volume(vid, "db1")
+    assert backend.get_volume(vid).mapped_hosts == ("db1", "db2")
+    backend.unmap_volume(vid, "db1")
+    backend.unmap_volume(vid, "db1")
+    assert backend.get_volume(vid).mapped_hosts == ("db2",)
+    with pytest.raises(ConfigurationError):
+        backend.map_volume(vid, " ")
+
+
+# --------------------------------------------------------------------------- secure snapshots
+
+
+def test_secure_snapshot_cannot_be_deleted_until_expired(backend: MockBackend) -> None:
+    v1, v2 = two_volumes(backend)
+    group = backend.create_snapshot_group([v1, v2], "b1", secure=True)
+    snap = group.snapshots[0]
+    assert all(s.secure for s in group.snapshots)
+    with pytest.raises(BackendError, match="secure") as info:
+        backend.delete_snapshot(snap.id)
+    assert info.value.hint is not None
+    assert "ex_expire_secure" in info.value.hint
+    with pytest.raises(BackendError, match="secure"):
+        backend.delete_snapshot_group(group.id)
+    assert len(backend.list_snapshots()) == 2  # nothing of the group was deleted
+    backend.ex_expire_secure(snap.id)
+    backend.ex_expire_secure(snap.id)  # idempotent
+    assert not backend.get_snapshot_group(group.id).snapshots[0].secure
+    backend.delete_snapshot(snap.id)
+    with pytest.raises(BackendError, match="secure"):
+        backend.delete_snapshot_group(group.id)  # the other one is still secure
+
+
+# --------------------------------------------------------------------------- policies
+
+
+def test_policy_runs_refuses_while_paused_and_rotates(backend: MockBackend, fake: FakeTime) -> None:
+    v1, v2 = two_volumes(backend)
+    policy = backend.add_policy("hourly", [v1, v2], retain=2)
+    assert backend.list_policies() == (policy,)
+    groups = []
+    for _ in range(3):
+        groups.append(backend.ex_run_policy(policy.id))
+        fake.now += dt.timedelta(hours=1)
+    assert [g.name for g in groups] == ["hourly-1", "hourly-2", "hourly-3"]
+    assert groups[0].snapshots[0].extra == {"policy_id": policy.id}
+    with pytest.raises(SnapshotNotFound):
+        backend.get_snapshot_group(groups[0].id)  # rotated out
+    assert len(backend.list_snapshots()) == 4
+    backend.pause_policy(policy.id)
+    backend.pause_policy(policy.id)
+    assert backend.list_policies()[0].paused
+    with pytest.raises(BackendError, match="paused"):
+        backend.ex_run_policy(policy.id)
+    assert len(backend.list_snapshots()) == 4
+    backend.resume_policy(policy.id)
+    assert backend.ex_run_policy(policy.id).name == "hourly-4"
+    with pytest.raises(BackendError, match="no snapshot policy") as info:
+        backend.pause_policy("pol-9999")
+    assert info.value.details["policy_id"] == "pol-9999"
+
+
+# --------------------------------------------------------------------------- directories
+
+
+def _tree(volume: Path, outside: Path, uid: int, gid: int) -> None:
+    """A small PGDATA-like tree with modes, an owner, links in and out of the volume."""
+    (volume / "base" / "1").mkdir(parents=True)
+    (volume / "base" / "1" / "1259").write_bytes(b"heap")
+    (volume / "PG_VERSION").write_text("15\n")
+    (volume / "postgresql.conf").write_text("wal_level = replica\n")
+    os.chmod(volume / "postgresql.conf", 0o640)
+    os.chmod(volume / "base", 0o700)
+    (volume / "pg_tblspc").mkdir()
+    os.symlink(outside, volume / "pg_tblspc" / "16384")  # out of the volume
+    os.symlink("PG_VERSION", volume / "version-link")  # relative, inside
+    os.mkfifo(volume / "a-fifo")
+    for path in [volume, *volume.rglob("*")]:
+        os.lchown(path, uid, gid)
+    os.utime(volume / "PG_VERSION", ns=(1_000_000_000, 1_500_000_000_123))
+
+
+def _lstat_all(volume: Path) -> dict[str, tuple[int, int, int, int | None, str | None]]:
+    out = {}
+    for path in sorted(volume.rglob("*")):
+        st = os.lstat(path)
+        link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+        mtime = None if stat.S_ISDIR(st.st_mode) or link else st.st_mtime_ns
+        out[str(path.relative_to(volume))] = (st.st_mode, st.st_uid, st.st_gid, mtime, link)
+    return out
+
+
+@pytest.fixture
+def owner() -> tuple[int, int]:
+    """The postgres user when running as root (the tests do), else ourselves."""
+    if os.geteuid() == 0:
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            return 1234, 1234
+        return pw.pw_uid, pw.pw_gid
+    return os.getuid(), os.getgid()
+
+
+def test_directory_restore_preserves_owner_mode_links(
+    tmp_path: Path, owner: tuple[int, int]
+) -> None:
+    uid, gid = owner
+    outside = tmp_path / "tablespace"
+    outside.mkdir()
+    (outside / "keep").write_text("outside the volume")
+    volume = tmp_path / "pgdata"
+    volume.mkdir(mode=0o750)
+    os.chmod(volume, 0o750)
+    _tree(volume, outside, uid, gid)
+    before = _lstat_all(volume)
+
+    backend = MockBackend(root=tmp_path / "root")
+    vid = backend.add_volume("data", path=volume).id
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+
+    # Snapshot copies are private, whoever owns the volume.
+    assert stat.S_IMODE(os.stat(tmp_path / "root").st_mode) == 0o700
+    home = tmp_path / "root" / "snapshots" / snap.id
+    assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
+    assert snap.extra["path"] == str(home / "tree")
+    assert _lstat_all(home / "tree") == before
+
+    # Damage the volume: change, add, remove, re-mode, re-link.
+    (volume / "PG_VERSION").write_text("16\n")
+    (volume / "postmaster.pid").write_text("4242")
+    (volume / "base" / "1" / "1259").unlink()
+    os.chmod(volume / "postgresql.conf", 0o666)
+    (volume / "version-link").unlink()
+    os.symlink("/etc/passwd", volume / "version-link")
+    (volume / "new-dir").mkdir()
+
+    backend.restore_volume(vid, snap.id)
+
+    assert _lstat_all(volume) == before
+    st = os.stat(volume)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o750, uid, gid)
+    assert (volume / "PG_VERSION").read_text() == "15\n"
+    assert os.readlink(volume / "pg_tblspc" / "16384") == str(outside)
+    # Emptying the volume did not follow the link out of it.
+    assert (outside / "keep").read_text() == "outside the volume"
+
+
+def test_restore_recreates_a_removed_volume_directory(
+    tmp_path: Path, owner: tuple[int, int]
+) -> None:
+    uid, gid = owner
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    os.chmod(volume, 0o700)
+    (volume / "PG_VERSION").write_text("15\n")
+    os.chown(volume, uid, gid)
+    backend = MockBackend(root=tmp_path / "root")
+    vid = backend.add_volume("data", path=volume).id
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    for path in volume.iterdir():
+        path.unlink()
+    volume.rmdir()  # the volume is lost
+    backend.restore_volume(vid, snap.id)
+    st = os.stat(volume)
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, uid, gid)
+    assert (volume / "PG_VERSION").read_text() == "15\n"
+
+
+def test_directory_clones(tmp_path: Path) -> None:
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    (volume / "f").write_text("v1")
+    backend = MockBackend(root=tmp_path / "root")
+    vid = backend.add_volume("data", path=volume).id
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    clone = backend.clone_snapshot(snap.id, "dev")
+    assert clone.path == str(tmp_path / "root" / "clones" / clone.id)
+    assert clone.extra == {"kind": "directory", "clone_of": snap.id}
+    target = tmp_path / "dev2"
+    clone2 = backend.clone_snapshot(snap.id, "dev2", path=target)
+    assert clone2.path == str(target)
+    assert (target / "f").read_text() == "v1"
+    with pytest.raises(ConfigurationError, match="exists"):
+        backend.clone_snapshot(snap.id, "dev3", path=target)
+    with pytest.raises(ConfigurationError, match="overlaps"):
+        backend.clone_snapshot(snap.id, "dev4", path=volume / "inside")
+
+
+def test_directory_volume_checks(tmp_path: Path) -> None:
+    backend = MockBackend(root=tmp_path / "root")
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        backend.add_volume("x", path=tmp_path / "missing")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    backend.add_volume("a", path=tmp_path / "a")
+    with pytest.raises(ConfigurationError, match="overlaps volume"):
+        backend.add_volume("b", path=tmp_path / "a" / "b")
+    (tmp_path / "root").mkdir()
+    with pytest.raises(ConfigurationError, match="snapshot root"):
+        backend.add_volume("r", path=tmp_path / "root")
+    with pytest.raises(ConfigurationError, match="invalid blob key"):
+        backend.write_blob("vol-0001", "../escape", b"x")
+    backend.write_blob("vol-0001", "b/file", b"x")
+    assert (tmp_path / "a" / "b" / "file").read_bytes() == b"x"
+    assert backend.read_blob("vol-0001", "b/file") == b"x"
+    with pytest.raises(BackendError):
+        backend.read_blob("vol-0001", "nope")
+
+
+def test_temporary_root_is_created_lazily_and_removed_on_close(tmp_path: Path) -> None:
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    with MockBackend() as backend:
+        assert "root=None" in repr(backend)
+        vid = backend.add_volume("data", path=volume).id
+        backend.create_snapshot_group([vid], "b1")
+        root = backend.root
+        assert stat.S_IMODE(os.stat(root).st_mode) == 0o700
+        assert root.is_dir()
+    assert not root.exists()
+    backend.close()  # idempotent
+
+
+def test_memory_blob_errors(backend: MockBackend) -> None:
+    vid = backend.add_volume("data").id
+    with pytest.raises(BackendError, match="no blob"):
+        backend.read_blob(vid, "k")
+    with pytest.raises(VolumeNotFound):
+        backend.write_blob("vol-9999", "k", b"")
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def test_concurrent_groups_get_distinct_ids() -> None:
+    backend = MockBackend()
+    vids = [backend.add_volume(f"v{i}").id for i in range(4)]
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(25):
+                backend.create_snapshot_group(vids, "b")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    snaps = backend.list_snapshots()
+    assert len(snaps) == 400
+    assert len({s.id for s in snaps}) == 400
+    groups = {s.group_id for s in snaps}
+    assert len(groups) == 100
+
+
+def test_files_vanishing_during_the_copy_are_left_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running server deletes files while the mock copies; the copy skips them."""
+    volume = tmp_path / "pgdata"
+    (volume / "pg_stat_tmp").mkdir(parents=True)
+    (volume / "pg_stat_tmp" / "global.tmp").write_text("x")
+    (volume / "gone-dir").mkdir()
+    (volume / "gone-dir" / "f").write_text("x")
+    (volume / "PG_VERSION").write_text("15\n")
+    backend = MockBackend(root=tmp_path / "root")
+    vid = backend.add_volume("data", path=volume).id
+
+    real_copyfile = shutil.copyfile
+    real_scandir = os.scandir
+
+    def racing_copyfile(src: Any, dst: Any, **kwargs: Any) -> Any:
+        if Path(src).name == "global.tmp":
+            Path(src).unlink()  # deleted between the listing and the copy
+        return real_copyfile(src, dst, **kwargs)
+
+    def racing_scandir(path: Any) -> Any:
+        if not isinstance(path, int) and Path(path).name == "gone-dir":
+            shutil.rmtree(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(shutil, "copyfile", racing_copyfile)
+    monkeypatch.setattr(os, "scandir", racing_scandir)
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    monkeypatch.undo()
+    tree = Path(snap.extra["path"])
+    assert sorted(p.name for p in tree.iterdir()) == ["PG_VERSION", "pg_stat_tmp"]
+    assert list((tree / "pg_stat_tmp").iterdir()) == []
