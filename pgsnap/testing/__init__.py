@@ -1,0 +1,1 @@
+"""Tools for testing with pgsnap: the backend conformance suite and throwaway PostgreSQL servers."""

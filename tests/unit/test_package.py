@@ -1,0 +1,56 @@
+"""Library manners: cheap import, documented public names, no print."""
+
+import ast
+import importlib
+import inspect
+import pathlib
+import pkgutil
+import subprocess
+import sys
+
+import pgsnap
+
+PACKAGE = pathlib.Path(pgsnap.__file__).parent
+
+
+def test_import_does_not_load_drivers():
+    code = ("import sys, pgsnap, pgsnap.model, pgsnap.wal, pgsnap.backends, pgsnap.session, "
+            "pgsnap.plan, pgsnap.executor, pgsnap.cli; "
+            "print(sorted(m for m in ('psycopg', 'requests', 'pgsnap.backends.mock') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _modules():
+    for info in pkgutil.walk_packages([str(PACKAGE)], prefix="pgsnap."):
+        yield importlib.import_module(info.name)
+
+
+def test_every_public_name_is_documented():
+    undocumented = []
+    for mod in _modules():
+        if not mod.__doc__:
+            undocumented.append(mod.__name__)
+        for name in getattr(mod, "__all__", ()):
+            obj = getattr(mod, name)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and not obj.__doc__:
+                undocumented.append(f"{mod.__name__}.{name}")
+            if inspect.isclass(obj) and obj.__module__ == mod.__name__:
+                for attr, member in vars(obj).items():
+                    if attr.startswith("_") or not inspect.isfunction(member):
+                        continue
+                    if not member.__doc__:
+                        undocumented.append(f"{mod.__name__}.{name}.{attr}")
+    assert undocumented == []
+
+
+def test_no_print_outside_the_cli():
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "cli.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == []
