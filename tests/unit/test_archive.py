@@ -256,7 +256,7 @@ def test_repr_eq_and_abspath(tmp_path, monkeypatch):
 
 
 def test_satisfies_wal_archive_protocol(archive):
-    from pgsnap.protocols import WalArchive  # noqa: PLC0415 - optional module
+    from pgsnap.protocols import WalArchive
 
     def use(arch: WalArchive) -> str:
         return arch.restore_command()

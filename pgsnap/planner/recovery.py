@@ -1,0 +1,669 @@
+"""The recovery planner (pure): which backup, which volumes, which WAL, which timeline.
+
+``plan_recovery(facts, request)`` returns an ordered, explained
+:class:`~pgsnap.plan.Plan`, or refuses with a
+:class:`~pgsnap.errors.PlanningError` subclass that says why and what can be
+reached instead. Nothing here reads a clock, a file or the network: the same
+facts and request always give the same plan.
+
+Rules (see docs/concepts.md):
+
+- the backup is the newest DONE backup whose start and stop lie on the
+  history of the target timeline, whose snapshots still exist, and whose
+  consistency point (stop LSN / stop time) is strictly before the target;
+- the WAL from the backup's start to the target is checked along the
+  timeline path; a gap before the target refuses the plan and names the
+  missing segments;
+- only lost volumes are restored: when the WAL volume survived it is kept,
+  so WAL that never reached the archive is replayed too.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Iterable
+
+import attrs
+
+from pgsnap.errors import (
+    ConfigurationError,
+    NoBackupForTarget,
+    TargetOutOfRange,
+    TimelineError,
+    UnsupportedCapability,
+    WalGapError,
+)
+from pgsnap.model import (
+    LSN,
+    BackupRecord,
+    RecoveryAction,
+    RecoverySettings,
+    RecoveryTarget,
+    TargetKind,
+    Volume,
+    VolumeRole,
+    to_dict,
+)
+from pgsnap.plan import Plan, Step
+from pgsnap.planner.facts import RecoveryFacts, fingerprint
+from pgsnap.protocols import Capability
+from pgsnap.wal import ArchiveIndex, WalCheck, check, walfile_name
+
+__all__ = ["RecoveryRequest", "choose_backup", "plan_recovery"]
+
+
+def _roles(value: Iterable[VolumeRole | str]) -> frozenset[VolumeRole]:
+    return frozenset(VolumeRole(v) for v in value)
+
+
+@attrs.frozen
+class RecoveryRequest:
+    """What to recover, and how.
+
+    - ``target``: where replay stops (default: the end of the WAL).
+    - ``timeline``: ``"latest"``, ``"current"`` (the backup's timeline) or a number.
+    - ``action``: what the server does at the target (promote, pause, shutdown).
+    - ``lost``: the roles whose volumes are lost. ``{DATA}`` (the default) keeps
+      the WAL volume and its unarchived WAL; ``{DATA, WAL}`` restores both.
+      Tablespace volumes always go with the data.
+    - ``backup_id``: use this backup instead of choosing one.
+    - ``safety_snapshot``: snapshot the volumes about to be overwritten first,
+      so their current (broken) state is never lost.
+    """
+
+    target: RecoveryTarget = attrs.field(factory=RecoveryTarget.latest)
+    timeline: str = "latest"
+    action: RecoveryAction = RecoveryAction.PROMOTE
+    lost: frozenset[VolumeRole] = attrs.field(
+        default=frozenset({VolumeRole.DATA}), converter=_roles
+    )
+    backup_id: str | None = None
+    safety_snapshot: bool = True
+    recovery_timeout: float = 600.0
+
+    def __attrs_post_init__(self) -> None:
+        t = self.timeline
+        if t not in ("latest", "current") and not (t.isdigit() and int(t) >= 1):
+            raise ConfigurationError(
+                f"invalid recovery timeline {t!r}",
+                hint="use 'latest', 'current' or a timeline number",
+            )
+        if VolumeRole.ARCHIVE in self.lost:
+            raise ConfigurationError(
+                "the archive is not restored from snapshots",
+                hint="recover the archive first; pgsnap reads WAL from it",
+            )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _fmt_time(t: dt.datetime | None) -> str:
+    return (
+        "unknown time" if t is None else t.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    )
+
+
+def _target_timeline(facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord) -> int:
+    if request.timeline == "latest":
+        return max(facts.timelines.latest(), backup.stop_timeline or backup.start_timeline)
+    if request.timeline == "current":
+        return backup.start_timeline
+    return int(request.timeline)
+
+
+def _resolve_target_lsn(facts: RecoveryFacts, target: RecoveryTarget) -> LSN | None:
+    """The LSN where replay stops, when the facts can tell (None: not known)."""
+    ev = facts.events
+    if target.kind is TargetKind.LSN:
+        assert isinstance(target.value, LSN)
+        return target.value
+    if ev is None:
+        return None
+    if target.kind is TargetKind.NAME:
+        assert isinstance(target.value, str)
+        return ev.restore_point(target.value)
+    if target.kind is TargetKind.XID:
+        assert isinstance(target.value, int)
+        return ev.commit_of(target.value)
+    if target.kind is TargetKind.TIME:
+        assert isinstance(target.value, dt.datetime)
+        return ev.first_commit_after(target.value)
+    return None
+
+
+def _consistent_before(
+    backup: BackupRecord, target: RecoveryTarget, target_lsn: LSN | None
+) -> bool:
+    assert backup.stop_lsn is not None
+    if target.kind in (TargetKind.LATEST, TargetKind.IMMEDIATE):
+        return True
+    if target.kind is TargetKind.TIME:
+        assert isinstance(target.value, dt.datetime) and backup.stop_time is not None
+        return backup.stop_time < target.value
+    if target_lsn is not None:
+        return backup.stop_lsn < target_lsn
+    # An xid or a name we could not locate: we cannot prove it is after the
+    # backup; the newest backup is chosen and the plan warns.
+    return True
+
+
+def _snapshots_present(
+    facts: RecoveryFacts, backup: BackupRecord, volumes: Iterable[Volume]
+) -> list[str]:
+    present = {s.id for s in facts.snapshots}
+    missing = []
+    for v in volumes:
+        snap = backup.snapshots.get(v.id)
+        if snap is None or snap not in present:
+            missing.append(f"{v.id}: {snap or 'no snapshot recorded'}")
+    return missing
+
+
+def _volumes_to_restore(facts: RecoveryFacts, request: RecoveryRequest) -> tuple[Volume, ...]:
+    layout = facts.layout
+    chosen = [layout.data, *layout.by_role(VolumeRole.TABLESPACE)]
+    if VolumeRole.WAL in request.lost and layout.wal is not None:
+        chosen.append(layout.wal)
+    return tuple(chosen)
+
+
+def _merged_index(facts: RecoveryFacts, keep_wal: bool) -> ArchiveIndex:
+    if keep_wal and facts.archive_with_local_wal is not None:
+        return facts.archive_with_local_wal
+    return facts.archive
+
+
+def choose_backup(
+    facts: RecoveryFacts, request: RecoveryRequest
+) -> tuple[BackupRecord, int, list[str]]:
+    """The backup to restore, the target timeline, and why others were passed over.
+
+    Raises :class:`~pgsnap.errors.NoBackupForTarget` when none qualifies,
+    naming the earliest and latest points that can be reached.
+    """
+    volumes = _volumes_to_restore(facts, request)
+    target = request.target
+    target_lsn = _resolve_target_lsn(facts, target)
+    done = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
+    if request.backup_id is not None:
+        done = [b for b in done if b.id == request.backup_id]
+        if not done:
+            states = {b.id: b.state.value for b in facts.backups}
+            why = (
+                f"it is {states[request.backup_id]}"
+                if request.backup_id in states
+                else "it is not in the catalog"
+            )
+            raise NoBackupForTarget(
+                f"backup {request.backup_id!r} cannot be used: {why}",
+                hint="list the backups with `pgsnap list` and pick a DONE one",
+                backup_id=request.backup_id,
+            )
+    # Newest first, by time, never by name or timeline.
+    done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
+    passed: list[str] = []
+    for b in done:
+        tli = _target_timeline(facts, request, b)
+        assert b.stop_lsn is not None
+        if tli != 1 and tli not in facts.timelines.timelines():
+            raise TimelineError(
+                f"recovery target timeline {tli} does not exist in the archive "
+                f"(known: {', '.join(map(str, sorted(facts.timelines.timelines())))})",
+                hint="use timeline 'latest', 'current' or one of the known timelines",
+                timeline=tli,
+            )
+        if not (
+            facts.timelines.contains(b.start_timeline, b.start_lsn, tli)
+            and facts.timelines.contains(b.stop_timeline or b.start_timeline, b.stop_lsn, tli)
+        ):
+            passed.append(
+                f"{b.id}: timeline {b.start_timeline} at {b.stop_lsn} is not on the "
+                f"history of timeline {tli} (it forked off earlier)"
+            )
+            continue
+        if not _consistent_before(b, target, target_lsn):
+            passed.append(
+                f"{b.id}: consistent only at {b.stop_lsn} / {_fmt_time(b.stop_time)}, "
+                "not before the target"
+            )
+            continue
+        missing = _snapshots_present(facts, b, volumes)
+        if missing:
+            passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
+            continue
+        return b, tli, passed
+    usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
+    if usable:
+        oldest = min(usable, key=lambda b: b.stop_time or b.start_time)
+        newest = max(usable, key=lambda b: b.stop_time or b.start_time)
+        earliest = f"{oldest.stop_lsn} / {_fmt_time(oldest.stop_time)} (backup {oldest.id})"
+        reach = (f"newest backup {newest.id} is consistent at {newest.stop_lsn} / "
+                 f"{_fmt_time(newest.stop_time)}")
+    else:
+        earliest, reach = "nothing", "no DONE backup in the catalog"
+    detail = "\n".join(f"  - {p}" for p in passed)
+    raise NoBackupForTarget(
+        f"no backup can reach target {target}: the earliest reachable point is {earliest}; "
+        f"{reach}" + (f"\nbackups passed over:\n{detail}" if detail else ""),
+        hint="choose a target after a backup's consistency point, or take a backup first",
+        earliest=earliest,
+        passed_over=tuple(passed),
+    )
+
+
+def _segment_end(seg_name: str, facts: RecoveryFacts, segment_size: int) -> LSN:
+    from pgsnap.wal import parse_segment_name, segment_start  # noqa: PLC0415
+
+    _tli, segno = parse_segment_name(seg_name, segment_size)
+    return segment_start(segno + 1, segment_size)
+
+
+def _check_wal(
+    facts: RecoveryFacts,
+    request: RecoveryRequest,
+    backup: BackupRecord,
+    tli: int,
+    target_lsn: LSN | None,
+    index: ArchiveIndex,
+) -> WalCheck:
+    """Check the WAL the plan needs; refuse with the exact reason when it is not there."""
+    seg = backup.wal_segment_size
+    target = request.target
+    assert backup.stop_lsn is not None
+    start = (backup.start_timeline, backup.start_lsn)
+    if target.kind is TargetKind.IMMEDIATE:
+        end: LSN | None = backup.stop_lsn
+    elif target_lsn is not None:
+        end = target_lsn + 1  # the record at the target must be readable
+    else:
+        end = None
+    result = check(index, start, end, tli, facts.timelines)
+    full = check(index, start, None, tli, facts.timelines) if end is not None else result
+    reach = full.reachable_lsn
+    if not result.complete:
+        missing_text = ", ".join(result.missing[:10]) + (
+            f" and {result.missing_count - 10} more" if result.missing_count > 10 else ""
+        )
+        # A hole (segments present after the first missing one) or the end of the archive?
+        last_needed = result.missing[-1] if result.missing else None
+        tail = last_needed is not None and not any(
+            index.has_segment(tl, n) for tl, n in _after(index, result.missing[0], seg)
+        )
+        if tail and result.reachable_lsn >= backup.stop_lsn:
+            raise TargetOutOfRange(
+                f"target {target} is past the end of the archived WAL on timeline {tli}: "
+                f"recoverable up to {result.reachable_lsn}"
+                + _time_suffix(facts, result.reachable_lsn),
+                hint="choose an earlier target, or wait for the archiver to catch up",
+                reachable_lsn=str(result.reachable_lsn),
+                missing=result.missing,
+            )
+        raise WalGapError(
+            f"WAL needed to reach {target} is missing from the archive: {missing_text}; "
+            f"recoverable up to {result.reachable_lsn}" + _time_suffix(facts, result.reachable_lsn),
+            hint="restore the missing segments into the archive, or choose a target before "
+            f"{result.reachable_lsn}",
+            missing=result.missing,
+            reachable_lsn=str(result.reachable_lsn),
+        )
+    if reach < backup.stop_lsn:
+        raise WalGapError(
+            f"the WAL of backup {backup.id} itself is incomplete: recoverable only to {reach}, "
+            f"before its consistency point {backup.stop_lsn} (missing: "
+            f"{', '.join(full.missing[:5])})",
+            hint="choose another backup or restore the missing segments",
+            missing=full.missing,
+            reachable_lsn=str(reach),
+        )
+    return full
+
+
+def _after(index: ArchiveIndex, name: str, segment_size: int) -> list[tuple[int, int]]:
+    """(timeline, segno) of every present segment after ``name`` on its timeline."""
+    from pgsnap.wal import parse_segment_name  # noqa: PLC0415
+
+    tli, segno = parse_segment_name(name, segment_size)
+    return [(tli, r.last) for r in index.ranges(tli) if r.last > segno]
+
+
+def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:
+    if facts.events is None:
+        return ""
+    last = facts.events.last_commit(before=lsn)
+    if last is None:
+        return ""
+    return f" (last commit before it at {_fmt_time(last[1])})"
+
+
+def _check_target_reachable(
+    facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord, wal: WalCheck
+) -> list[str]:
+    """Refuse targets the WAL cannot reach; return warnings for what cannot be proven."""
+    target = request.target
+    warnings: list[str] = []
+    ev = facts.events
+    reach = wal.reachable_lsn
+    if target.kind is TargetKind.TIME:
+        assert isinstance(target.value, dt.datetime)
+        if target.value > facts.now:
+            raise TargetOutOfRange(
+                f"target time {_fmt_time(target.value)} is in the future "
+                f"(now {_fmt_time(facts.now)})",
+                hint="choose a time in the past; for the newest state use the 'latest' target",
+            )
+        if ev is not None and ev.scanned_to is not None and ev.scanned_to >= reach:
+            last = ev.last_commit(before=reach)
+            beyond = last is None or (
+                target.value >= last[1] if target.inclusive else target.value > last[1]
+            )
+            if beyond:
+                when = _fmt_time(last[1]) if last else "no commit at all"
+                raise TargetOutOfRange(
+                    f"target time {_fmt_time(target.value)} is after the last commit in the "
+                    f"reachable WAL ({when}, up to {reach}); PostgreSQL would end recovery "
+                    "before reaching it",
+                    hint="choose an earlier time, or 'latest' to replay everything",
+                    reachable_lsn=str(reach),
+                )
+        elif ev is None:
+            warnings.append(
+                "commit times in the WAL could not be read (no pg_waldump): the "
+                "target time is not checked against the last commit"
+            )
+    elif target.kind in (TargetKind.NAME, TargetKind.XID):
+        found = _resolve_target_lsn(facts, target)
+        what = "restore point" if target.kind is TargetKind.NAME else "commit of transaction"
+        if found is None:
+            if ev is not None and ev.complete:
+                raise TargetOutOfRange(
+                    f"{what} {target.value!r} is not in the reachable WAL "
+                    f"(scanned {ev.scanned_from} to {ev.scanned_to})",
+                    hint="check the name/xid, or choose a time or LSN target",
+                )
+            warnings.append(
+                f"{what} {target.value!r} could not be located in the WAL: the plan "
+                "cannot prove it lies after the backup and before the end of the WAL"
+            )
+        elif found > reach:
+            raise TargetOutOfRange(
+                f"{what} {target.value!r} is at {found}, after the end of the reachable "
+                f"WAL {reach}",
+                hint="restore the missing WAL or choose an earlier target",
+            )
+    elif target.kind is TargetKind.LSN:
+        assert isinstance(target.value, LSN) and backup.stop_lsn is not None
+    return warnings
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
+    """The recovery plan for ``request``, or a PlanningError saying why not."""
+    if Capability.DIRECTORY_VOLUMES not in facts.capabilities:
+        raise UnsupportedCapability(
+            "this backend's volumes are block devices that must be unmounted and mounted "
+            "around a restore; pgsnap does not drive mounts yet",
+            hint="use a backend whose volumes are directories (the mock) or restore by hand "
+            "following `plan-recovery --json`",
+        )
+    keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
+    target = request.target
+    backup, tli, passed = choose_backup(facts, request)
+    seg = backup.wal_segment_size
+    index = _merged_index(facts, keep_wal)
+    target_lsn = _resolve_target_lsn(facts, target)
+    wal = _check_wal(facts, request, backup, tli, target_lsn, index)
+    warnings = _check_target_reachable(facts, request, backup, wal)
+    warnings += [f"passed over backup {p}" for p in passed]
+    assert backup.stop_lsn is not None and backup.labelfile is not None
+
+    restore = _volumes_to_restore(facts, request)
+    restore_ids = {v.id for v in restore}
+    policies = [
+        p for p in facts.policies if not p.paused and restore_ids.intersection(p.volume_ids)
+    ]
+    timeline_setting = str(tli) if request.timeline != "latest" else "latest"
+    if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
+        timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
+    settings = RecoverySettings(
+        restore_command=facts.restore_command,
+        target=target,
+        target_timeline=timeline_setting,
+        action=request.action,
+    )
+
+    steps: list[Step] = []
+    if policies and Capability.POLICIES in facts.capabilities:
+        ids = sorted(p.id for p in policies)
+        steps.append(
+            Step(
+                id="pause-policies",
+                action="storage.pause_policies",
+                description=f"pause snapshot policies {', '.join(ids)}",
+                reason="so the schedule does not rotate good snapshots out while the "
+                "database is down",
+                params={"policy_ids": ids},
+                compensation="storage.resume_policies",
+                compensation_params={"policy_ids": ids},
+            )
+        )
+    steps.append(
+        Step(
+            id="stop-server",
+            action="db.stop_server",
+            description="stop the PostgreSQL server",
+            reason="volumes cannot be restored under a running server (no-op if it is down)",
+        )
+    )
+    if request.safety_snapshot:
+        steps.append(
+            Step(
+                id="safety-snapshot",
+                action="storage.snapshot_group",
+                description=f"snapshot the current state of {', '.join(sorted(restore_ids))} first",
+                reason="nothing is lost: the state being replaced stays available until "
+                "you delete it",
+                params={
+                    "volume_ids": sorted(restore_ids),
+                    "name": f"pgsnap-before-restore-{backup.id}",
+                    "secure": False,
+                    "keep": True,
+                },
+            )
+        )
+    for v in restore:
+        snap = backup.snapshots[v.id]
+        steps.append(
+            Step(
+                id=f"restore-{v.id}",
+                action="storage.restore_volume",
+                description=f"restore volume {v.id} ({v.role.value}, {v.mount_point}) from "
+                f"snapshot {snap}",
+                reason=f"the {v.role.value} volume is lost; the backup's snapshot brings back its "
+                "state at the backup",
+                params={"volume_id": v.id, "snapshot_id": snap},
+                compensation="storage.restore_volume" if request.safety_snapshot else None,
+                compensation_params={"volume_id": v.id, "from_step": "safety-snapshot"}
+                if request.safety_snapshot
+                else {},
+            )
+        )
+    clear_wal = not keep_wal
+    steps.append(
+        Step(
+            id="prepare-datadir",
+            action="host.prepare_data_directory",
+            description="clean the restored data directory (postmaster.pid, postmaster.opts, "
+            "pg_replslot, temporary state" + (", stale pg_wal" if clear_wal else "") + ")",
+            reason="files from the running server at snapshot time confuse pg_ctl and recovery"
+            + (
+                "; WAL restored from the snapshot is obsolete, the archive has it"
+                if clear_wal
+                else "; pg_wal is on the surviving WAL volume and is kept"
+            ),
+            params={"clear_wal": clear_wal},
+        )
+    )
+    label_digest = hashlib.sha256(backup.labelfile.encode()).hexdigest()
+    steps.append(
+        Step(
+            id="write-label",
+            action="host.write_backup_label",
+            description=f"write backup_label{' and tablespace_map' if backup.spcmapfile else ''} "
+            f"of backup {backup.id} from the catalog",
+            reason="without the label, replay would start at the wrong checkpoint and corrupt the "
+            "cluster; it is written byte for byte as PostgreSQL returned it",
+            params={"backup_id": backup.id, "label_sha256": label_digest},
+        )
+    )
+    steps.append(
+        Step(
+            id="write-recovery-settings",
+            action="db.write_recovery_settings",
+            description=f"write recovery settings ({', '.join(settings.lines()[1:])}) and "
+            "recovery.signal",
+            reason="tells PostgreSQL where the WAL is, where to stop and what to do there; stale "
+            "recovery_target lines from the snapshot are disabled",
+            params={"settings": to_dict(settings)},
+            compensation="db.clear_recovery_settings",
+        )
+    )
+    steps.append(
+        Step(
+            id="start-server",
+            action="db.start_server",
+            description="start PostgreSQL",
+            reason="the server replays WAL from the backup's start to the target",
+            compensation="db.stop_server",
+        )
+    )
+    steps.append(
+        Step(
+            id="wait-recovery",
+            action="db.wait_recovery",
+            description=f"wait for recovery to reach {target} and {request.action.value}",
+            reason="the plan is done only when the server says where it stopped",
+            params={
+                "timeout": request.recovery_timeout,
+                "action": request.action.value,
+                "target_kind": target.kind.value,
+            },
+        )
+    )
+    min_tli = (
+        max(facts.timelines.latest(), tli) + 1 if request.action is RecoveryAction.PROMOTE else tli
+    )
+    steps.append(
+        Step(
+            id="verify",
+            action="db.verify",
+            description="verify: accepting connections"
+            + (
+                f", on a new timeline (>= {min_tli})"
+                if request.action is RecoveryAction.PROMOTE
+                else ""
+            )
+            + (
+                f", replayed to at least {target_lsn}"
+                if target_lsn is not None and target.kind is TargetKind.LSN
+                else ""
+            ),
+            reason="a recovery is trusted only once the server confirms it",
+            params={
+                "action": request.action.value,
+                "min_timeline": min_tli if request.action is RecoveryAction.PROMOTE else None,
+                "min_replay_lsn": str(backup.stop_lsn),
+            },
+        )
+    )
+    if request.action is RecoveryAction.PROMOTE:
+        steps.append(
+            Step(
+                id="clear-recovery-settings",
+                action="db.clear_recovery_settings",
+                description="remove the recovery settings again",
+                reason="a later restart must not recover to the same target again",
+            )
+        )
+    if policies and Capability.POLICIES in facts.capabilities:
+        ids = sorted(p.id for p in policies)
+        steps.append(
+            Step(
+                id="resume-policies",
+                action="storage.resume_policies",
+                description=f"resume snapshot policies {', '.join(ids)}",
+                reason="the database is healthy again; scheduled snapshots resume",
+                params={"policy_ids": ids},
+            )
+        )
+
+    # ------------------------------------------------------------ explanation
+    kept: list[str] = []
+    lost: list[str] = []
+    if keep_wal:
+        assert facts.layout.wal is not None
+        kept.append(
+            f"WAL volume {facts.layout.wal.id} ({facts.layout.wal.mount_point}) is not "
+            "restored: WAL written after the last archived segment is replayed too"
+        )
+    kept.append("the WAL archive: it is only read")
+    if request.safety_snapshot:
+        kept.append("the current state of the restored volumes, in a safety snapshot taken first")
+    if target.kind is not TargetKind.LATEST:
+        lost.append(f"every transaction after the target ({target}) on the recovered cluster")
+    elif not keep_wal:
+        lost.append("WAL that was never archived (the WAL volume is restored from the snapshot)")
+    window_end = f"{wal.reachable_lsn} on timeline {tli}" + _time_suffix(facts, wal.reachable_lsn)
+    summary = {
+        "target": str(target),
+        "backup": f"{backup.id} (label {backup.label!r}, timeline {backup.start_timeline})",
+        "consistent from": f"{backup.stop_lsn} / {_fmt_time(backup.stop_time)}",
+        "recoverable to": window_end,
+        "target timeline": f"{tli} (recovery_target_timeline = {timeline_setting})",
+        "timeline path": " -> ".join(
+            f"{sp.timeline}" + (f" (until {sp.end})" if sp.end is not None else "")
+            for sp in wal.path
+        ),
+        "WAL segments": f"{wal.segments_needed} needed from "
+        f"{walfile_name(backup.start_lsn, backup.start_timeline, seg)}",
+        "restore": ", ".join(f"{v.id} ({v.role.value})" for v in restore),
+        "action at target": request.action.value,
+    }
+    fp = recovery_fingerprint(facts, request, backup, wal)
+    return Plan(
+        kind="recovery",
+        steps=tuple(steps),
+        fingerprint=fp,
+        summary=summary,
+        kept=tuple(kept),
+        lost=tuple(lost),
+        warnings=tuple(warnings),
+    )
+
+
+def recovery_fingerprint(
+    facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord, wal: WalCheck
+) -> str:
+    """Digest of the facts a recovery plan depends on.
+
+    The backup record, its snapshots, the timelines and the WAL check's
+    verdict; not the server's state (it is what is broken) and not WAL
+    archived since (more WAL does not invalidate a plan).
+    """
+    wanted = set(backup.snapshots.values())
+    return fingerprint(
+        {
+            "kind": "recovery",
+            "request": to_dict(request.target),
+            "layout": facts.layout,
+            "backup": backup,
+            "snapshots": sorted(s.id for s in facts.snapshots if s.id in wanted),
+            "timelines": sorted(facts.timelines.timelines()),
+            "wal_missing": list(wal.missing)
+            if request.target.kind is not TargetKind.LATEST
+            else [],
+        }
+    )

@@ -1,0 +1,115 @@
+"""The backup planner's preflight on synthetic facts."""
+
+import datetime as dt
+
+import attrs
+import pytest
+
+from pgsnap import errors
+from pgsnap.model import (
+    ArchiverStatus,
+    Layout,
+    ServerFacts,
+    StorageVolume,
+    Tablespace,
+    Volume,
+    VolumeRole,
+)
+from pgsnap.plan import Plan
+from pgsnap.planner.backup import BackupRequest, Severity, plan_backup, preflight
+from pgsnap.planner.facts import BackupFacts
+from pgsnap.protocols import Capability
+from tests.unit.test_model import _record
+
+NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+LAYOUT = Layout([
+    Volume("v-data", "data", VolumeRole.DATA, "/pg/data"),
+    Volume("v-wal", "wal", VolumeRole.WAL, "/pg/wal"),
+    Volume("v-ts", "ts", VolumeRole.TABLESPACE, "/pg/ts", tablespace_oid=16400),
+    Volume("v-arch", "archive", VolumeRole.ARCHIVE, "/archive"),
+])
+SERVER = ServerFacts(
+    version_num=150018, system_identifier="7300000000000000001",
+    data_directory="/pg/data/15/main", wal_directory="/pg/wal/pg_wal", wal_segment_size=16 << 20,
+    timeline=1, checkpoint_lsn="0/3000060", redo_lsn="0/3000028", current_lsn="0/3000100",
+    in_recovery=False, tablespaces=(Tablespace(16400, "fast", "/pg/ts/fast"),),
+    settings={"wal_level": "replica", "archive_mode": "on", "full_page_writes": "on",
+              "archive_timeout": "60", "data_checksums": "on"},
+)
+ARCHIVER = ArchiverStatus(
+    archived_count=10, last_archived_wal="000000010000000000000002",
+    last_archived_time=NOW, failed_count=0, last_failed_wal=None, last_failed_time=None,
+    wal_level="replica", archive_mode="on", archive_command="cp %p /archive/%f",
+)
+
+
+def facts(**kw):
+    base = dict(
+        server=SERVER, archiver=ARCHIVER, layout=LAYOUT,
+        volumes=tuple(StorageVolume(v, v) for v in ("v-data", "v-wal", "v-ts", "v-arch")),
+        capabilities=frozenset(Capability), catalog=(), archive_location="/archive",
+        archive_timelines=(1,), archive_system_identifier="7300000000000000001",
+    )
+    base.update(kw)
+    return BackupFacts(**base)
+
+
+def codes(findings, severity=Severity.ERROR):
+    return sorted(f.code for f in findings if f.severity is severity)
+
+
+def test_healthy_cluster_has_no_blocking_findings():
+    assert codes(preflight(facts())) == []
+    plan = plan_backup(facts(), BackupRequest("20261130T120000000Z", "nightly"))
+    assert [s.id for s in plan.steps] == ["backup-start", "snapshot", "backup-stop",
+                                          "wait-wal", "done"]
+    assert plan.step("snapshot").params["volume_ids"] == ["v-data", "v-wal", "v-ts"]
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    ({"server": attrs.evolve(SERVER, in_recovery=True)}, "standby"),
+    ({"archiver": attrs.evolve(ARCHIVER, wal_level="minimal")}, "archiving"),
+    ({"archiver": attrs.evolve(ARCHIVER, archive_mode="off")}, "archiving"),
+    ({"archiver": attrs.evolve(ARCHIVER, failed_count=1, last_failed_time=NOW,
+                               last_failed_wal="000000010000000000000003")}, "archiving"),
+    ({"server": attrs.evolve(SERVER, data_directory="/elsewhere/data")}, "coverage"),
+    ({"server": attrs.evolve(SERVER, wal_directory="/other/pg_wal")}, "coverage"),
+    ({"server": attrs.evolve(SERVER, tablespaces=(Tablespace(16500, "x", "/mnt/x"),))},
+     "coverage"),
+    ({"archive_location": "/pg/data/archive"}, "archive_location"),
+    ({"catalog": (_record(system_identifier="999"),)}, "system_identifier"),
+    ({"archive_system_identifier": "999"}, "system_identifier"),
+    ({"archive_timelines": (1, 2)}, "split_brain"),
+    ({"volumes": (StorageVolume("v-data", "d"),)}, "volume_missing"),
+])
+def test_each_blocking_finding(change, code):
+    found = preflight(facts(**change))
+    assert code in codes(found)
+    with pytest.raises(errors.PreflightError) as info:
+        plan_backup(facts(**change), BackupRequest("b", "b"))
+    assert f"[{code}]" in str(info.value)
+
+
+def test_warnings_do_not_block():
+    f = facts(server=attrs.evolve(SERVER, settings={**SERVER.settings, "archive_timeout": "0",
+                                                    "data_checksums": "off"}),
+              capabilities=frozenset())
+    assert codes(preflight(f), Severity.WARNING) == ["archive_timeout", "consistency_group",
+                                                     "data_checksums"]
+    plan = plan_backup(f, BackupRequest("b", "b"))
+    assert len(plan.warnings) == 3
+
+
+def test_pg_wal_inside_the_data_volume_needs_no_wal_volume():
+    layout = Layout([Volume("v-data", "data", VolumeRole.DATA, "/pg/data")])
+    server = attrs.evolve(SERVER, wal_directory="/pg/data/15/main/pg_wal", tablespaces=())
+    assert codes(preflight(facts(layout=layout, server=server))) == []
+    server = attrs.evolve(server, wal_directory="/pg/wal/pg_wal")
+    assert codes(preflight(facts(layout=layout, server=server))) == ["coverage"]
+
+
+def test_secure_snapshots_need_the_capability():
+    with pytest.raises(errors.UnsupportedCapability):
+        plan_backup(facts(capabilities=frozenset({Capability.CONSISTENCY_GROUPS})),
+                    BackupRequest("b", "b", secure_snapshots=True))

@@ -1,0 +1,246 @@
+"""The recovery planner on synthetic facts (pure: no server, no files)."""
+
+import datetime as dt
+
+import attrs
+import pytest
+
+from pgsnap import errors
+from pgsnap.model import (
+    LSN,
+    BackupRecord,
+    BackupState,
+    Layout,
+    RecoveryAction,
+    RecoveryTarget,
+    Snapshot,
+    SnapshotPolicy,
+    Volume,
+    VolumeRole,
+)
+from pgsnap.plan import Plan
+from pgsnap.planner.facts import RecoveryFacts, WalEvents
+from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
+from pgsnap.protocols import Capability
+from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
+
+MB = 1 << 20
+UTC = dt.UTC
+T0 = dt.datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+LAYOUT = Layout([
+    Volume("vol-data", "data", VolumeRole.DATA, "/pg/data"),
+    Volume("vol-wal", "wal", VolumeRole.WAL, "/pg/wal"),
+    Volume("vol-arch", "archive", VolumeRole.ARCHIVE, "/archive"),
+])
+
+
+def lsn(seg, off=0x28):
+    return LSN(seg * MB + off)
+
+
+def backup(bid, start_seg, stop_seg, minute, *, tli=1, state=BackupState.DONE):
+    return BackupRecord(
+        id=bid, label=bid, state=state, system_identifier="1", server_version=150018,
+        wal_segment_size=MB, layout=LAYOUT, start_lsn=lsn(start_seg), start_timeline=tli,
+        start_time=T0 + dt.timedelta(minutes=minute), stop_lsn=lsn(stop_seg, 0x100),
+        stop_timeline=tli, stop_time=T0 + dt.timedelta(minutes=minute, seconds=1),
+        labelfile=f"LABEL: {bid}\n", spcmapfile="",
+        snapshots={"vol-data": f"{bid}-d", "vol-wal": f"{bid}-w"},
+    )
+
+
+def snaps(*records):
+    return tuple(Snapshot(s, v, s, T0) for r in records for v, s in r.snapshots.items())
+
+
+def facts(backups, segs=range(1, 21), *, extra_names=(), histories=(), events=None,
+          caps=frozenset(Capability), policies=(), local=None, now=T0 + dt.timedelta(days=1)):
+    names = [segment_name(1, s, MB) for s in segs] + list(extra_names)
+    idx = ArchiveIndex.build(names, MB)
+    return RecoveryFacts(
+        layout=LAYOUT, backups=tuple(backups), snapshots=snaps(*backups), policies=policies,
+        capabilities=caps, archive=idx,
+        timelines=TimelineGraph.from_histories(histories), restore_command="cp /archive/%f %p",
+        now=now, events=events,
+        archive_with_local_wal=ArchiveIndex.build(names + list(local), MB) if local else None,
+    )
+
+
+B1 = backup("b1", 2, 3, 0)
+B2 = backup("b2", 10, 11, 10)
+
+
+def test_newest_backup_before_a_time_target():
+    f = facts([B1, B2])
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=5))))
+    assert plan.summary["backup"].startswith("b1")
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=11))))
+    assert plan.summary["backup"].startswith("b2")
+
+
+def test_time_equal_to_stop_time_is_not_strictly_after():
+    f = facts([B1, B2])
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.time(B2.stop_time)))
+    assert plan.summary["backup"].startswith("b1")
+
+
+def test_lsn_target_chooses_by_stop_lsn():
+    f = facts([B1, B2])
+    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(12)))).summary[
+        "backup"].startswith("b2")
+    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(9)))).summary[
+        "backup"].startswith("b1")
+
+
+def test_target_before_every_backup_is_refused_with_earliest_point():
+    f = facts([B1, B2])
+    with pytest.raises(errors.NoBackupForTarget) as info:
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0)))
+    assert "earliest reachable point is 0/300100" in str(info.value)
+    with pytest.raises(errors.NoBackupForTarget):
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(3, 0x50))))
+
+
+def test_failed_backups_and_missing_snapshots_are_passed_over():
+    failed = backup("b3", 15, 16, 20, state=BackupState.FAILED)
+    f = facts([B1, B2, failed])
+    f = attrs.evolve(f, snapshots=tuple(s for s in f.snapshots if s.id != "b2-d"))
+    plan = plan_recovery(f, RecoveryRequest())
+    assert plan.summary["backup"].startswith("b1")
+    assert any("b2: snapshots gone" in w for w in plan.warnings)
+    with pytest.raises(errors.NoBackupForTarget, match=r"FAILED|failed"):
+        plan_recovery(f, RecoveryRequest(backup_id="b3"))
+
+
+def test_gap_before_target_names_the_segment():
+    f = facts([B1], segs=[s for s in range(1, 21) if s != 7])
+    with pytest.raises(errors.WalGapError) as info:
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(9))))
+    assert info.value.missing == (segment_name(1, 7, MB),)
+    assert "recoverable up to 0/700000" in str(info.value)
+    # latest also refuses: replay would silently stop at the hole
+    with pytest.raises(errors.WalGapError):
+        plan_recovery(f, RecoveryRequest())
+    # a target before the gap works
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
+    assert plan.summary["backup"].startswith("b1")
+
+
+def test_lsn_past_the_end_of_the_archive_is_out_of_range():
+    f = facts([B1])
+    with pytest.raises(errors.TargetOutOfRange, match="past the end") as info:
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(40))))
+    assert "recoverable up to 0/1500000" in str(info.value)
+
+
+def test_kept_wal_volume_extends_the_reach():
+    f = facts([B1], local=[segment_name(1, s, MB) for s in range(21, 41)])
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(40))))
+    assert "vol-wal" not in plan.summary["restore"]
+    with pytest.raises(errors.TargetOutOfRange):  # WAL volume lost: only the archive counts
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(40)),
+                                         lost={VolumeRole.DATA, VolumeRole.WAL}))
+
+
+def test_time_in_the_future_and_after_the_last_commit():
+    f = facts([B1], now=T0 + dt.timedelta(hours=1))
+    with pytest.raises(errors.TargetOutOfRange, match="future"):
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(hours=2))))
+    ev = WalEvents(commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
+                   scanned_from=lsn(2), scanned_to=lsn(21, 0), complete=True)
+    f = attrs.evolve(f, events=ev)
+    with pytest.raises(errors.TargetOutOfRange, match="after the last commit"):
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=30))))
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))))
+    assert "last commit before it at 2026-11-30 00:03:00" in plan.summary["recoverable to"]
+
+
+def test_restore_point_located_by_scan():
+    ev = WalEvents(restore_points=((lsn(12, 0x80), "rp1"),), scanned_from=lsn(2),
+                   scanned_to=lsn(21, 0), complete=True)
+    f = facts([B1, B2], events=ev)
+    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.name("rp1"))).summary[
+        "backup"].startswith("b2")
+    with pytest.raises(errors.TargetOutOfRange, match="not in the reachable WAL"):
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.name("nope")))
+    # without a scan: allowed, with a warning
+    plan = plan_recovery(facts([B1, B2]), RecoveryRequest(RecoveryTarget.name("nope")))
+    assert any("could not be located" in w for w in plan.warnings)
+
+
+def _forked():
+    # timeline 2 forked from 1 at segment 6: a backup taken on timeline 1 after
+    # the fork (b2, at segment 10) is not on timeline 2's history.
+    h2 = parse_history(f"1\t{lsn(6, 0)}\tbefore 2026-11-30 00:05:00+00\n", 2)
+    names = [segment_name(2, s, MB) for s in range(6, 15)] + ["00000002.history"]
+    return facts([B1, B2], extra_names=names, histories=[h2])
+
+
+def test_timeline_aware_backup_choice():
+    f = _forked()
+    plan = plan_recovery(f, RecoveryRequest())  # latest = timeline 2
+    assert plan.summary["backup"].startswith("b1")
+    assert any("b2: timeline 1" in w for w in plan.warnings)
+    assert plan.summary["timeline path"] == "1 (until 0/600000) -> 2"
+    plan = plan_recovery(f, RecoveryRequest(timeline="1"))
+    assert plan.summary["backup"].startswith("b2")
+    with pytest.raises(errors.TimelineError, match="does not exist"):
+        plan_recovery(f, RecoveryRequest(timeline="7"))
+
+
+def test_immediate_stays_on_the_backup_timeline():
+    plan = plan_recovery(_forked(), RecoveryRequest(RecoveryTarget.immediate(), timeline="1"))
+    settings = plan.step("write-recovery-settings").params["settings"]
+    assert settings["target_timeline"] == "1"
+
+
+def test_steps_restore_only_lost_volumes_and_keep_wal():
+    f = facts([B1], policies=(SnapshotPolicy("pol-1", "hourly", ("vol-data",)),))
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
+    ids = [s.id for s in plan.steps]
+    assert ids == ["pause-policies", "stop-server", "safety-snapshot", "restore-vol-data",
+                   "prepare-datadir", "write-label", "write-recovery-settings", "start-server",
+                   "wait-recovery", "verify", "clear-recovery-settings", "resume-policies"]
+    assert plan.step("prepare-datadir").params == {"clear_wal": False}
+    assert any("WAL volume vol-wal" in k for k in plan.kept)
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5)),
+                                            lost={VolumeRole.DATA, VolumeRole.WAL},
+                                            action=RecoveryAction.PAUSE, safety_snapshot=False))
+    ids = [s.id for s in plan.steps]
+    assert "restore-vol-wal" in ids and "safety-snapshot" not in ids
+    assert "clear-recovery-settings" not in ids  # paused: the settings are still needed
+    assert plan.step("prepare-datadir").params == {"clear_wal": True}
+
+
+def test_plan_is_deterministic_and_round_trips():
+    f = facts([B1, B2])
+    req = RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=11)))
+    a, b = plan_recovery(f, req), plan_recovery(f, req)
+    assert a == b
+    assert Plan.from_json(a.to_json()) == a
+    assert "cp /archive/%f %p" in a.to_json()  # the restore command, never a password
+    text = a.explain()
+    assert "restore volume vol-data" in text and "Kept:" in text
+    assert "<table>" in a._repr_html_()
+
+
+def test_fingerprint_changes_with_the_facts():
+    f = facts([B1, B2])
+    req = RecoveryRequest(RecoveryTarget.lsn(lsn(12)))
+    fp = plan_recovery(f, req).fingerprint
+    assert plan_recovery(facts([B1, B2], segs=range(1, 30)), req).fingerprint == fp  # more WAL: same
+    other = attrs.evolve(f, snapshots=tuple(s for s in f.snapshots if s.id != "b2-w"))
+    assert plan_recovery(other, req).fingerprint != fp
+
+
+def test_block_backends_are_refused_until_mounts_are_driven():
+    f = facts([B1], caps=frozenset({Capability.CONSISTENCY_GROUPS}))
+    with pytest.raises(errors.UnsupportedCapability):
+        plan_recovery(f, RecoveryRequest())
+
+
+def test_bad_requests():
+    with pytest.raises(errors.ConfigurationError):
+        RecoveryRequest(timeline="newest")
+    with pytest.raises(errors.ConfigurationError):
+        RecoveryRequest(lost={VolumeRole.ARCHIVE})
