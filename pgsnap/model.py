@@ -793,8 +793,8 @@ class RecoveryAction(enum.Enum):
 
 
 def _quote_conf(value: str) -> str:
-    """Quote a value for postgresql.conf (single quotes doubled)."""
-    return "'" + value.replace("'", "''") + "'"
+    """Quote a value for postgresql.conf (backslashes escaped, single quotes doubled)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 @attrs.frozen

@@ -193,3 +193,8 @@ def test_naive_time_in_record_refused():
 def test_records_pickle():
     rec = _record()
     assert pickle.loads(pickle.dumps(rec)) == rec
+
+
+def test_settings_quoting_survives_backslashes_and_quotes():
+    s = RecoverySettings(r"copy 'C:\wal\%f' '%p'", RecoveryTarget.latest())
+    assert s.lines()[0] == r"restore_command = 'copy ''C:\\wal\\%f'' ''%p'''"

@@ -1,0 +1,1137 @@
+"""The PostgreSQL adapter: :class:`PostgresAdapter` (psycopg 3, PostgreSQL 12 to 18).
+
+It implements :class:`~pgsnap.protocols.DatabaseAdapter` and runs on the
+database host: besides SQL, it stops and starts the server (``pg_ctl`` as the
+data directory's owner, or systemd), reads the server log to learn how a
+recovery ended, and writes the recovery files into the data directory.
+
+Secrets: a password given in the connection string (``password=...`` or a
+URI) or as ``password=`` is kept apart and never appears in ``repr``, logs,
+exceptions or files. Driver errors are turned into
+:class:`~pgsnap.errors.DatabaseError` (``sqlstate`` set when the server gave
+one) with passwords redacted.
+
+This is the only module of pgsnap that imports psycopg.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import attrs
+import psycopg
+import psycopg.conninfo
+import psycopg.errors
+
+from pgsnap.adapters import _pgconf, _pgctl, _pglog
+from pgsnap.errors import (
+    BackupFileError,
+    BackupModeError,
+    ConfigurationError,
+    DatabaseError,
+)
+from pgsnap.model import (
+    LSN,
+    ArchiverStatus,
+    BackupStart,
+    BackupStop,
+    RecoverySettings,
+    ServerFacts,
+    Tablespace,
+    TargetKind,
+)
+
+if TYPE_CHECKING:
+    from pgsnap.protocols import BackupSession, DatabaseAdapter, RecoveryOutcome
+
+__all__ = ["PostgresAdapter", "PostgresBackupSession", "RecoveryResult", "RecoveryState"]
+
+_log = logging.getLogger(__name__)
+
+RecoveryState = Literal["promoted", "paused", "shutdown"]
+"""How a recovery ended: promoted (read-write), paused (hot standby), or shut down."""
+
+_POLL: Final = 0.15
+_MAX_POLL: Final = 2.0
+_LOST_HINT: Final = (
+    "the backup is void: take a new backup; keep the backup session's connection "
+    "direct (no transaction pooler), and check network timeouts and "
+    "idle_session_timeout / tcp keepalives between pgsnap and the server"
+)
+_DEFAULT_LOG: Final = os.path.join("log", "pgsnap-server.log")
+
+
+def _str_tuple(lines: Iterable[str]) -> tuple[str, ...]:
+    return tuple(lines)
+
+
+def _tablespaces(rows: Iterable[tuple[Any, ...]]) -> Any:
+    # ServerFacts converts with tuple(); typed Any because of attrs' converter typing.
+    return tuple(Tablespace(int(o), str(n), str(loc)) for o, n, loc in rows)
+
+
+@attrs.frozen
+class RecoveryResult:
+    """What the server did at the end of a recovery (implements ``RecoveryOutcome``).
+
+    ``replay_lsn`` is the last replayed WAL location when known (None after
+    a shutdown whose stop point has no LSN and when ``pg_controldata`` is not
+    available). ``log_lines`` are the server log's recovery lines (``recovery
+    stopping ...``, ``redo done at ...``, ``selected new timeline ID ...``...).
+    """
+
+    state: RecoveryState
+    reached_target: bool
+    timeline: int
+    replay_lsn: LSN | None = None
+    log_lines: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _lost(conn: psycopg.Connection[Any], exc: psycopg.Error) -> bool:
+    return (
+        conn.broken
+        or conn.closed
+        or (exc.sqlstate or "").startswith(("08", "57P"))
+        or (isinstance(exc, psycopg.OperationalError) and exc.sqlstate is None)
+    )
+
+
+def _message(exc: psycopg.Error, secrets: Sequence[str | None]) -> tuple[str, str | None]:
+    """The error's first line and the server's hint, passwords redacted."""
+    primary = exc.diag.message_primary
+    if not primary:
+        lines = str(exc).strip().splitlines()
+        primary = lines[0] if lines else type(exc).__name__
+    hint = exc.diag.message_hint
+    return _pgconf.redact(primary, secrets), (_pgconf.redact(hint, secrets) if hint else None)
+
+
+_E = TypeVar("_E", bound=DatabaseError)
+
+
+def _db_error(
+    exc: psycopg.Error,
+    what: str,
+    secrets: Sequence[str | None],
+    cls: type[_E] = DatabaseError,  # type: ignore[assignment]
+    hint: str | None = None,
+) -> _E:
+    text, server_hint = _message(exc, secrets)
+    return cls(f"{what}: {text}", hint=hint or server_hint, sqlstate=exc.sqlstate)
+
+
+# --------------------------------------------------------------------------- backup session
+
+
+class PostgresBackupSession:
+    """Backup mode on one dedicated connection; runs one backup, then is done.
+
+    Obtained from :meth:`PostgresAdapter.backup_session`. Use it as a context
+    manager: leaving the block closes the connection, and if the backup is
+    still running the server aborts it, so the cluster is never left in
+    backup mode.
+    """
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], *, secrets: Sequence[str | None] = ()
+    ) -> None:
+        self._conn = conn
+        self._secrets = tuple(secrets)
+        self._version = conn.info.server_version
+        self._pid = conn.info.backend_pid
+        self._state: Literal["ready", "in_backup", "stopped", "failed", "lost", "closed"] = "ready"
+
+    def __repr__(self) -> str:
+        return (
+            f"<PostgresBackupSession state={self._state} "
+            f"server={self._version} backend_pid={self._pid}>"
+        )
+
+    @property
+    def state(self) -> str:
+        """``ready``, ``in_backup``, ``stopped``, ``failed``, ``lost`` or ``closed``."""
+        return self._state
+
+    @property
+    def in_backup(self) -> bool:
+        """True between a successful :meth:`start` and :meth:`stop` (as far as we know)."""
+        return self._state == "in_backup"
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...]:
+        _log.debug("backup session %s: %s %r", self._pid, sql, params)
+        row = self._conn.execute(sql, params).fetchone()
+        assert row is not None
+        return tuple(row)
+
+    def _raise_from(self, exc: psycopg.Error, what: str) -> BackupModeError:
+        if _lost(self._conn, exc):
+            self._state = "lost"
+            self._quiet_close()
+            return BackupModeError(
+                "backup session lost; the server has aborted the backup",
+                hint=_LOST_HINT,
+                sqlstate=exc.sqlstate,
+            )
+        return _db_error(exc, what, self._secrets, BackupModeError)
+
+    def start(self, label: str, *, fast: bool = True) -> BackupStart:
+        """Enter backup mode: ``pg_backup_start`` (15+) / ``pg_start_backup(.., false)``.
+
+        ``fast`` requests an immediate checkpoint. Raises ``BackupModeError``
+        if this session already ran a backup, if the server refuses
+        (``wal_level`` too low, label too long...) or if the session is lost.
+        """
+        if self._state != "ready":
+            raise BackupModeError(
+                f"this backup session cannot start a backup (state: {self._state})",
+                hint="use a new session from adapter.backup_session() for each backup",
+                sqlstate=None,
+            )
+        try:
+            (lsn,) = self._one(_pgconf.backup_start_sql(self._version), (label, fast))
+        except psycopg.Error as exc:
+            raise self._raise_from(exc, "cannot enter backup mode") from exc
+        self._state = "in_backup"
+        try:
+            timeline, now = self._one("SELECT timeline_id, now() FROM pg_control_checkpoint()")
+        except psycopg.Error as exc:
+            err = self._raise_from(exc, "backup started but its timeline cannot be read")
+            self.close()  # aborts the backup: never leave the server in backup mode
+            raise err from exc
+        _log.info("backup mode on at %s (timeline %s), label %r", lsn, timeline, label)
+        return BackupStart(lsn=LSN.parse(lsn), timeline=int(timeline), time=now)
+
+    def stop(self) -> BackupStop:
+        """Leave backup mode without waiting for the archive; return label and map.
+
+        ``BackupModeError`` if no backup runs in this session or the session
+        was lost (the server has then aborted the backup).
+        """
+        if self._state == "lost":
+            raise BackupModeError(
+                "backup session lost; the server has aborted the backup",
+                hint=_LOST_HINT,
+                sqlstate=None,
+            )
+        if self._state != "in_backup":
+            raise BackupModeError(
+                f"no backup is running in this session (state: {self._state})",
+                hint="call start() first",
+                sqlstate=None,
+            )
+        # One statement: the label must never be lost to a failing follow-up query.
+        sql = _pgconf.backup_stop_sql(self._version)
+        try:
+            lsn, labelfile, spcmapfile, now, timeline = self._one(sql)
+        except psycopg.Error as exc:
+            err = self._raise_from(exc, "cannot leave backup mode")
+            if not self._conn.closed:  # not lost: still connected
+                # The backup is void either way; closing makes the server abort it
+                # now, so it is never left in backup mode.
+                self._state = "failed"
+                self._quiet_close()
+            raise err from exc
+        self._state = "stopped"
+        _log.info("backup mode off at %s", lsn)
+        return BackupStop(
+            lsn=LSN.parse(lsn),
+            labelfile=labelfile,
+            spcmapfile=spcmapfile or "",
+            time=now,
+            timeline=int(timeline),
+        )
+
+    def _quiet_close(self) -> None:
+        try:
+            self._conn.close()
+        except psycopg.Error:  # pragma: no cover - close does not normally fail
+            _log.debug("error closing backup session", exc_info=True)
+
+    def close(self) -> None:
+        """Close the connection; a running backup is aborted by the server. Idempotent."""
+        if self._state == "in_backup":
+            _log.warning(
+                "closing backup session %s while in backup mode: the server aborts the backup",
+                self._pid,
+            )
+        self._quiet_close()
+        if self._state in ("ready", "in_backup", "stopped", "failed"):
+            self._state = "closed"
+
+    def __enter__(self) -> PostgresBackupSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- log following
+
+
+class _LogFollower:
+    """Reads a server log from an offset onwards, following the logging collector."""
+
+    def __init__(self, path: str, offset: int, data_dir: str | None) -> None:
+        self.path = path
+        self.offset = offset
+        self.data_dir = data_dir
+        self.lines: list[str] = []
+        self._partial = b""
+        self._collector_start: dict[str, int] = {}
+        self._switched = False
+        if data_dir is not None:
+            current = self._collector_file()
+            if current is not None:
+                self._collector_start[current] = _size(current)
+
+    def _collector_file(self) -> str | None:
+        if self.data_dir is None:
+            return None
+        try:
+            with open(os.path.join(self.data_dir, "current_logfiles"), encoding="utf-8") as f:
+                for line in f:
+                    kind, _, name = line.strip().partition(" ")
+                    if kind == "stderr" and name:
+                        return name if os.path.isabs(name) else os.path.join(self.data_dir, name)
+        except OSError:
+            return None
+        return None
+
+    def read_new(self) -> list[str]:
+        """New complete lines since the last call (also kept in :attr:`lines`)."""
+        new = self._read()
+        if not self._switched and any(
+            "redirecting log output to logging collector process" in ln for ln in new
+        ):
+            target = self._collector_file()
+            if target is not None:
+                _log.debug("server log redirected to %s", target)
+                self._switched = True
+                self.path = target
+                self.offset = self._collector_start.get(target, 0)
+                self._partial = b""
+                new += self._read()
+        self.lines += new
+        return new
+
+    def _read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        return [c.decode("utf-8", "replace") for c in complete]
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+# --------------------------------------------------------------------------- adapter
+
+
+class PostgresAdapter:
+    """One PostgreSQL 12 to 18 cluster on this host (implements ``DatabaseAdapter``).
+
+    ``conninfo`` is a libpq connection string or URI. ``data_directory`` is
+    needed for server control and file operations; :meth:`describe` learns it
+    from a running server. ``bindir`` holds ``pg_ctl`` (default: found from
+    the data directory's ``PG_VERSION``). ``os_user`` is the data directory's
+    owner, who runs the server (default: the owner). ``log_file`` is where
+    the server's stderr goes (``pg_ctl -l``; default
+    ``<data_directory>/log/pgsnap-server.log``); with ``control="systemd"``
+    it is the log to read (if any).
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        password: str | None = None,
+        data_directory: str | None = None,
+        bindir: str | None = None,
+        os_user: str | None = None,
+        log_file: str | None = None,
+        control: Literal["pg_ctl", "systemd"] = "pg_ctl",
+        systemd_unit: str | None = None,
+        connect_timeout: float = 10,
+    ) -> None:
+        params, parse_failed = self._parse(conninfo)
+        if parse_failed:
+            raise ConfigurationError(
+                "cannot parse the connection string",
+                hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
+            )
+        conn_password = params.pop("password", None)
+        self._password: str | None = password if password is not None else conn_password
+        self._conninfo = psycopg.conninfo.make_conninfo("", **params)
+        self._display = " ".join(
+            f"{k}={params[k]}"
+            for k in ("host", "hostaddr", "port", "user", "dbname")
+            if k in params
+        )
+        if control not in ("pg_ctl", "systemd"):
+            raise ConfigurationError(f"unknown control {control!r}", hint="use pg_ctl or systemd")
+        if control == "systemd" and not systemd_unit:
+            raise ConfigurationError(
+                "control='systemd' needs systemd_unit",
+                hint="e.g. systemd_unit='postgresql@15-main'",
+            )
+        self._data_directory = os.path.abspath(data_directory) if data_directory else None
+        self._learnt_data_directory: str | None = None
+        self._config_file: str | None = None
+        self._version_num: int | None = None
+        self._bindir = bindir
+        self._os_user = os_user
+        self._log_file = log_file
+        self._control: Literal["pg_ctl", "systemd"] = control
+        self._unit = systemd_unit
+        self._connect_timeout = connect_timeout
+        self._follower: _LogFollower | None = None
+        self._settings: RecoverySettings | None = None
+
+    @staticmethod
+    def _parse(conninfo: str) -> tuple[dict[str, Any], bool]:
+        # The driver's parse error may quote the string (and its password):
+        # never chain it.
+        try:
+            return dict(psycopg.conninfo.conninfo_to_dict(conninfo)), False
+        except psycopg.Error:
+            pass
+        return {}, True
+
+    def __repr__(self) -> str:
+        data = self.data_directory or "?"
+        return f"<PostgresAdapter {self._display or 'default'} data={data} control={self._control}>"
+
+    @property
+    def data_directory(self) -> str | None:
+        """The data directory (given, or learnt by :meth:`describe`), or None."""
+        return self._data_directory or self._learnt_data_directory
+
+    @property
+    def bindir(self) -> str | None:
+        """Directory of the server binaries (given, or found for ``PG_VERSION``), or None."""
+        if self._bindir:
+            return self._bindir
+        dd = self.data_directory
+        major = _pgctl.read_pg_version(dd) if dd else None
+        if major is None and self._version_num is not None:
+            major = self._version_num // 10000
+        if major is None:
+            return None
+        try:
+            return _pgctl.find_bindir(major)
+        except ConfigurationError:
+            return None
+
+    @property
+    def _secrets(self) -> tuple[str | None, ...]:
+        return (self._password,)
+
+    # ------------------------------------------------------------------ SQL plumbing
+
+    def _connect(
+        self, *, timeout: float | None = None, application_name: str = "pgsnap", **extra: Any
+    ) -> psycopg.Connection[Any]:
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(2, math.ceil(timeout or self._connect_timeout)),
+            "application_name": application_name,
+            **extra,
+        }
+        if self._password is not None:
+            kwargs["password"] = self._password
+        _log.debug("connecting to %s", self._display or "(libpq defaults)")
+        try:
+            return psycopg.connect(self._conninfo, **kwargs)
+        except psycopg.Error as exc:
+            raise _db_error(
+                exc,
+                "cannot connect to PostgreSQL",
+                self._secrets,
+                hint="check that the server runs and the connection string",
+            ) from exc
+
+    def _rows(
+        self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()
+    ) -> list[tuple[Any, ...]]:
+        _log.debug("SQL: %s %r", sql, params)
+        try:
+            cur = conn.execute(sql, params)
+            return cur.fetchall() if cur.description is not None else []
+        except psycopg.Error as exc:
+            hint = (
+                "grant the role pg_monitor (describe, archiver_status) and EXECUTE on "
+                "the backup functions, or use a superuser"
+                if exc.sqlstate == "42501"
+                else None
+            )
+            raise _db_error(exc, "query failed", self._secrets, hint=hint) from exc
+
+    def _one(
+        self, conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()
+    ) -> tuple[Any, ...]:
+        rows = self._rows(conn, sql, params)
+        return rows[0]
+
+    # ------------------------------------------------------------------ observe
+
+    def describe(self) -> ServerFacts:
+        """Version, system identifier, directories, settings, timeline, checkpoint.
+
+        ``timeline`` is the server's current WAL timeline (on a standby: the
+        last restartpoint's). ``settings`` values are ``pg_settings.setting``
+        (numbers in the setting's base unit: ``archive_timeout`` in seconds).
+        Remembers the data directory and ``config_file`` for later calls.
+        """
+        with self._connect() as conn:
+            version = conn.info.server_version
+            data_dir, config_file, in_recovery, sysid = self._one(
+                conn,
+                "SELECT current_setting('data_directory'), current_setting('config_file'), "
+                "pg_is_in_recovery(), (SELECT system_identifier::text FROM pg_control_system())",
+            )
+            ckpt_tli, ckpt_lsn, redo_lsn = self._one(
+                conn,
+                "SELECT timeline_id, checkpoint_lsn::text, redo_lsn::text "
+                "FROM pg_control_checkpoint()",
+            )
+            seg_setting, seg_unit = self._one(
+                conn, "SELECT setting, unit FROM pg_settings WHERE name = 'wal_segment_size'"
+            )
+            settings = dict(
+                self._rows(
+                    conn,
+                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                    (list(_pgconf.server_settings(version)),),
+                )
+            )
+            spaces = self._rows(
+                conn,
+                "SELECT oid::bigint, spcname::text, pg_tablespace_location(oid) FROM pg_tablespace "
+                "WHERE spcname NOT IN ('pg_default', 'pg_global') ORDER BY oid",
+            )
+            current_lsn = None
+            timeline = int(ckpt_tli)
+            if not in_recovery:
+                current_lsn, walfile = self._one(
+                    conn,
+                    "SELECT pg_current_wal_lsn()::text, pg_walfile_name(pg_current_wal_lsn())",
+                )
+                timeline = int(walfile[:8], 16)
+        self._check_data_directory(data_dir)
+        self._learnt_data_directory = data_dir
+        self._config_file = config_file
+        self._version_num = version
+        return ServerFacts(
+            version_num=version,
+            system_identifier=sysid,
+            data_directory=data_dir,
+            wal_directory=os.path.realpath(os.path.join(data_dir, "pg_wal")),
+            wal_segment_size=_pgconf.bytes_from_setting(seg_setting, seg_unit),
+            timeline=timeline,
+            checkpoint_lsn=LSN.parse(ckpt_lsn),
+            redo_lsn=LSN.parse(redo_lsn),
+            current_lsn=None if current_lsn is None else LSN.parse(current_lsn),
+            in_recovery=bool(in_recovery),
+            tablespaces=_tablespaces(spaces),
+            settings={k: "" if v is None else str(v) for k, v in settings.items()},
+        )
+
+    def _check_data_directory(self, reported: str) -> None:
+        if self._data_directory is None:
+            return
+        if os.path.realpath(reported) != os.path.realpath(self._data_directory):
+            raise ConfigurationError(
+                f"the server runs on data directory {reported}, "
+                f"not on {self._data_directory} as configured",
+                hint="fix data_directory= or the connection string: they name different clusters",
+            )
+
+    def archiver_status(self) -> ArchiverStatus:
+        """The ``pg_stat_archiver`` row, archiving settings and the oldest ``.ready`` age.
+
+        ``oldest_ready_age_seconds`` is None when no file waits, or when the
+        role may not call ``pg_ls_archive_statusdir()`` (superuser or
+        ``pg_monitor`` needed).
+        """
+        with self._connect() as conn:
+            version = conn.info.server_version
+            row = self._one(
+                conn,
+                "SELECT archived_count, last_archived_wal, last_archived_time, failed_count, "
+                "last_failed_wal, last_failed_time FROM pg_stat_archiver",
+            )
+            settings = dict(
+                self._rows(
+                    conn,
+                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                    (list(_pgconf.archiver_settings(version)),),
+                )
+            )
+            age: float | None = None
+            sql = (
+                "SELECT extract(epoch FROM now() - min(modification))::float8 "
+                "FROM pg_ls_archive_statusdir() WHERE name LIKE '%%.ready'"
+            )
+            _log.debug("SQL: %s", sql)
+            try:
+                found = conn.execute(sql).fetchone()
+                age = None if found is None or found[0] is None else max(0.0, float(found[0]))
+            except psycopg.errors.InsufficientPrivilege:
+                _log.debug("no privilege for pg_ls_archive_statusdir(); ready age unknown")
+            except psycopg.Error as exc:
+                raise _db_error(exc, "cannot list archive_status", self._secrets) from exc
+        archived_count, last_wal, last_time, failed_count, failed_wal, failed_time = row
+        return ArchiverStatus(
+            archived_count=int(archived_count),
+            last_archived_wal=last_wal,
+            last_archived_time=last_time,
+            failed_count=int(failed_count),
+            last_failed_wal=failed_wal,
+            last_failed_time=failed_time,
+            wal_level=settings.get("wal_level", ""),
+            archive_mode=settings.get("archive_mode", ""),
+            archive_command=settings.get("archive_command") or "",
+            archive_library=settings.get("archive_library") or "",
+            oldest_ready_age_seconds=age,
+        )
+
+    # ------------------------------------------------------------------ backup mode
+
+    def backup_session(self) -> PostgresBackupSession:
+        """A new dedicated connection for backup mode (not yet in backup mode).
+
+        TCP keepalives on, ``statement_timeout`` and (14+) ``idle_session_timeout``
+        off, ``application_name`` 'pgsnap backup'. Never shared; close it
+        (or use ``with``).
+        """
+        conn = self._connect(
+            application_name="pgsnap backup",
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+        )
+        try:
+            if conn.info.server_version >= 140000:
+                self._rows(conn, "SET idle_session_timeout = 0")
+            self._rows(conn, "SET statement_timeout = 0")
+            self._rows(conn, "SET idle_in_transaction_session_timeout = 0")
+        except BaseException:
+            conn.close()
+            raise
+        return PostgresBackupSession(conn, secrets=self._secrets)
+
+    # ------------------------------------------------------------------ server control
+
+    def _require_data_directory(self) -> str:
+        dd = self.data_directory
+        if dd is None:
+            raise ConfigurationError(
+                "the data directory is unknown",
+                hint="pass data_directory= to PostgresAdapter, or call describe() "
+                "while the server runs",
+            )
+        return dd
+
+    def _owner(self, dd: str) -> _pgctl.Owner:
+        return _pgctl.owner_of(dd, self._os_user)
+
+    def _pg_bin(self, dd: str, program: str) -> str:
+        bindir = self._bindir or _pgctl.find_bindir(_pgctl.read_pg_version(dd))
+        return os.path.join(bindir, program)
+
+    def _postmaster_alive(self, dd: str) -> bool:
+        return _pgctl.postmaster_pid(dd) is not None
+
+    def is_running(self) -> bool:
+        """True when the server accepts connections.
+
+        With a known data directory and no live postmaster this answers
+        without connecting.
+        """
+        dd = self.data_directory
+        if dd is not None:
+            try:
+                if not self._postmaster_alive(dd):
+                    return False
+            except ConfigurationError:
+                pass  # cannot read postmaster.pid: ask the server
+        try:
+            conn = self._connect(timeout=2)
+        except DatabaseError:
+            return False
+        conn.close()
+        return True
+
+    def _systemctl(self, *args: str, timeout: float) -> None:
+        assert self._unit is not None
+        proc = _pgctl.run_as(None, ["systemctl", *args, self._unit], timeout=timeout)
+        if proc.returncode != 0:
+            raise DatabaseError(
+                f"systemctl {' '.join(args)} {self._unit} failed ({proc.returncode}): "
+                f"{proc.stderr.strip()[-1000:]}",
+                hint=f"see journalctl -u {self._unit}",
+                sqlstate=None,
+            )
+
+    def stop_server(self, *, timeout: float = 120.0) -> None:
+        """Stop the server (fast shutdown) and wait; no-op when already stopped.
+
+        ``pg_ctl -m fast -w stop`` as the data directory's owner (``runuser``
+        when pgsnap runs as root), or ``systemctl stop``.
+        """
+        dd = self._require_data_directory()
+        if not self._postmaster_alive(dd):
+            _log.info("server on %s already stopped", dd)
+            return
+        if self._control == "systemd":
+            self._systemctl("stop", timeout=timeout + 15)
+            self._wait_postmaster_gone(dd, timeout)
+            return
+        owner = self._owner(dd)
+        argv = [
+            self._pg_bin(dd, "pg_ctl"),
+            "-D",
+            dd,
+            "-m",
+            "fast",
+            "-w",
+            "-t",
+            str(max(1, int(timeout))),
+            "stop",
+        ]
+        _log.info("stopping server on %s", dd)
+        proc = _pgctl.run_as(owner, argv, timeout=timeout + 15)
+        if proc.returncode != 0 and self._postmaster_alive(dd):
+            raise DatabaseError(
+                f"pg_ctl stop failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}",
+                hint="a server that does not stop in time may be finishing a checkpoint; "
+                "retry with a longer timeout",
+                sqlstate=None,
+            )
+
+    def _wait_postmaster_gone(self, dd: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._postmaster_alive(dd):
+            if time.monotonic() > deadline:
+                raise DatabaseError(
+                    f"server on {dd} still running after {timeout} s", sqlstate=None
+                )
+            time.sleep(_POLL)
+
+    def _log_path(self, dd: str) -> str:
+        return self._log_file or os.path.join(dd, _DEFAULT_LOG)
+
+    def start_server(self, *, timeout: float = 120.0) -> None:
+        """Start the server; return once the postmaster is up (it may still recover).
+
+        ``pg_ctl -W -l <log_file> start`` as the owner (or ``systemctl start
+        --no-block``), then waits for ``postmaster.pid`` of a live process.
+        Also returns when the server already ran and exited by itself (a
+        ``shutdown`` recovery target): :meth:`wait_recovery` says what
+        happened. The log position is remembered so :meth:`wait_recovery`
+        reads only this run's lines. Raises ``DatabaseError`` (with the log's
+        FATAL lines) if the server fails to start. No-op when running.
+        """
+        dd = self._require_data_directory()
+        if self._postmaster_alive(dd):
+            _log.info("server on %s already running", dd)
+            return
+        log_path = self._log_path(dd)
+        if self._control == "systemd":
+            self._follower = _LogFollower(log_path, _size(log_path), dd) if self._log_file else None
+            self._systemctl("start", "--no-block", timeout=60)
+        else:
+            owner = self._owner(dd)
+            self._ensure_log_dir(log_path, owner)
+            self._follower = _LogFollower(log_path, _size(log_path), dd)
+            argv = [self._pg_bin(dd, "pg_ctl"), "-D", dd, "-l", log_path, "-W", "start"]
+            _log.info("starting server on %s (log %s)", dd, log_path)
+            proc = _pgctl.run_as(owner, argv, timeout=60)
+            if proc.returncode != 0:
+                raise DatabaseError(
+                    f"pg_ctl start failed ({proc.returncode}): "
+                    f"{(proc.stderr or proc.stdout).strip()}",
+                    hint=f"see the server log {log_path}",
+                    sqlstate=None,
+                    log_lines=self._log_tail(),
+                )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._postmaster_alive(dd):
+                return
+            summary = self._summary()
+            if summary.shutdown_at_target or summary.shut_down or summary.has_target is not None:
+                # It ran (recovery began) and already exited: wait_recovery says how.
+                return
+            if summary.fatal:
+                # FATAL before recovery began and no postmaster: it cannot start.
+                raise self._recovery_failed(summary, "the server failed to start")
+            if time.monotonic() > deadline:
+                raise DatabaseError(
+                    f"the server on {dd} did not start within {timeout} s",
+                    hint=f"see the server log {log_path}",
+                    sqlstate=None,
+                    log_lines=self._log_tail(),
+                )
+            time.sleep(_POLL / 2)
+
+    def _ensure_log_dir(self, log_path: str, owner: _pgctl.Owner) -> None:
+        directory = os.path.dirname(log_path)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chown(directory, owner.uid, owner.gid)
+
+    def _summary(self) -> _pglog.LogSummary:
+        if self._follower is None:
+            return _pglog.LogSummary()
+        self._follower.read_new()
+        return _pglog.summarize(self._follower.lines)
+
+    def _log_tail(self, count: int = 30) -> tuple[str, ...]:
+        if self._follower is None:
+            return ()
+        self._follower.read_new()
+        return _pglog.tail(self._follower.lines, count)
+
+    def _recovery_failed(self, summary: _pglog.LogSummary, what: str) -> DatabaseError:
+        fatal = " | ".join(line.strip() for line in summary.fatal) or "(no FATAL line in the log)"
+        hint = "; ".join(summary.hints) or (
+            f"see the server log {self._follower.path}" if self._follower else None
+        )
+        return DatabaseError(
+            f"{what}: {fatal}",
+            hint=hint,
+            sqlstate=None,
+            log_lines=summary.relevant + tuple(summary.fatal),
+        )
+
+    # ------------------------------------------------------------------ recovery
+
+    def wait_recovery(self, *, timeout: float = 600.0) -> RecoveryResult:
+        """Wait until recovery ends (promoted, paused or shut down) and say how.
+
+        Polls the server (``pg_is_in_recovery()``, the replay pause state)
+        and reads the server log written since :meth:`start_server`. Raises
+        ``DatabaseError`` when the log shows a known recovery failure (the
+        FATAL lines in the message, advice in the hint), when the server
+        exits without reaching its target, or after ``timeout`` seconds.
+        """
+        dd = self.data_directory
+        deadline = time.monotonic() + timeout
+        interval = _POLL
+        while True:
+            summary = self._summary()
+            if summary.known_fatal:
+                raise self._recovery_failed(summary, "recovery failed")
+            alive = True
+            if dd is not None:
+                try:
+                    alive = self._postmaster_alive(dd)
+                except ConfigurationError:
+                    alive = True
+            if not alive:
+                time.sleep(_POLL)  # let the last lines reach the log
+                summary = self._summary()
+                if summary.shutdown_at_target:
+                    return self._shutdown_result(dd, summary)
+                raise self._recovery_failed(summary, "the server exited before recovery ended")
+            outcome = self._poll_server(summary)
+            if outcome is not None:
+                return outcome
+            if time.monotonic() > deadline:
+                raise DatabaseError(
+                    f"recovery did not end within {timeout} s",
+                    hint="recovery may just be slow (WAL to replay, restore_command speed): "
+                    "wait longer, or read the server log",
+                    sqlstate=None,
+                    log_lines=summary.relevant,
+                )
+            time.sleep(interval)
+            interval = min(_MAX_POLL, interval * 1.2)  # long recoveries: fewer connections
+
+    def _poll_server(self, summary: _pglog.LogSummary) -> RecoveryResult | None:
+        try:
+            conn = self._connect(timeout=2)
+        except DatabaseError:
+            return None  # not accepting connections yet (or any more)
+        try:
+            version = conn.info.server_version
+            try:
+                (in_recovery,) = self._one(conn, "SELECT pg_is_in_recovery()")
+                if not in_recovery:
+                    replay, walfile = self._one(
+                        conn,
+                        "SELECT pg_last_wal_replay_lsn()::text, "
+                        "pg_walfile_name(pg_current_wal_lsn())",
+                    )
+                    state: RecoveryState = "promoted"
+                    timeline = int(walfile[:8], 16)
+                else:
+                    (paused,) = self._one(conn, _pgconf.replay_pause_sql(version))
+                    if not paused:
+                        return None
+                    state = "paused"
+                    replay, timeline = self._one(
+                        conn,
+                        "SELECT pg_last_wal_replay_lsn()::text, greatest("
+                        "(SELECT min_recovery_end_timeline FROM pg_control_recovery()), "
+                        "(SELECT timeline_id FROM pg_control_checkpoint()))",
+                    )
+            except DatabaseError as exc:
+                if exc.sqlstate and exc.sqlstate.startswith(("08", "57P")):
+                    return None  # the server went away between two queries
+                raise
+        finally:
+            conn.close()
+        if state == "promoted":
+            summary = self._settle_log(("archive recovery complete", "ready to accept"))
+        lsn = (
+            LSN.parse(replay)
+            if replay
+            else (LSN.parse(summary.redo_done_lsn) if summary.redo_done_lsn else None)
+        )
+        return RecoveryResult(
+            state=state,
+            reached_target=self._reached(state, summary),
+            timeline=int(timeline),
+            replay_lsn=lsn,
+            log_lines=summary.relevant,
+        )
+
+    def _settle_log(self, wanted: Sequence[str], wait: float = 2.0) -> _pglog.LogSummary:
+        """Re-read the log briefly until a line with one of ``wanted`` shows up."""
+        deadline = time.monotonic() + wait
+        summary = self._summary()
+        while self._follower is not None and time.monotonic() < deadline:
+            if any(w in line for line in summary.relevant for w in wanted):
+                break
+            time.sleep(0.05)
+            summary = self._summary()
+        return summary
+
+    def _reached(self, state: RecoveryState, summary: _pglog.LogSummary) -> bool:
+        if summary.stop_line is not None:
+            return True
+        if state != "promoted":
+            return False
+        if summary.has_target is not None:
+            return not summary.has_target  # no target: the end of WAL was the goal
+        # No log to read: trust what we wrote.
+        if self._settings is not None:
+            return self._settings.target.kind is TargetKind.LATEST
+        _log.warning("cannot tell whether the recovery target was reached (no server log)")
+        return False
+
+    def _shutdown_result(self, dd: str | None, summary: _pglog.LogSummary) -> RecoveryResult:
+        control = self._controldata(dd) if dd is not None else {}
+        timeline = 0
+        for key in ("Min recovery ending loc's timeline", "Latest checkpoint's TimeLineID"):
+            value = control.get(key, "0")
+            if value.isdigit() and int(value) > 0:
+                timeline = int(value)
+                break
+        if timeline == 0 and summary.start_timeline is not None:
+            timeline = summary.start_timeline
+        replay = summary.stopped_lsn
+        min_rec = control.get("Minimum recovery ending location")
+        if replay is None and min_rec and min_rec != "0/0":
+            replay = min_rec
+        return RecoveryResult(
+            state="shutdown",
+            reached_target=True,
+            timeline=timeline,
+            replay_lsn=LSN.parse(replay) if replay else None,
+            log_lines=summary.relevant,
+        )
+
+    def _controldata(self, dd: str) -> dict[str, str]:
+        try:
+            program = self._pg_bin(dd, "pg_controldata")
+            if not os.access(program, os.X_OK):
+                return {}
+            proc = _pgctl.run_as(self._owner(dd), [program, "-D", dd], timeout=30)
+        except (ConfigurationError, DatabaseError, OSError):
+            _log.debug("pg_controldata unavailable", exc_info=True)
+            return {}
+        out: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                out[key.strip()] = value.strip()
+        return out
+
+    # ------------------------------------------------------------------ files
+
+    def _refuse_running(self, dd: str, what: str) -> None:
+        if self._postmaster_alive(dd):
+            raise ConfigurationError(
+                f"cannot {what}: the server on {dd} is running",
+                hint="stop the server first (stop_server())",
+            )
+
+    def write_recovery_settings(self, settings: RecoverySettings) -> None:
+        """Write the settings and ``recovery.signal``, replacing stale targets.
+
+        In ``postgresql.auto.conf``: removes ``restore_command`` and every
+        ``recovery_target*`` line, and an earlier pgsnap block, then appends a
+        marked block with ``settings.lines()``. In ``postgresql.conf`` (the
+        server's ``config_file`` when :meth:`describe` learnt it): comments
+        out active ``recovery_target*`` lines with ``#pgsnap-disabled# ``.
+        Creates ``recovery.signal``. Files are written atomically as the data
+        directory's owner (new files mode 0600). ``ConfigurationError`` if the
+        server runs, or ``standby.signal`` / ``recovery.conf`` exists.
+        """
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "write recovery settings")
+        if os.path.exists(os.path.join(dd, "standby.signal")):
+            raise ConfigurationError(
+                f"{dd}/standby.signal exists: the server would start as a standby, "
+                "ignoring the recovery target",
+                hint="remove standby.signal for a point-in-time recovery "
+                "(keep it only to build a standby)",
+            )
+        if os.path.exists(os.path.join(dd, "recovery.conf")):
+            raise ConfigurationError(
+                f"{dd}/recovery.conf exists; PostgreSQL 12+ refuses to start with it",
+                hint="move its settings to postgresql.auto.conf and delete it",
+            )
+        owner = self._owner(dd)
+        auto = os.path.join(dd, "postgresql.auto.conf")
+        try:
+            new = _pgconf.rewrite_auto_conf(_read_text(auto), settings.lines())
+        except ValueError as exc:
+            raise ConfigurationError(
+                str(exc), hint="recovery settings cannot contain line breaks"
+            ) from exc
+        _write_text(auto, new, owner)
+        conf = self._config_file or os.path.join(dd, "postgresql.conf")
+        if os.path.exists(conf):
+            text = _read_text(conf)
+            disabled = _pgconf.disable_recovery_targets(text)
+            if disabled != text:
+                _log.warning("disabling stale recovery_target* lines in %s", conf)
+                _write_text(conf, disabled, _file_owner(conf))
+        _pgctl.atomic_write(os.path.join(dd, "recovery.signal"), b"", owner=owner)
+        self._settings = settings
+        _log.info("recovery settings written to %s: %s", dd, settings.target)
+
+    def clear_recovery_settings(self) -> None:
+        """Remove pgsnap's block (and any ``recovery_target*``) from ``postgresql.auto.conf``
+        and ``recovery.signal``; idempotent.
+
+        Lines of ``postgresql.conf`` disabled by :meth:`write_recovery_settings`
+        stay disabled (stale targets are never wanted back).
+        """
+        dd = self._require_data_directory()
+        auto = os.path.join(dd, "postgresql.auto.conf")
+        if os.path.exists(auto):
+            text = _read_text(auto)
+            cleared = _pgconf.clear_auto_conf(text)
+            if cleared != text:
+                _write_text(auto, cleared, self._owner(dd))
+        signal = os.path.join(dd, "recovery.signal")
+        if os.path.exists(signal):
+            os.unlink(signal)
+        _log.info("recovery settings cleared in %s", dd)
+
+    def prepare_data_directory(self, *, clear_wal: bool) -> tuple[str, ...]:
+        """Clean a restored data directory before recovery; return the removed paths.
+
+        Removes ``postmaster.pid``, ``postmaster.opts``, ``pg_replslot/*`` and
+        the contents of ``pg_dynshmem``, ``pg_notify``, ``pg_serial``,
+        ``pg_snapshots``, ``pg_stat_tmp``, ``pg_subtrans``. With ``clear_wal``
+        also the files in ``pg_wal`` (the symlink followed), emptying
+        ``archive_status/`` (and ``summaries/`` on 17+) but keeping them.
+        ``ConfigurationError`` if the server runs.
+        """
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "prepare the data directory")
+        major = _pgctl.read_pg_version(dd)
+        removed = _pgctl.clean_data_directory(dd, clear_wal=clear_wal, major=major)
+        _log.info("prepared %s: removed %d entries", dd, len(removed))
+        return removed
+
+    def write_backup_label(self, labelfile: str, spcmapfile: str) -> None:
+        """Write ``backup_label`` (and ``tablespace_map`` when non-empty) byte for byte.
+
+        As the data directory's owner, mode 0600, atomically. A stale
+        ``tablespace_map`` is removed when ``spcmapfile`` is empty.
+        ``BackupFileError`` for a label that is not a ``backup_label``;
+        ``ConfigurationError`` if the server runs.
+        """
+        if not labelfile.startswith("START WAL LOCATION:"):
+            raise BackupFileError(
+                "the label text is not a backup_label (it must start with 'START WAL LOCATION:')",
+                hint="pass the labelfile returned at backup stop, unchanged",
+            )
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "write backup_label")
+        owner = self._owner(dd)
+        _pgctl.atomic_write(
+            os.path.join(dd, "backup_label"), labelfile.encode("utf-8"), owner=owner
+        )
+        spcmap = os.path.join(dd, "tablespace_map")
+        if spcmapfile:
+            _pgctl.atomic_write(spcmap, spcmapfile.encode("utf-8"), owner=owner)
+        elif os.path.lexists(spcmap):
+            _log.warning("removing stale %s", spcmap)
+            os.unlink(spcmap)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return ""
+
+
+def _file_owner(path: str) -> _pgctl.Owner:
+    st = os.stat(path)
+    return _pgctl.Owner(st.st_uid, st.st_gid, str(st.st_uid))
+
+
+def _write_text(path: str, text: str, owner: _pgctl.Owner) -> None:
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        mode = 0o600
+    _pgctl.atomic_write(path, text.encode("utf-8", "surrogateescape"), owner=owner, mode=mode)
+
+
+if TYPE_CHECKING:  # static proof that the classes fit the protocols
+
+    def _is_adapter(a: PostgresAdapter) -> DatabaseAdapter:
+        return a
+
+    def _is_session(s: PostgresBackupSession) -> BackupSession:
+        return s
+
+    def _is_outcome(r: RecoveryResult) -> RecoveryOutcome:
+        return r

@@ -1,0 +1,374 @@
+"""PostgresAdapter against real PostgreSQL servers (15 from the system, 12 and 17 from npm)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from pgsnap.adapters.postgres import PostgresAdapter, RecoveryResult
+from pgsnap.errors import BackupModeError, ConfigurationError, DatabaseError
+from pgsnap.model import LSN, RecoveryAction, RecoverySettings, RecoveryTarget
+
+pytestmark = pytest.mark.postgres
+
+
+def adapter_for(server, **kwargs) -> PostgresAdapter:
+    return PostgresAdapter(
+        server.conninfo(),
+        data_directory=str(server.data_dir),
+        bindir=str(server.bindir),
+        **kwargs,
+    )
+
+
+def rows(server, sql: str) -> list:
+    return [r[0] for r in server.sql(sql)]
+
+
+def test_describe_and_archiver_status(pg_server):
+    srv = pg_server()
+    srv.start()
+    a = adapter_for(srv)
+    facts = a.describe()
+    assert facts.major == srv.major
+    assert facts.system_identifier == str(
+        srv.sql("SELECT system_identifier FROM pg_control_system()")[0][0]
+    )
+    assert os.path.realpath(facts.data_directory) == os.path.realpath(srv.data_dir)
+    assert facts.wal_directory == os.path.realpath(srv.wal_dir)
+    assert facts.wal_directory != os.path.join(facts.data_directory, "pg_wal")
+    assert facts.wal_segment_size == 1024 * 1024
+    assert facts.timeline == 1
+    assert not facts.in_recovery
+    assert facts.current_lsn is not None
+    assert facts.current_lsn >= facts.checkpoint_lsn
+    assert facts.redo_lsn <= facts.checkpoint_lsn
+    assert facts.settings["wal_level"] == "replica"
+    assert facts.settings["archive_mode"] == "on"
+    assert "archive_library" in facts.settings  # 15+
+    assert facts.tablespaces == ()
+
+    name = srv.switch_wal_and_wait_archived()
+    status = a.archiver_status()
+    assert status.archived_count >= 1
+    assert status.last_archived_wal == name
+    assert status.last_archived_time is not None
+    assert status.last_archived_time.tzinfo
+    assert status.failed_count == 0
+    assert status.archive_command == srv.archive_command()
+    assert status.oldest_ready_age_seconds is None
+
+
+def test_tablespace_listed(pg_server):
+    srv = pg_server()
+    loc = srv.base_dir / "ts1"
+    loc.mkdir()
+    os.chown(loc, srv.data_dir.stat().st_uid, srv.data_dir.stat().st_gid)
+    srv.start()
+    srv.sql(f"CREATE TABLESPACE ts1 LOCATION '{loc}'")
+    facts = adapter_for(srv).describe()
+    assert [(t.name, t.location) for t in facts.tablespaces] == [("ts1", str(loc))]
+
+
+def test_backup_session_start_stop(pg_server):
+    srv = pg_server()
+    srv.start()
+    a = adapter_for(srv)
+    with a.backup_session() as session:
+        pid, app = srv.sql(
+            "SELECT pid, application_name FROM pg_stat_activity "
+            "WHERE application_name = 'pgsnap backup'"
+        )[0]
+        assert app == "pgsnap backup"
+        start = session.start("pgsnap-test-1")
+        assert start.timeline == 1
+        assert start.time.tzinfo is not None
+        with pytest.raises(BackupModeError, match="cannot start"):
+            session.start("again")
+        stop = session.stop()
+        assert session.state == "stopped"
+    assert session.state == "closed"
+    assert stop.labelfile.startswith(f"START WAL LOCATION: {start.lsn} ")
+    assert "LABEL: pgsnap-test-1\n" in stop.labelfile
+    assert "BACKUP METHOD: streamed" in stop.labelfile
+    assert stop.spcmapfile == ""
+    assert stop.lsn > start.lsn
+    assert stop.timeline == 1
+    assert stop.time >= start.time
+    # the session is closed
+    assert rows(srv, f"SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}") == [0]
+
+
+def test_stop_without_start_and_server_errors(pg_server):
+    srv = pg_server()
+    srv.start()
+    a = adapter_for(srv)
+    with (
+        a.backup_session() as session,
+        pytest.raises(BackupModeError, match="no backup is running"),
+    ):
+        session.stop()
+    with a.backup_session() as session:
+        with pytest.raises(BackupModeError) as info:
+            session.start("x" * 2000)  # backup label too long
+        assert info.value.sqlstate is not None
+
+
+def test_lost_backup_session_is_aborted_by_server(pg_server):
+    srv = pg_server()
+    srv.start()
+    a = adapter_for(srv)
+    session = a.backup_session()
+    try:
+        session.start("doomed")
+        assert srv.sql(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = 'pgsnap backup'"
+        ) == [(True,)]
+        with pytest.raises(BackupModeError, match="session lost") as info:
+            session.stop()
+        assert info.value.hint
+        assert session.state == "lost"
+        with pytest.raises(BackupModeError, match="session lost"):
+            session.stop()
+    finally:
+        session.close()
+    # The server aborted the backup when the backend exited (logged while it exits,
+    # possibly after the client saw the connection close).
+    deadline = time.monotonic() + 10
+    aborted = "aborting backup due to backend exiting before pg_backup_stop was called"
+    while aborted not in srv.log_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert aborted in srv.log_text()
+    # and a new backup works
+    with a.backup_session() as s2:
+        s2.start("next")
+        assert s2.stop().labelfile.startswith("START WAL LOCATION")
+
+
+def test_stop_start_server_as_owner(pg_server):
+    srv = pg_server()
+    srv.start()
+    a = adapter_for(srv)
+    assert a.is_running()
+    with pytest.raises(ConfigurationError, match="running"):
+        a.prepare_data_directory(clear_wal=False)
+    a.stop_server(timeout=30)
+    assert not a.is_running()
+    assert not srv.is_running()
+    a.stop_server(timeout=30)  # no-op
+    a.start_server(timeout=30)
+    assert srv.is_running()
+    log = srv.data_dir / "log" / "pgsnap-server.log"
+    assert log.exists()
+    assert log.stat().st_uid == srv.data_dir.stat().st_uid
+    a.start_server(timeout=30)  # no-op
+    srv.sql("SELECT 1")
+    a.stop_server(timeout=30)
+
+
+def test_password_never_in_errors_or_repr(pg_server):
+    srv = pg_server()
+    a = PostgresAdapter(srv.conninfo() + " password=Sup3rS3cret", data_directory=str(srv.data_dir))
+    assert "Sup3rS3cret" not in repr(a)
+    with pytest.raises(DatabaseError) as info:  # server not running
+        a.describe()
+    assert "Sup3rS3cret" not in str(info.value)
+    assert not a.is_running()
+
+
+# --------------------------------------------------------------------------- recovery
+
+
+def _backup_into(src, targets, label="base"):
+    """Online backup of ``src`` copied into each prepared server of ``targets``."""
+    a = adapter_for(src)
+    with a.backup_session() as session:
+        session.start(label)
+        for t in targets:
+            t.copy_data_from(src.data_dir)
+        stop = session.stop()
+    for t in targets:
+        t.configure()  # its own port, socket and archive
+    return stop
+
+
+def _restore(restored, src, stop, target, action=RecoveryAction.PROMOTE, timeline="latest"):
+    a = adapter_for(restored)
+    junk = restored.wal_dir / "000000010000000000000042"
+    junk.write_bytes(b"x")
+    removed = a.prepare_data_directory(clear_wal=True)
+    assert str(junk) in removed
+    assert (restored.wal_dir / "archive_status").is_dir()
+    a.write_backup_label(stop.labelfile, stop.spcmapfile)
+    a.write_recovery_settings(
+        RecoverySettings(
+            restore_command=restored.restore_command(src.archive_dir),
+            target=target,
+            target_timeline=timeline,
+            action=action,
+        )
+    )
+    return a
+
+
+def test_pitr_to_restore_point(pg_server):
+    src = pg_server()
+    src.start()
+    src.sql("CREATE TABLE t (x int)")
+    src.sql("INSERT INTO t VALUES (1), (2)")
+    restored = pg_server.prepare()
+    stop = _backup_into(src, [restored])
+    src.sql("INSERT INTO t VALUES (3)")
+    src.sql("SELECT pg_create_restore_point('after3')")
+    src.sql("INSERT INTO t VALUES (4)")
+    src.switch_wal_and_wait_archived()
+
+    # Stale targets that came back with the "snapshot": two targets are FATAL.
+    conf = restored.data_dir / "postgresql.conf"
+    conf.write_text(conf.read_text() + "recovery_target_xid = '999999'\n")
+    auto = restored.data_dir / "postgresql.auto.conf"
+    auto.write_text(auto.read_text() + "recovery_target_time = '2001-01-01 00:00:00+00'\n")
+
+    a = _restore(restored, src, stop, RecoveryTarget.name("after3"))
+    assert "#pgsnap-disabled# recovery_target_xid = '999999'" in conf.read_text()
+    label = restored.data_dir / "backup_label"
+    assert label.read_bytes() == stop.labelfile.encode()
+    assert stat.S_IMODE(label.stat().st_mode) == 0o600
+    assert label.stat().st_uid == restored.data_dir.stat().st_uid
+    assert (restored.data_dir / "recovery.signal").exists()
+    assert not (restored.data_dir / "tablespace_map").exists()
+
+    a.start_server(timeout=30)
+    result = a.wait_recovery(timeout=60)
+    assert isinstance(result, RecoveryResult)
+    assert result.state == "promoted"
+    assert result.reached_target
+    assert result.timeline == 2
+    assert result.replay_lsn is not None
+    assert result.replay_lsn > stop.lsn
+    assert any('recovery stopping at restore point "after3"' in ln for ln in result.log_lines)
+    assert any("selected new timeline ID: 2" in ln for ln in result.log_lines)
+    assert rows(restored, "SELECT x FROM t ORDER BY x") == [1, 2, 3]
+    assert a.describe().timeline == 2
+
+    a.clear_recovery_settings()
+    a.clear_recovery_settings()  # idempotent
+    text = auto.read_text()
+    assert "pgsnap" not in text
+    assert "recovery_target" not in text
+    assert not (restored.data_dir / "recovery.signal").exists()
+    # The original archive was not written to by the restored server.
+    assert not (src.archive_dir / "00000002.history").exists()
+
+
+def test_recovery_shutdown_and_failures(pg_server):
+    src = pg_server()
+    src.start()
+    src.sql("CREATE TABLE t (x int)")
+    r_shutdown, r_missing, r_early, r_pause = (pg_server.prepare() for _ in range(4))
+    stop = _backup_into(src, [r_shutdown, r_missing, r_early, r_pause])
+    src.sql("INSERT INTO t VALUES (1)")
+    lsn_mid = LSN.parse(src.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    src.sql("INSERT INTO t VALUES (2)")
+    src.switch_wal_and_wait_archived()
+
+    # pause at the target: hot standby, read-only, still in recovery
+    a = _restore(r_pause, src, stop, RecoveryTarget.lsn(lsn_mid), RecoveryAction.PAUSE)
+    a.start_server(timeout=30)
+    result = a.wait_recovery(timeout=60)
+    assert (result.state, result.reached_target, result.timeline) == ("paused", True, 1)
+    assert result.replay_lsn is not None
+    assert result.replay_lsn >= lsn_mid
+    assert rows(r_pause, "SELECT x FROM t") == [1]
+    assert a.describe().in_recovery
+    a.stop_server(timeout=30)
+
+    # shutdown at the target: the server exits by itself
+    a = _restore(r_shutdown, src, stop, RecoveryTarget.lsn(lsn_mid), RecoveryAction.SHUTDOWN)
+    a.start_server(timeout=30)
+    result = a.wait_recovery(timeout=60)
+    assert result.state == "shutdown"
+    assert result.reached_target
+    assert result.timeline == 1
+    assert any("recovery stopping" in ln for ln in result.log_lines)
+    assert not a.is_running()
+    assert (r_shutdown.data_dir / "recovery.signal").exists()  # the server leaves it
+
+    # a target the WAL never reaches
+    a = _restore(r_missing, src, stop, RecoveryTarget.name("no_such_point"))
+    a.start_server(timeout=30)
+    with pytest.raises(DatabaseError, match="recovery ended before configured") as info:
+        a.wait_recovery(timeout=60)
+    assert info.value.hint
+    assert "earlier target" in info.value.hint
+
+    # a target before the backup's consistency point
+    start_lsn = stop.labelfile.split()[3]  # START WAL LOCATION: X/Y (file ...)
+    a = _restore(r_early, src, stop, RecoveryTarget.lsn(start_lsn))
+    a.start_server(timeout=30)
+    with pytest.raises(DatabaseError) as info:
+        a.wait_recovery(timeout=60)
+    assert "before consistent recovery point" in str(info.value)
+
+
+def test_write_recovery_settings_refuses_standby_signal(pg_server):
+    srv = pg_server()
+    a = adapter_for(srv)
+    (srv.data_dir / "standby.signal").write_text("")
+    settings = RecoverySettings(restore_command="true", target=RecoveryTarget.latest())
+    with pytest.raises(ConfigurationError, match=r"standby\.signal"):
+        a.write_recovery_settings(settings)
+
+
+# --------------------------------------------------------------------------- other versions
+
+
+@pytest.mark.parametrize("major", [12, 17])
+def test_backup_session_other_versions(pg_server, pg_bindir_for, major):
+    srv = pg_server(pg_bindir_for(major))
+    srv.start()
+    a = adapter_for(srv)
+    facts = a.describe()
+    assert facts.major == major
+    assert ("archive_library" in facts.settings) == (major >= 15)
+    with a.backup_session() as session:
+        start = session.start(f"v{major}")
+        stop = session.stop()
+    assert stop.labelfile.startswith(f"START WAL LOCATION: {start.lsn} ")
+    assert stop.timeline == start.timeline == 1
+    a.stop_server(timeout=30)
+    assert not a.is_running()
+
+
+@pytest.mark.parametrize("major", [12, 17])
+def test_complete_recovery_other_versions(pg_server, pg_bindir_for, major):
+    """12: old backup API; 17: pg_wal/summaries. Complete recovery (latest)."""
+    bindir = pg_bindir_for(major)
+    src = pg_server(bindir)
+    src.start()
+    src.sql("CREATE TABLE t (x int)")
+    restored = pg_server.prepare(bindir)
+    stop = _backup_into(src, [restored])
+    src.sql("INSERT INTO t VALUES (7)")
+    src.switch_wal_and_wait_archived()
+    a = _restore(restored, src, stop, RecoveryTarget.latest(), RecoveryAction.PROMOTE)
+    a.start_server(timeout=30)
+    result = a.wait_recovery(timeout=60)
+    assert (result.state, result.reached_target, result.timeline) == ("promoted", True, 2)
+    assert rows(restored, "SELECT x FROM t") == [7]
+    a.clear_recovery_settings()
+
+
+def test_default_log_file_location(pg_server):
+    srv = pg_server()
+    a = adapter_for(srv)
+    a.start_server(timeout=30)
+    try:
+        assert Path(srv.data_dir, "log", "pgsnap-server.log").stat().st_size > 0
+    finally:
+        a.stop_server(timeout=30)
