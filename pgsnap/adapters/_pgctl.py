@@ -186,8 +186,34 @@ def postmaster_pid(data_dir: str) -> int | None:
     except ProcessLookupError:
         return None
     except PermissionError:
-        return pid
-    return pid
+        pass
+    return pid if _is_postmaster_of(pid, data_dir) else None
+
+
+def _is_postmaster_of(pid: int, data_dir: str) -> bool:
+    """Whether process ``pid`` is a postmaster working in ``data_dir``.
+
+    A ``postmaster.pid`` restored from a snapshot names the process that ran
+    when the snapshot was taken; that pid may since belong to anything. The
+    postmaster's working directory is its data directory, so compare that
+    (Linux ``/proc``); where it cannot be read, fall back to the command name,
+    and where nothing can be read, assume it is alive (the safe answer).
+    """
+    proc = f"/proc/{pid}"
+    try:
+        return os.path.realpath(os.readlink(f"{proc}/cwd")) == os.path.realpath(data_dir)
+    except FileNotFoundError:
+        return False  # the process is gone
+    except OSError:
+        pass
+    try:
+        with open(f"{proc}/cmdline", "rb") as fh:
+            argv0 = fh.read().split(b"\0", 1)[0]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return os.path.basename(argv0).startswith((b"postgres", b"postmaster"))
 
 
 def atomic_write(path: str, data: bytes, *, owner: Owner, mode: int = 0o600) -> None:

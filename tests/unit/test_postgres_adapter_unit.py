@@ -454,3 +454,13 @@ def test_log_follower_follows_collector(tmp_path):
     with collector.open("a") as out:
         out.write(" line\n")
     assert f.read_new() == ["LOG:  partial line"]
+
+
+def test_restored_postmaster_pid_of_another_process_is_not_a_live_server(tmp_path, monkeypatch):
+    """A postmaster.pid restored from a snapshot names a pid that may now be anything."""
+    from pgsnap.adapters._pgctl import postmaster_pid
+
+    (tmp_path / "postmaster.pid").write_text(f"{os.getpid()}\n{tmp_path}\n")
+    assert postmaster_pid(str(tmp_path)) is None  # alive, but not working in tmp_path
+    monkeypatch.chdir(tmp_path)
+    assert postmaster_pid(str(tmp_path)) == os.getpid()
