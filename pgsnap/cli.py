@@ -1,0 +1,564 @@
+"""The ``pgsnap`` command.
+
+    pgsnap demo                      the whole job on a throwaway cluster
+    pgsnap check      -c pgsnap.toml preflight findings, archiver, WAL, backups
+    pgsnap backup     -c pgsnap.toml take a snapshot backup
+    pgsnap list       -c pgsnap.toml the backups in the catalog
+    pgsnap plan-recovery -c ... [--time T | --lsn L | --xid X | --name N | --immediate]
+    pgsnap recover    -c ... [target options] [--yes]
+    pgsnap wal        -c pgsnap.toml the WAL archive, per timeline
+
+Exit codes: 0 success; 1 execution failed (compensations ran); 2 bad usage or
+configuration; 3 the plan was refused (PlanningError: the message says why
+and what would work); 4 ``check`` found blocking problems; 5 the plan is
+stale; 130 interrupted.
+
+Passwords come from the environment variable named by ``password_env`` or
+from ``password_file`` in the configuration, never from a flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pgsnap.errors import (
+    ConfigurationError,
+    InputError,
+    PgsnapError,
+    PlanningError,
+    StalePlanError,
+)
+
+__all__ = ["EXIT_CODES", "load_cluster", "main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_CHECK, EXIT_STALE = 0, 1, 2, 3, 4, 5
+EXIT_CODES = {
+    0: "success",
+    1: "execution failed (compensations ran; see the message)",
+    2: "bad usage or configuration",
+    3: "plan refused: the request cannot succeed (the message says why and the alternative)",
+    4: "check found blocking problems",
+    5: "the plan is stale: plan again",
+    130: "interrupted",
+}
+
+
+def _out(text: str) -> None:
+    print(text, flush=True)
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _read_password(db: dict[str, Any], base: Path) -> str | None:
+    if "password" in db:
+        raise ConfigurationError(
+            "the configuration file must not hold a password",
+            hint="use password_env = 'NAME' (an environment variable) or password_file = 'PATH'",
+        )
+    if db.get("password_env"):
+        name = str(db["password_env"])
+        if name not in os.environ:
+            raise ConfigurationError(
+                f"password_env names the environment variable {name}, which is not set",
+                hint=f"export {name}, or use password_file",
+            )
+        return os.environ[name]
+    if db.get("password_file"):
+        path = base / str(db["password_file"])
+        try:
+            return path.read_text().strip()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read password_file {path}: {exc.strerror}") from None
+    return None
+
+
+def _conninfo_without_password(conninfo: str) -> str:
+    import psycopg  # noqa: PLC0415 - only the CLI's configuration loading needs it here
+
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        # The driver's message quotes the string (and a password in it): never chain it.
+        raise ConfigurationError(
+            "cannot parse [database] conninfo",
+            hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
+        ) from None
+    if "password" in params:
+        raise ConfigurationError(
+            "[database] conninfo must not hold a password",
+            hint="use password_env = 'NAME' or password_file = 'PATH'",
+        )
+    return conninfo
+
+
+def _need(section: dict[str, Any], key: str, where: str) -> Any:
+    if key not in section:
+        raise ConfigurationError(f"{where} lacks {key!r}", hint="see docs/cli.md for an example")
+    return section[key]
+
+
+def load_cluster(path: str | os.PathLike[str]) -> Any:
+    """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
+
+    Relative paths in the file are relative to the file's directory.
+    """
+    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
+    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
+    from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
+    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
+    from pgsnap.session import Cluster  # noqa: PLC0415
+
+    try:
+        conf = tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read configuration {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigurationError(f"configuration {path} is not valid TOML: {exc}") from None
+    base = Path(path).resolve().parent
+
+    def rel(value: Any) -> str:
+        return str(base / str(value))
+
+    def opt_rel(value: Any) -> str | None:
+        return None if value is None else rel(value)
+
+    try:
+        db = dict(conf["database"])
+        storage = dict(conf["storage"])
+        archive = dict(conf["archive"])
+        catalog = dict(conf["catalog"])
+        volumes = list(conf["volume"])
+    except KeyError as exc:
+        raise ConfigurationError(
+            f"configuration {path} lacks the [{exc.args[0]}] section",
+            hint="see docs/cli.md for a complete example",
+        ) from None
+    roles = ", ".join(r.value for r in VolumeRole)
+    vols = []
+    for n, v in enumerate(volumes, 1):
+        where = f"[[volume]] #{n}"
+        try:
+            role = VolumeRole(_need(v, "role", where))
+        except ValueError:
+            raise ConfigurationError(
+                f"{where} has role {v['role']!r}", hint=f"use one of: {roles}"
+            ) from None
+        vid = str(_need(v, "id", where))
+        vols.append(
+            Volume(
+                id=vid,
+                name=str(v.get("name", vid)),
+                role=role,
+                mount_point=rel(_need(v, "mount_point", where)),
+                tablespace_oid=v.get("tablespace_oid"),
+            )
+        )
+    layout = Layout(tuple(vols))
+    adapter = PostgresAdapter(
+        _conninfo_without_password(str(db.get("conninfo", ""))),
+        password=_read_password(db, base),
+        data_directory=opt_rel(db.get("data_directory")),
+        bindir=opt_rel(db.get("bindir")),
+        os_user=db.get("os_user"),
+        log_file=opt_rel(db.get("log_file")),
+        control=db.get("control", "pg_ctl"),
+        systemd_unit=db.get("systemd_unit"),
+    )
+    if "backend" not in storage:
+        raise ConfigurationError(
+            "[storage] lacks 'backend'",
+            hint=f"name one of: {', '.join(sorted(registered_backends()))}",
+        )
+    options = dict(storage.get("options", {}))
+    for key in ("state_file", "root"):
+        if key in options:
+            options[key] = rel(options[key])
+    if isinstance(options.get("volumes"), list):
+        options["volumes"] = [
+            {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
+            for v in options["volumes"]
+        ]
+    backend = create_backend(str(storage["backend"]), **options)
+    catalog_path = rel(_need(catalog, "path", "[catalog]"))
+    return Cluster(
+        adapter=adapter,
+        backend=backend,
+        archive=DirectoryWalArchive(rel(_need(archive, "path", "[archive]"))),
+        catalog=DirectoryCatalog(catalog_path),
+        layout=layout,
+        journal_dir=rel(catalog.get("journal", Path(catalog_path) / "journal")),
+    )
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _target(args: argparse.Namespace) -> Any:
+    from pgsnap.model import RecoveryTarget  # noqa: PLC0415
+
+    inclusive = not args.exclusive
+    chosen = [n for n in ("time", "lsn", "xid", "name") if getattr(args, n) is not None]
+    if args.immediate:
+        chosen.append("immediate")
+    if len(chosen) > 1:
+        raise InputError(
+            f"give one recovery target, not {len(chosen)} ({', '.join(chosen)})",
+            hint="PostgreSQL accepts exactly one target",
+        )
+    if args.time is not None:
+        return RecoveryTarget.time(args.time, inclusive=inclusive)
+    if args.lsn is not None:
+        return RecoveryTarget.lsn(args.lsn, inclusive=inclusive)
+    if args.xid is not None:
+        return RecoveryTarget.xid(args.xid, inclusive=inclusive)
+    if args.name is not None:
+        return RecoveryTarget.name(args.name)
+    if args.immediate:
+        return RecoveryTarget.immediate()
+    return RecoveryTarget.latest()
+
+
+def _progress(event: Any) -> None:
+    _err(str(event))
+
+
+class _ExecutionFailed(Exception):
+    """Wraps any error raised while a plan executes: exit code 1, whatever its type."""
+
+    def __init__(self, cause: PgsnapError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _execute(cluster: Any, plan: Any) -> Any:
+    try:
+        return cluster.execute(plan, on_event=_progress)
+    except StalePlanError:
+        raise
+    except PgsnapError as exc:
+        raise _ExecutionFailed(exc) from exc
+
+
+def _plan_recovery(args: argparse.Namespace, cluster: Any, target: Any) -> Any:
+    lost = ["data"] + (["wal"] if args.wal_lost else [])
+    return cluster.plan_recovery(
+        target,
+        timeline=args.timeline,
+        action=args.action,
+        lost=lost,
+        backup_id=args.backup,
+        safety_snapshot=not args.no_safety_snapshot,
+    )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Run the demo."""
+    from pgsnap.demo import run_demo  # noqa: PLC0415
+
+    result = run_demo(say=_out, on_event=_progress, bindir=args.bindir, keep=args.keep)
+    _out("")
+    _out("Summary")
+    v = result.postgres_version
+    _out(f"  PostgreSQL {v // 10000}.{v % 10000}, recovered to {result.target}")
+    for step, secs in result.timings.items():
+        _out(f"  {step:<10} {secs:7.2f} s")
+    _out(f"  verification: {'PASSED' if result.ok else 'FAILED'}")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Preflight + archive report."""
+    report = load_cluster(args.config).check()
+    if args.json:
+        _out(
+            json.dumps(
+                {
+                    "ok": report.ok,
+                    "findings": [str(f) for f in report.findings],
+                    "archiver_healthy": report.archiver.healthy,
+                    "wal": list(report.wal),
+                    "backups": list(report.backups),
+                },
+                indent=2,
+            )
+        )
+    else:
+        _out(report.explain())
+    return EXIT_OK if report.ok else EXIT_CHECK
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Take a backup."""
+    cluster = load_cluster(args.config)
+    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=args.wal_timeout)
+    if args.dry_run:
+        _out(plan.to_json() if args.json else plan.explain())
+        return EXIT_OK
+    _execute(cluster, plan)
+    record = cluster.catalog.get(str(plan.steps[0].params["backup_id"]))
+    if args.json:
+        from pgsnap.model import to_json  # noqa: PLC0415
+
+        _out(to_json(record))
+    else:
+        _out(
+            f"backup {record.id} {record.state.value}: {record.start_lsn} .. {record.stop_lsn}, "
+            f"{record.backup_mode_seconds:.3f} s in backup mode"
+        )
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """List backups."""
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    backups = load_cluster(args.config).backups()
+    if args.json:
+        _out(json.dumps([to_dict(b) for b in backups], indent=2))
+        return EXIT_OK
+    if not backups:
+        _out("no backups")
+    for b in backups:
+        stop = b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-"
+        _out(
+            f"{b.id:<22} {b.state.value:<16} tli {b.start_timeline} {b.start_lsn!s:>12} .. "
+            f"{b.stop_lsn or '-'!s:>12}  {stop}  {b.label}"
+            + (f"  ({b.failure_reason})" if b.failure_reason else "")
+        )
+    return EXIT_OK
+
+
+def cmd_plan_recovery(args: argparse.Namespace) -> int:
+    """Print a recovery plan."""
+    target = _target(args)  # report a bad target before touching the configuration
+    plan = _plan_recovery(args, load_cluster(args.config), target)
+    _out(plan.to_json() if args.json else plan.explain())
+    return EXIT_OK
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Plan and execute a recovery."""
+    target = _target(args)
+    cluster = load_cluster(args.config)
+    plan = _plan_recovery(args, cluster, target)
+    _out(plan.explain())
+    if not args.yes:
+        if not sys.stdin.isatty():
+            _err("refusing to recover without confirmation: pass --yes (stdin is not a terminal)")
+            return EXIT_USAGE
+        answer = input("Execute this plan? Type 'yes' to continue: ")
+        if answer.strip() != "yes":
+            _err("not confirmed; nothing was changed")
+            return EXIT_USAGE
+    result = _execute(cluster, plan)
+    _out(f"recovery finished in {result.total_seconds:.2f} s")
+    return EXIT_OK
+
+
+def _archive_segment_size(cluster: Any) -> int:
+    """The segment size: from the server, else from an archived segment's file size."""
+    try:
+        size: int = cluster.adapter.describe().wal_segment_size
+        return size
+    except PgsnapError:
+        pass
+    from pgsnap.wal import VALID_SEGMENT_SIZES, WalFileKind, parse_archive_name  # noqa: PLC0415
+
+    for name in cluster.archive.list_names():
+        entry = parse_archive_name(name)
+        if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
+            try:
+                size = (Path(cluster.archive.location) / name).stat().st_size
+            except OSError:
+                continue
+            if size in VALID_SEGMENT_SIZES:
+                return size
+    raise ConfigurationError(
+        "cannot tell the WAL segment size: no backup, the server is down and the archive "
+        "holds no plain segment",
+        hint="start the server or take a backup first",
+    )
+
+
+def cmd_wal(args: argparse.Namespace) -> int:
+    """Report the WAL archive per timeline."""
+    cluster = load_cluster(args.config)
+    backups = cluster.backups()
+    seg = backups[-1].wal_segment_size if backups else _archive_segment_size(cluster)
+    index = cluster.archive.index(seg)
+    graph = cluster.archive.histories()
+    report: dict[str, Any] = {
+        "archive": cluster.archive.location,
+        "segment_size": seg,
+        "timelines": [],
+    }
+    for tli in sorted(set(index.timelines()) | set(graph.timelines())):
+        report["timelines"].append(
+            {
+                "timeline": tli,
+                "parent": graph.parent_of(tli) if tli in graph else None,
+                "switchpoint": str(graph.switchpoint_of(tli))
+                if tli in graph and graph.switchpoint_of(tli)
+                else None,
+                "ranges": [list(r.names(seg)) for r in index.ranges(tli)],
+                "gaps": [list(g.names(seg)) for g in index.gaps(tli)],
+            }
+        )
+    if args.json:
+        _out(json.dumps(report, indent=2))
+        return EXIT_OK
+    _out(f"WAL archive {report['archive']} ({seg // (1024 * 1024)} MB segments)")
+    for t in report["timelines"]:
+        parent = f" (from {t['parent']} at {t['switchpoint']})" if t["parent"] else ""
+        _out(f"timeline {t['timeline']}{parent}")
+        for first, last in t["ranges"]:
+            _out(f"  present  {first} .. {last}")
+        for first, last in t["gaps"]:
+            _out(f"  MISSING  {first} .. {last}")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pgsnap",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes:\n" + "\n".join(f"  {k:>3}  {v}" for k, v in EXIT_CODES.items()),
+    )
+    p.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    # -v also after the subcommand (pgsnap check -c x -vv); SUPPRESS keeps a -v
+    # given before it when none is given after.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="more log output (-vv: debug)",
+    )
+
+    d = sub.add_parser(
+        "demo", parents=[common], help="back up and recover a throwaway cluster, end to end"
+    )
+    d.add_argument("--bindir", help="PostgreSQL server binaries (default: found automatically)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary cluster")
+    d.set_defaults(func=cmd_demo)
+
+    def with_config(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("-c", "--config", required=True, help="TOML configuration file")
+        sp.add_argument("--json", action="store_true", help="JSON output for scripts")
+
+    c = sub.add_parser(
+        "check", parents=[common], help="preflight findings, archiver health, WAL and backups"
+    )
+    with_config(c)
+    c.set_defaults(func=cmd_check)
+
+    b = sub.add_parser("backup", parents=[common], help="take a snapshot backup")
+    with_config(b)
+    b.add_argument("--label", help="backup label (default: pgsnap <id>)")
+    b.add_argument("--spread", action="store_true", help="spread checkpoint instead of fast")
+    b.add_argument(
+        "--wal-timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the WAL in the archive (default 60)",
+    )
+    b.add_argument("--dry-run", action="store_true", help="print the plan only")
+    b.set_defaults(func=cmd_backup)
+
+    ls = sub.add_parser("list", parents=[common], help="list backups")
+    with_config(ls)
+    ls.set_defaults(func=cmd_list)
+
+    for name, func, helptext in (
+        ("plan-recovery", cmd_plan_recovery, "print the recovery plan (touches nothing)"),
+        ("recover", cmd_recover, "plan and execute a recovery"),
+    ):
+        r = sub.add_parser(name, parents=[common], help=helptext)
+        with_config(r)
+        g = r.add_argument_group("target (one; default: latest)")
+        g.add_argument("--time", help="ISO time with a zone, e.g. '2026-11-30 12:00:00+00:00'")
+        g.add_argument("--lsn", help="WAL location, e.g. 0/3000060")
+        g.add_argument("--xid", type=int, help="transaction id")
+        g.add_argument("--name", help="restore point name")
+        g.add_argument("--immediate", action="store_true", help="stop at consistency")
+        r.add_argument("--exclusive", action="store_true", help="stop just before the target")
+        r.add_argument("--timeline", default="latest", help="latest (default), current or N")
+        r.add_argument("--action", default="promote", choices=["promote", "pause", "shutdown"])
+        r.add_argument(
+            "--wal-lost",
+            action="store_true",
+            help="the WAL volume is lost too (restore it from the snapshot)",
+        )
+        r.add_argument("--backup", help="use this backup id")
+        r.add_argument(
+            "--no-safety-snapshot",
+            action="store_true",
+            help="do not snapshot the volumes' current state before restoring",
+        )
+        if name == "recover":
+            r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        r.set_defaults(func=func)
+
+    w = sub.add_parser(
+        "wal", parents=[common], help="the WAL archive per timeline: ranges and gaps"
+    )
+    with_config(w)
+    w.set_defaults(func=cmd_wal)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pgsnap`` command; returns the exit code."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help, or a usage error argparse already reported
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    except _ExecutionFailed as exc:
+        _err(f"pgsnap: failed: {exc.cause}")
+        return EXIT_FAILED
+    except StalePlanError as exc:
+        _err(f"pgsnap: stale plan: {exc}")
+        return EXIT_STALE
+    except PlanningError as exc:
+        _err(f"pgsnap: refused: {exc}")
+        return EXIT_REFUSED
+    except (ConfigurationError, InputError) as exc:
+        _err(f"pgsnap: {exc}")
+        return EXIT_USAGE
+    except PgsnapError as exc:
+        _err(f"pgsnap: failed: {exc}")
+        return EXIT_FAILED
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
