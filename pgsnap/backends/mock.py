@@ -14,6 +14,13 @@ Volumes come in two kinds:
   restoring empties the directory (never following a symlink out of it) and
   copies the snapshot back, keeping the directory itself, its owner and mode.
 
+With ``state_file=``, the state (volumes, snapshots and where their copies
+live, groups, policies, id counters) is kept in a JSON file: read at
+construction and before every call, written atomically (mode 0600) after
+every change, under an ``fcntl`` lock, so successive ``pgsnap`` commands (and
+concurrent processes) share one mock. ``volumes=`` declares volumes (added
+once, by id), e.g. from a TOML configuration.
+
 Ids are deterministic: ``vol-0001``, ``snap-0001``, ``cg-0001``, ``pol-0001``
 (clones are volumes). Capabilities can be reduced to imitate a simpler storage:
 a method needing one that was not granted raises
@@ -30,7 +37,11 @@ Vendor-only operations are named ``ex_*`` (:meth:`~MockBackend.ex_run_policy`,
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
+import fcntl
+import json
 import logging
 import os
 import shutil
@@ -39,8 +50,8 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any, Final
@@ -56,7 +67,14 @@ from pgsnap.errors import (
     UnsupportedCapability,
     VolumeNotFound,
 )
-from pgsnap.model import Snapshot, SnapshotGroup, SnapshotPolicy, StorageVolume
+from pgsnap.model import (
+    Snapshot,
+    SnapshotGroup,
+    SnapshotPolicy,
+    StorageVolume,
+    from_dict,
+    to_dict,
+)
 from pgsnap.protocols import Capability
 
 __all__ = ["DEFAULT_VOLUME_SIZE", "FAULT_POINTS", "MockBackend"]
@@ -117,15 +135,14 @@ class _Volume:
     extra: dict[str, str] = attrs.Factory(dict)
 
     def record(self) -> StorageVolume:
-        fields: dict[str, Any] = {  # a dict: the model's converters confuse mypy's attrs plugin
-            "id": self.id,
-            "name": self.name,
-            "size_bytes": self.size_bytes,
-            "path": None if self.path is None else str(self.path),
-            "mapped_hosts": tuple(sorted(self.hosts)),
-            "extra": self.extra,
-        }
-        return StorageVolume(**fields)
+        return StorageVolume(
+            id=self.id,
+            name=self.name,
+            size_bytes=self.size_bytes,
+            path=None if self.path is None else str(self.path),
+            mapped_hosts=tuple(sorted(self.hosts)),
+            extra=self.extra,
+        )
 
 
 @attrs.define
@@ -162,13 +179,9 @@ class _Policy:
     runs: int = 0
 
     def record(self) -> SnapshotPolicy:
-        fields: dict[str, Any] = {
-            "id": self.id,
-            "name": self.name,
-            "volume_ids": self.volume_ids,
-            "paused": self.paused,
-        }
-        return SnapshotPolicy(**fields)
+        return SnapshotPolicy(
+            id=self.id, name=self.name, volume_ids=self.volume_ids, paused=self.paused
+        )
 
 
 @attrs.define
@@ -261,6 +274,233 @@ def _blob_path(root: Path, key: str) -> Path:
     return root.joinpath(*rel.parts)
 
 
+# --------------------------------------------------------------------------- configuration
+
+_STATE_FORMAT: Final = "pgsnap-mock-state"
+_STATE_VERSION: Final = 1
+_WRITE_HINT: Final = "check the permissions and free space of the state file's directory"
+_CORRUPT_HINT: Final = (
+    "restore the file from a copy, or move it away to start with an empty mock "
+    "(the snapshot copies under the mock's root are then forgotten: remove them too)"
+)
+_SPEC_KEYS: Final = frozenset({"id", "name", "path", "size_bytes"})
+
+
+def _capabilities(values: Iterable[Capability | str] | None) -> frozenset[Capability]:
+    """Capabilities given as members or their values (``"clones"``: from a TOML file)."""
+    if values is None:
+        return frozenset(Capability)
+    if isinstance(values, str):
+        values = [values]
+    caps: set[Capability] = set()
+    bad: list[str] = []
+    for value in values:
+        if isinstance(value, Capability):
+            caps.add(value)
+        elif isinstance(value, str) and value in Capability._value2member_map_:
+            caps.add(Capability(value))
+        else:
+            bad.append(repr(value))
+    if bad:
+        raise ConfigurationError(
+            f"not capabilities: {', '.join(bad)}",
+            hint="pass members of pgsnap.protocols.Capability or their values: "
+            + ", ".join(c.value for c in Capability),
+        )
+    return frozenset(caps)
+
+
+@attrs.frozen
+class _VolumeSpec:
+    """A volume declared in the constructor's ``volumes`` (a configuration file)."""
+
+    id: str
+    name: str
+    path: Path | None
+    size_bytes: int
+
+
+def _volume_spec(value: Mapping[str, Any], index: int) -> _VolumeSpec:
+    where = f"volumes[{index}]"
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(
+            f"{where} must be a table with id, name and path, not {type(value).__name__}",
+            hint='e.g. {id = "vol-data", name = "pgdata", path = "/pgdata"}',
+        )
+    unknown = sorted(set(value) - _SPEC_KEYS)
+    if unknown:
+        raise ConfigurationError(
+            f"{where} has unknown key(s): {', '.join(unknown)}",
+            hint=f"a volume takes {', '.join(sorted(_SPEC_KEYS))}",
+        )
+    vid = value.get("id")
+    if not isinstance(vid, str) or not vid.strip():
+        raise ConfigurationError(f"{where} needs an id (a non-empty string)")
+    name = value.get("name", vid)
+    path = value.get("path")
+    size = value.get("size_bytes", DEFAULT_VOLUME_SIZE)
+    if not isinstance(name, str):
+        raise ConfigurationError(f"{where} ({vid}): name must be a string, not {name!r}")
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise ConfigurationError(f"{where} ({vid}): path must be a string, not {path!r}")
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise ConfigurationError(f"{where} ({vid}): size_bytes must be an integer")
+    return _VolumeSpec(vid, name, None if path is None else Path(path), size)
+
+
+# --------------------------------------------------------------------------- the state file
+
+
+def _state_error(path: Path, what: str, *, hint: str = _CORRUPT_HINT) -> BackendError:
+    return BackendError(
+        f"the mock's state file {str(path)!r} {what}",
+        hint=hint,
+        backend=_NAME,
+        state_file=str(path),
+    )
+
+
+def _encode_blobs(blobs: Mapping[str, bytes]) -> dict[str, str]:
+    return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(blobs.items())}
+
+
+def _decode_blobs(value: object, where: str) -> dict[str, bytes]:
+    found = _dict(value, where)
+    try:
+        return {
+            str(k): base64.b64decode(_str(v, f"{where}.{k}"), validate=True)
+            for k, v in found.items()
+        }
+    except binascii.Error as exc:
+        raise ValueError(f"{where}: bad base64: {exc}") from exc
+
+
+def _dict(value: object, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def _str(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def _opt_str(value: object, where: str) -> str | None:
+    return None if value is None else _str(value, where)
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: expected true/false, got {value!r}")
+    return value
+
+
+_State = tuple[
+    dict[str, "_Volume"],
+    dict[str, "_Snap"],
+    dict[str, "_Group"],
+    dict[str, "_Policy"],
+    dict[str, int],
+]
+
+
+def _decode_state(data: object) -> _State:
+    """The state in a state file's JSON; ``ValueError``/``TypeError``/``KeyError`` if malformed."""
+    top = _dict(data, "state")
+    if top.get("format") != _STATE_FORMAT:
+        raise ValueError(f"not a mock state file (format {top.get('format')!r})")
+    if top.get("version") != _STATE_VERSION:
+        raise ValueError(
+            f"state version {top.get('version')!r}; this pgsnap reads version {_STATE_VERSION}"
+        )
+    counters = {
+        _str(k, "counters"): _int(v, f"counters.{k}")
+        for k, v in _dict(top["counters"], "counters").items()
+    }
+    volumes: dict[str, _Volume] = {}
+    for i, raw in enumerate(_list(top["volumes"], "volumes")):
+        v = _dict(raw, f"volumes[{i}]")
+        vid = _str(v["id"], f"volumes[{i}].id")
+        path = _opt_str(v["path"], f"volumes[{i}].path")
+        volumes[vid] = _Volume(
+            vid,
+            _str(v["name"], f"volumes[{i}].name"),
+            _int(v["size_bytes"], f"volumes[{i}].size_bytes"),
+            None if path is None else Path(path),
+            blobs=_decode_blobs(v["blobs"], f"volumes[{i}].blobs"),
+            hosts={_str(h, f"volumes[{i}].hosts") for h in _list(v["hosts"], "hosts")},
+            extra={
+                str(k): _str(x, f"volumes[{i}].extra")
+                for k, x in _dict(v["extra"], "extra").items()
+            },
+        )
+    snaps: dict[str, _Snap] = {}
+    for i, raw in enumerate(_list(top["snapshots"], "snapshots")):
+        d = _dict(raw, f"snapshots[{i}]")
+        record = from_dict(Snapshot, _dict(d["record"], f"snapshots[{i}].record"))
+        home = _opt_str(d["home"], f"snapshots[{i}].home")
+        blobs = None if d["blobs"] is None else _decode_blobs(d["blobs"], f"snapshots[{i}].blobs")
+        if (home is None) == (blobs is None):
+            raise ValueError(f"snapshots[{i}] ({record.id}) needs either a home or blobs")
+        snaps[record.id] = _Snap(
+            record,
+            _int(d["seq"], f"snapshots[{i}].seq"),
+            blobs=blobs,
+            home=None if home is None else Path(home),
+            policy_id=_opt_str(d["policy_id"], f"snapshots[{i}].policy_id"),
+        )
+    groups: dict[str, _Group] = {}
+    for i, raw in enumerate(_list(top["groups"], "groups")):
+        g = _dict(raw, f"groups[{i}]")
+        gid = _str(g["id"], f"groups[{i}].id")
+        ids = [_str(x, f"groups[{i}].snapshot_ids") for x in _list(g["snapshot_ids"], "ids")]
+        missing = [x for x in ids if x not in snaps]
+        if missing:
+            raise ValueError(f"group {gid} names unknown snapshot(s) {', '.join(missing)}")
+        created = dt.datetime.fromisoformat(_str(g["created_at"], f"groups[{i}].created_at"))
+        if created.tzinfo is None:
+            raise ValueError(f"groups[{i}].created_at is a naive time")
+        groups[gid] = _Group(
+            gid,
+            _str(g["name"], f"groups[{i}].name"),
+            created,
+            ids,
+            _opt_str(g["policy_id"], f"groups[{i}].policy_id"),
+        )
+    policies: dict[str, _Policy] = {}
+    for i, raw in enumerate(_list(top["policies"], "policies")):
+        p = _dict(raw, f"policies[{i}]")
+        pid = _str(p["id"], f"policies[{i}].id")
+        retain = p["retain"]
+        policies[pid] = _Policy(
+            pid,
+            _str(p["name"], f"policies[{i}].name"),
+            tuple(_str(x, f"policies[{i}].volume_ids") for x in _list(p["volume_ids"], "ids")),
+            None if retain is None else _int(retain, f"policies[{i}].retain"),
+            paused=_bool(p["paused"], f"policies[{i}].paused"),
+            runs=_int(p["runs"], f"policies[{i}].runs"),
+        )
+    for snap in snaps.values():
+        sgid = snap.record.group_id
+        if sgid is not None and sgid in groups and snap.record.id not in groups[sgid].snapshot_ids:
+            raise ValueError(f"snapshot {snap.record.id} is not listed in its group {sgid}")
+    return volumes, snaps, groups, policies, counters
+
+
 # --------------------------------------------------------------------------- the backend
 
 
@@ -274,30 +514,40 @@ class MockBackend:
     (mode 0700, removed by :meth:`close`) by default, created on first use;
     a given ``root`` is created with mode 0700 if missing and never removed.
     Thread-safe: one lock guards the state.
+
+    ``state_file`` keeps the state in that JSON file (see the module
+    docstring; the default ``root`` is then ``<state_file>.d``, kept);
+    a corrupt file is a :class:`~pgsnap.errors.BackendError` with a hint.
+    ``volumes`` is a list of mappings ``{"id", "name", "path", "size_bytes"}``
+    (only ``id`` required; no ``path``: in memory) added unless their id
+    exists, in which case the path must match. ``capabilities`` may also be
+    given as values (``"clones"``).
     """
 
     def __init__(
         self,
         *,
-        capabilities: Iterable[Capability] | None = None,
+        capabilities: Iterable[Capability | str] | None = None,
         clock: Callable[[], dt.datetime] | None = None,
-        root: Path | None = None,
+        root: str | os.PathLike[str] | None = None,
         sleep: Callable[[float], None] | None = None,
+        state_file: str | os.PathLike[str] | None = None,
+        volumes: Iterable[Mapping[str, Any]] | None = None,
     ) -> None:
-        caps = frozenset(Capability) if capabilities is None else frozenset(capabilities)
-        bad = [c for c in caps if not isinstance(c, Capability)]
-        if bad:
-            raise ConfigurationError(
-                f"not capabilities: {', '.join(map(repr, bad))}",
-                hint="pass members of pgsnap.protocols.Capability",
-            )
-        self._caps = caps
+        self._caps = _capabilities(capabilities)
         self._clock = clock or _utcnow
         self._sleep = sleep or time.sleep
+        self._state_path = None if state_file is None else Path(os.path.abspath(state_file))
+        if root is None and self._state_path is not None:
+            # Persistent state needs persistent snapshots: never a temporary root.
+            root = self._state_path.with_name(self._state_path.name + ".d")
         self._root_arg = None if root is None else Path(os.path.abspath(root))
         self._root: Path | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._lock = threading.RLock()
+        self._state_depth = 0
+        self._state_writing = False
+        self._state_text: str | None = None
         self._volumes: dict[str, _Volume] = {}
         self._snaps: dict[str, _Snap] = {}
         self._groups: dict[str, _Group] = {}
@@ -311,6 +561,15 @@ class MockBackend:
         Arguments are positional, in signature order, sequences as tuples,
         e.g. ``("create_snapshot_group", (("vol-0001",), "b1", False))``.
         """
+        specs = [_volume_spec(v, i) for i, v in enumerate(volumes or ())]
+        if self._state_path is not None:
+            self._state_path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            with self._reading():
+                pass  # loads the state file, if there is one
+        if specs:
+            with self._writing():
+                for spec in specs:
+                    self._ensure_volume(spec)
 
     # ------------------------------------------------------------------ basics
 
@@ -420,7 +679,7 @@ class MockBackend:
         """
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
             raise ConfigurationError(f"size_bytes must be an integer >= 0, got {size_bytes!r}")
-        with self._lock:
+        with self._writing():
             if volume_id is not None and volume_id in self._volumes:
                 raise ConfigurationError(
                     f"volume id {volume_id!r} is already used",
@@ -452,7 +711,7 @@ class MockBackend:
 
     def write_blob(self, volume_id: str, key: str, data: bytes) -> None:
         """Set the content ``key`` of a volume (a file relative to a directory volume)."""
-        with self._lock:
+        with self._writing():
             vol = self._volume(volume_id)
             if vol.path is None:
                 vol.blobs[key] = bytes(data)
@@ -463,7 +722,7 @@ class MockBackend:
 
     def read_blob(self, volume_id: str, key: str) -> bytes:
         """The content ``key`` of a volume; ``BackendError`` if it was never written."""
-        with self._lock:
+        with self._reading():
             vol = self._volume(volume_id)
             if vol.path is None:
                 if key not in vol.blobs:
@@ -497,7 +756,7 @@ class MockBackend:
         ids = tuple(volume_ids)
         if retain is not None and retain < 1:
             raise ConfigurationError(f"retain must be >= 1 or None, got {retain}")
-        with self._lock:
+        with self._writing():
             self._require(Capability.POLICIES, "snapshot policies")
             for vid in ids:
                 self._volume(vid)
@@ -511,19 +770,19 @@ class MockBackend:
     def list_volumes(self) -> tuple[StorageVolume, ...]:
         """Every volume, sorted by id."""
         self._enter("list_volumes")
-        with self._lock:
+        with self._reading():
             return tuple(self._volumes[v].record() for v in sorted(self._volumes))
 
     def get_volume(self, volume_id: str) -> StorageVolume:
         """One volume; ``VolumeNotFound`` if it does not exist."""
         self._enter("get_volume", volume_id)
-        with self._lock:
+        with self._reading():
             return self._volume(volume_id).record()
 
     def list_snapshots(self, volume_id: str | None = None) -> tuple[Snapshot, ...]:
         """Snapshots (of one volume, or all), oldest first (ties in creation order)."""
         self._enter("list_snapshots", volume_id)
-        with self._lock:
+        with self._reading():
             if volume_id is not None:
                 self._volume(volume_id)
             found = [
@@ -537,13 +796,13 @@ class MockBackend:
     def get_snapshot_group(self, group_id: str) -> SnapshotGroup:
         """A group (with the snapshots it still has); ``SnapshotNotFound`` if gone."""
         self._enter("get_snapshot_group", group_id)
-        with self._lock:
+        with self._reading():
             return self._group_record(self._group(group_id))
 
     def list_policies(self) -> tuple[SnapshotPolicy, ...]:
         """Snapshot policies sorted by id; an empty tuple without ``POLICIES``."""
         self._enter("list_policies")
-        with self._lock:
+        with self._reading():
             if Capability.POLICIES not in self._caps:
                 return ()
             return tuple(self._policies[p].record() for p in sorted(self._policies))
@@ -562,13 +821,13 @@ class MockBackend:
         """
         ids = tuple(volume_ids)
         self._enter("create_snapshot_group", ids, name, secure)
-        with self._lock:
+        with self._writing():
             return self._create_group(ids, name, secure=secure, policy_id=None)
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Delete one snapshot; refused for a secure one; ``SnapshotNotFound`` if unknown."""
         self._enter("delete_snapshot", snapshot_id)
-        with self._lock:
+        with self._writing():
             snap = self._snap(snapshot_id)
             self._refuse_secure([snap])
             self._drop_snapshot(snap)
@@ -576,7 +835,7 @@ class MockBackend:
     def delete_snapshot_group(self, group_id: str) -> None:
         """Delete every snapshot of a group (none if one of them is secure)."""
         self._enter("delete_snapshot_group", group_id)
-        with self._lock:
+        with self._writing():
             group = self._group(group_id)
             snaps = [self._snaps[s] for s in group.snapshot_ids]
             self._refuse_secure(snaps)
@@ -593,7 +852,7 @@ class MockBackend:
         A directory volume that was removed is recreated from the snapshot.
         """
         self._enter("restore_volume", volume_id, snapshot_id)
-        with self._lock:
+        with self._writing():
             vol = self._volume(volume_id)
             snap = self._snap(snapshot_id)
             if snap.record.volume_id != volume_id:
@@ -627,7 +886,7 @@ class MockBackend:
     def map_volume(self, volume_id: str, host: str) -> None:
         """Make the volume visible to ``host`` (needs ``MAPPING``); idempotent."""
         self._enter("map_volume", volume_id, host)
-        with self._lock:
+        with self._writing():
             self._require(Capability.MAPPING, "mapping volumes to hosts")
             vol = self._volume(volume_id)
             vol.hosts.add(self._check_host(host))
@@ -635,7 +894,7 @@ class MockBackend:
     def unmap_volume(self, volume_id: str, host: str) -> None:
         """Hide the volume from ``host`` (needs ``MAPPING``); idempotent."""
         self._enter("unmap_volume", volume_id, host)
-        with self._lock:
+        with self._writing():
             self._require(Capability.MAPPING, "mapping volumes to hosts")
             vol = self._volume(volume_id)
             vol.hosts.discard(self._check_host(host))
@@ -653,7 +912,7 @@ class MockBackend:
         another user (a PostgreSQL server) must reach the clone.
         """
         self._enter("clone_snapshot", snapshot_id, name, path)
-        with self._lock:
+        with self._writing():
             self._require(Capability.CLONES, "clones")
             snap = self._snap(snapshot_id)
             vid = self._next_id("vol", self._volumes)
@@ -683,14 +942,14 @@ class MockBackend:
     def pause_policy(self, policy_id: str) -> None:
         """Stop a policy from taking or rotating snapshots (needs ``POLICIES``); idempotent."""
         self._enter("pause_policy", policy_id)
-        with self._lock:
+        with self._writing():
             self._require(Capability.POLICIES, "snapshot policies")
             self._policy(policy_id).paused = True
 
     def resume_policy(self, policy_id: str) -> None:
         """Let a paused policy run again (needs ``POLICIES``); idempotent."""
         self._enter("resume_policy", policy_id)
-        with self._lock:
+        with self._writing():
             self._require(Capability.POLICIES, "snapshot policies")
             self._policy(policy_id).paused = False
 
@@ -704,7 +963,7 @@ class MockBackend:
         ``retain``, the oldest non-secure runs beyond it are deleted.
         """
         self._enter("ex_run_policy", policy_id)
-        with self._lock:
+        with self._writing():
             self._require(Capability.POLICIES, "snapshot policies")
             policy = self._policy(policy_id)
             if policy.paused:
@@ -728,10 +987,195 @@ class MockBackend:
     def ex_expire_secure(self, snapshot_id: str) -> None:
         """End a secure snapshot's retention so it can be deleted; idempotent."""
         self._enter("ex_expire_secure", snapshot_id)
-        with self._lock:
+        with self._writing():
             self._require(Capability.SECURE_SNAPSHOTS, "secure snapshots")
             snap = self._snap(snapshot_id)
             snap.record = attrs.evolve(snap.record, secure=False)
+
+    # ------------------------------------------------------------------ internals: state file
+
+    @property
+    def state_file(self) -> Path | None:
+        """The JSON file the state persists in (``None``: in memory only)."""
+        return self._state_path
+
+    def _reading(self) -> AbstractContextManager[None]:
+        """Hold the lock to read the state (reloaded from the state file first)."""
+        return self._state(write=False)
+
+    def _writing(self) -> AbstractContextManager[None]:
+        """Hold the lock to change the state (reloaded first, saved afterwards)."""
+        return self._state(write=True)
+
+    @contextmanager
+    def _state(self, *, write: bool) -> Iterator[None]:
+        """The thread lock; with a state file also its ``fcntl`` lock, reload and save.
+
+        Nested sections (a write section adding volumes through
+        :meth:`add_volume`) reuse the outer one.
+        """
+        with self._lock:
+            if self._state_path is None:
+                yield
+                return
+            if self._state_depth:
+                if write and not self._state_writing:
+                    raise AssertionError("mock: a write section nested in a read section")
+                self._state_depth += 1
+                try:
+                    yield
+                finally:
+                    self._state_depth -= 1
+                return
+            path = self._state_path
+            lock_path = path.with_name(path.name + ".lock")
+            try:
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                raise _state_error(
+                    path, f"cannot be locked ({lock_path}): {exc.strerror}", hint=_WRITE_HINT
+                ) from exc
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if write else fcntl.LOCK_SH)
+                self._load_state(path)
+                self._state_depth += 1
+                self._state_writing = write
+                try:
+                    yield
+                except BaseException:
+                    if write:
+                        try:  # the state in memory is what happened: keep it
+                            self._save_state(path)
+                        except PgsnapError as exc:
+                            log.warning("mock: state not saved after a failure: %s", exc)
+                    raise
+                finally:
+                    self._state_depth -= 1
+                    self._state_writing = False
+                if write:
+                    self._save_state(path)
+            finally:
+                os.close(fd)  # releases the flock
+
+    def _load_state(self, path: Path) -> None:
+        """Replace the state in memory with the file's (a missing file changes nothing)."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._state_text = None
+            return
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _state_error(path, f"cannot be read: {exc}") from exc
+        try:
+            data = json.loads(text)
+            state = _decode_state(data)
+        except (ValueError, KeyError, TypeError, AttributeError, PgsnapError) as exc:
+            detail = exc.message if isinstance(exc, PgsnapError) else f"{type(exc).__name__}: {exc}"
+            raise _state_error(path, f"is corrupt ({detail})") from exc
+        self._volumes, self._snaps, self._groups, self._policies, self._counters = state
+        self._state_text = text
+
+    def _save_state(self, path: Path) -> None:
+        """Write the state to ``path`` atomically: temporary file, fsync, rename (mode 0600)."""
+        text = json.dumps(self._encode_state(), indent=1, sort_keys=True) + "\n"
+        if text == self._state_text:
+            return  # unchanged (a failed call, an idempotent one): no write, no fsync
+        tmp: str | None = None
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fh.fileno(), 0o600)
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            tmp = None
+            self._state_text = text
+            dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise _state_error(
+                path, f"cannot be written: {exc.strerror or exc}", hint=_WRITE_HINT
+            ) from exc
+        finally:
+            if tmp is not None:
+                with suppress(OSError):
+                    os.unlink(tmp)
+
+    def _encode_state(self) -> dict[str, Any]:
+        root = self._root or self._root_arg
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "root": None if root is None else str(root),
+            "counters": dict(sorted(self._counters.items())),
+            "volumes": [
+                {
+                    "id": v.id,
+                    "name": v.name,
+                    "size_bytes": v.size_bytes,
+                    "path": None if v.path is None else str(v.path),
+                    "hosts": sorted(v.hosts),
+                    "extra": dict(v.extra),
+                    "blobs": _encode_blobs(v.blobs),
+                }
+                for v in self._volumes.values()
+            ],
+            "snapshots": [
+                {
+                    "record": to_dict(s.record),
+                    "seq": s.seq,
+                    "home": None if s.home is None else str(s.home),
+                    "policy_id": s.policy_id,
+                    "blobs": None if s.blobs is None else _encode_blobs(s.blobs),
+                }
+                for s in self._snaps.values()
+            ],
+            "groups": [
+                {
+                    "id": g.id,
+                    "name": g.name,
+                    "created_at": g.created_at.isoformat(),
+                    "snapshot_ids": list(g.snapshot_ids),
+                    "policy_id": g.policy_id,
+                }
+                for g in self._groups.values()
+            ],
+            "policies": [
+                {
+                    "id": p.id,
+                    "name": p.name,
+                    "volume_ids": list(p.volume_ids),
+                    "retain": p.retain,
+                    "paused": p.paused,
+                    "runs": p.runs,
+                }
+                for p in self._policies.values()
+            ],
+        }
+
+    def _ensure_volume(self, spec: _VolumeSpec) -> None:
+        """Add a configured volume unless its id exists (then its path must match)."""
+        existing = self._volumes.get(spec.id)
+        if existing is None:
+            self.add_volume(
+                spec.name, size_bytes=spec.size_bytes, path=spec.path, volume_id=spec.id
+            )
+            return
+        wanted = None if spec.path is None else Path(os.path.abspath(spec.path))
+        if existing.path != wanted:
+            raise ConfigurationError(
+                f"volume {spec.id!r} is configured with path "
+                f"{None if wanted is None else str(wanted)!r} but the mock's state has "
+                f"{None if existing.path is None else str(existing.path)!r}",
+                hint="a volume keeps its directory: give it a new id, or start from a new "
+                "state_file",
+                backend=_NAME,
+                volume_id=spec.id,
+            )
 
     # ------------------------------------------------------------------ internals: calls
 
@@ -871,13 +1315,12 @@ class MockBackend:
         return now
 
     def _group_record(self, group: _Group) -> SnapshotGroup:
-        fields: dict[str, Any] = {
-            "id": group.id,
-            "name": group.name,
-            "created_at": group.created_at,
-            "snapshots": tuple(self._snaps[s].record for s in group.snapshot_ids),
-        }
-        return SnapshotGroup(**fields)
+        return SnapshotGroup(
+            id=group.id,
+            name=group.name,
+            created_at=group.created_at,
+            snapshots=tuple(self._snaps[s].record for s in group.snapshot_ids),
+        )
 
     def _size_of(self, snap: _Snap) -> int:
         origin = self._volumes.get(snap.record.volume_id)

@@ -1,7 +1,8 @@
 """The conformance suite run against the mock backend, in three set-ups.
 
 - in-memory volumes with every capability;
-- directory-backed volumes (a real file tree is copied and restored);
+- directory-backed volumes (a real file tree is copied and restored), in
+  memory and with a state file (persisted across instances and processes);
 - a mock with no capability at all, which proves the capability skips and the
   UnsupportedCapability checks of the suite work.
 
@@ -105,6 +106,15 @@ class TestMockDirectoryConformance(MemoryFixtures, StorageBackendConformance):
             return data
 
         return read
+
+
+class TestMockPersistentConformance(TestMockDirectoryConformance):
+    """Directory volumes with a state file: every call reloads and saves the JSON state."""
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[MockBackend]:
+        with MockBackend(state_file=tmp_path / "state.json", root=tmp_path / "root") as backend:
+            yield backend
 
 
 class TestMockReducedConformance(MemoryFixtures, StorageBackendConformance):

@@ -85,8 +85,13 @@ def test_name_repr_and_capabilities() -> None:
     assert text.startswith("<MockBackend volumes=0 ")
     assert "capabilities=clones" in text
     assert MockBackend().capabilities == frozenset(Capability)
+    # Values are accepted too (a TOML configuration has strings); anything else is refused.
+    assert MockBackend(capabilities=["mapping"]).capabilities == {Capability.MAPPING}
+    with pytest.raises(ConfigurationError, match="teleport") as info:
+        MockBackend(capabilities=["mapping", "teleport"])
+    assert "consistency_groups" in (info.value.hint or "")
     with pytest.raises(ConfigurationError):
-        MockBackend(capabilities=["mapping"])  # type: ignore[list-item]
+        MockBackend(capabilities=[42])  # type: ignore[list-item]
 
 
 def test_consistency_group_shares_one_instant(backend: MockBackend, fake: FakeTime) -> None:
@@ -599,3 +604,227 @@ def test_files_vanishing_during_the_copy_are_left_out(
     tree = Path(snap.extra["path"])
     assert sorted(p.name for p in tree.iterdir()) == ["PG_VERSION", "pg_stat_tmp"]
     assert list((tree / "pg_stat_tmp").iterdir()) == []
+
+
+# --------------------------------------------------------------------------- persistent state
+
+
+def _state_dir(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A state file, a snapshot root and a directory volume with a file in it."""
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    (volume / "PG_VERSION").write_text("15\n")
+    return tmp_path / "state" / "mock.json", tmp_path / "root", volume
+
+
+def test_state_survives_a_new_instance(tmp_path: Path, fake: FakeTime) -> None:
+    state, root, volume = _state_dir(tmp_path)
+    first = MockBackend(state_file=state, root=root, clock=fake.clock)
+    mem = first.add_volume("mem", size_bytes=5).id
+    first.write_blob(mem, "marker", b"\x00v1")
+    data = first.add_volume("data", path=volume).id
+    group = first.create_snapshot_group([mem, data], "b1", secure=True)
+    first.write_blob(mem, "marker", b"v2")
+    (volume / "PG_VERSION").write_text("16\n")
+    first.map_volume(data, "host-a")
+    policy = first.add_policy("nightly", [mem], retain=2)
+    first.pause_policy(policy.id)
+    clone = first.clone_snapshot(group.for_volume(data).id, "dev")
+    assert state.exists()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert sorted(p.name for p in state.parent.iterdir()) == ["mock.json", "mock.json.lock"]
+
+    second = MockBackend(state_file=state, root=root, clock=fake.clock)
+    assert second.list_volumes() == first.list_volumes()
+    assert second.list_snapshots() == first.list_snapshots()
+    assert second.get_snapshot_group(group.id) == group
+    assert second.list_policies() == first.list_policies()
+    assert second.list_policies()[0].paused
+    assert second.get_volume(data).mapped_hosts == ("host-a",)
+    assert second.get_volume(clone.id).path == clone.path
+    # Content: blobs and the directory copy both come back through the new instance.
+    assert second.read_blob(mem, "marker") == b"v2"
+    second.restore_volume(mem, group.for_volume(mem).id)
+    second.restore_volume(data, group.for_volume(data).id)
+    assert second.read_blob(mem, "marker") == b"\x00v1"
+    assert (volume / "PG_VERSION").read_text() == "15\n"
+    # Secure flags persist; ids continue where the first instance stopped.
+    with pytest.raises(BackendError, match="secure"):
+        second.delete_snapshot_group(group.id)
+    assert second.create_snapshot_group([mem], "b2").id == "cg-0002"
+    assert second.add_volume("more").id == "vol-0004"
+    # ... and the first instance sees what the second did (it reloads before each call).
+    assert [g.name for g in first.list_snapshots()][-1] == "b2"
+    first.ex_expire_secure(group.snapshots[0].id)
+    assert not second.list_snapshots()[0].secure
+
+
+def test_state_file_default_root_is_kept_next_to_it(tmp_path: Path) -> None:
+    state, _, volume = _state_dir(tmp_path)
+    backend = MockBackend(state_file=state)
+    vid = backend.add_volume("data", path=volume).id
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    backend.close()  # a persistent root is never removed
+    assert backend.root == state.with_name("mock.json.d")
+    assert Path(snap.extra["path"]).is_relative_to(backend.root)
+    assert Path(snap.extra["path"], "PG_VERSION").exists()
+    assert MockBackend(state_file=state).list_snapshots() == (snap,)
+
+
+def test_failed_calls_leave_the_state_file_consistent(tmp_path: Path) -> None:
+    state, root, volume = _state_dir(tmp_path)
+    backend = MockBackend(state_file=state, root=root)
+    v1 = backend.add_volume("data", path=volume).id
+    v2 = backend.add_volume("mem").id
+    backend.inject_fault("snapshot_volume", on_call=2)
+    with pytest.raises(BackendUnavailable):
+        backend.create_snapshot_group([v1, v2], "b1")
+    again = MockBackend(state_file=state, root=root)
+    assert again.list_snapshots() == ()
+    assert again.create_snapshot_group([v1, v2], "b1").id == "cg-0001"
+    assert sorted(p.name for p in (root / "snapshots").iterdir()) == ["snap-0001"]
+
+
+def test_volumes_option_adds_configured_volumes_once(tmp_path: Path) -> None:
+    state, root, volume = _state_dir(tmp_path)
+    specs: list[dict[str, Any]] = [
+        {"id": "vol-data", "name": "pgdata", "path": str(volume)},
+        {"id": "vol-mem", "size_bytes": 10},
+    ]
+    first = MockBackend(state_file=state, root=root, volumes=specs)
+    listed = first.list_volumes()
+    assert [(v.id, v.name, v.path) for v in listed] == [
+        ("vol-data", "pgdata", str(volume)),
+        ("vol-mem", "vol-mem", None),
+    ]
+    first.create_snapshot_group(["vol-data"], "b1")
+    # Idempotent by id: a second construction (the next CLI command) adds nothing,
+    # and a state that did not change is not rewritten.
+    before = state.stat()
+    second = MockBackend(state_file=state, root=root, volumes=specs)
+    assert second.list_volumes() == listed
+    after = state.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert len(second.list_snapshots()) == 1
+    # Through the registry, as a TOML [storage.options] table gives it (strings only).
+    from pgsnap.backends import BackendRegistry
+
+    made = BackendRegistry(plugins=False).create(
+        "mock", state_file=str(state), root=str(root), volumes=specs, capabilities=["clones"]
+    )
+    assert [v.id for v in made.list_volumes()] == ["vol-data", "vol-mem"]
+    # Without a state file the volumes are simply added.
+    assert [v.id for v in MockBackend(volumes=specs[1:]).list_volumes()] == ["vol-mem"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ({"id": "vol-data", "path": "/elsewhere"}, "configured with path"),
+        ({"id": "v", "name": "x", "pth": "/typo"}, "unknown key"),
+        ({"name": "no id"}, "needs an id"),
+        ({"id": "v", "size_bytes": "big"}, "size_bytes"),
+        ("vol-data", "must be a table"),
+    ],
+)
+def test_volumes_option_errors(tmp_path: Path, spec: Any, match: str) -> None:
+    state, root, volume = _state_dir(tmp_path)
+    MockBackend(state_file=state, root=root, volumes=[{"id": "vol-data", "path": str(volume)}])
+    with pytest.raises(ConfigurationError, match=match):
+        MockBackend(state_file=state, root=root, volumes=[spec])
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{not json", "is corrupt"),
+        ('{"format": "something-else", "version": 1}', "not a mock state file"),
+        ('{"format": "pgsnap-mock-state", "version": 99}', "state version 99"),
+        ('{"format": "pgsnap-mock-state", "version": 1}', "KeyError"),
+        (
+            '{"format": "pgsnap-mock-state", "version": 1, "root": null, "counters": {},'
+            ' "volumes": [{"id": 7}], "snapshots": [], "groups": [], "policies": []}',
+            "volumes\\[0\\].id",
+        ),
+        (
+            '{"format": "pgsnap-mock-state", "version": 1, "root": null, "counters": {},'
+            ' "volumes": [], "snapshots": [], "policies": [], "groups": [{"id": "cg-0001",'
+            ' "name": "b", "created_at": "2025-01-01T00:00:00+00:00",'
+            ' "snapshot_ids": ["snap-0009"], "policy_id": null}]}',
+            "unknown snapshot",
+        ),
+    ],
+)
+def test_corrupt_state_file_is_a_clear_backend_error(
+    tmp_path: Path, content: str, match: str
+) -> None:
+    state = tmp_path / "mock.json"
+    state.write_text(content)
+    with pytest.raises(BackendError, match=match) as info:
+        MockBackend(state_file=state)
+    err = info.value
+    assert str(state) in err.message
+    assert err.details["state_file"] == str(state)
+    assert err.hint is not None
+    assert "move it away" in err.hint
+    assert pickle.loads(pickle.dumps(err)).details == err.details
+    assert state.read_text() == content  # never overwritten
+
+
+def test_state_file_corrupted_later_fails_the_next_call(tmp_path: Path) -> None:
+    state = tmp_path / "mock.json"
+    backend = MockBackend(state_file=state)
+    vid = backend.add_volume("data").id
+    state.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(BackendError, match="state file"):
+        backend.create_snapshot_group([vid], "b1")
+
+
+_WORKER = """
+import sys
+from pgsnap.backends.mock import MockBackend
+
+state, worker, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+backend = MockBackend(state_file=state, volumes=[{"id": "shared"}])
+own = backend.add_volume(f"w{worker}").id
+for i in range(rounds):
+    backend.write_blob(own, "n", str(i).encode())
+    backend.create_snapshot_group(["shared", own], f"w{worker}-{i}")
+"""
+
+
+def test_concurrent_processes_do_not_lose_or_corrupt_state(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import pgsnap
+
+    state = tmp_path / "mock.json"
+    workers, rounds = 4, 15
+    src = str(Path(pgsnap.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WORKER, str(state), str(w), str(rounds)],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for w in range(workers)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    backend = MockBackend(state_file=state)
+    snaps = backend.list_snapshots()
+    assert len(snaps) == 2 * workers * rounds  # no update lost
+    assert len({s.id for s in snaps}) == len(snaps)
+    assert len({s.group_id for s in snaps}) == workers * rounds
+    assert [v.id for v in backend.list_volumes()] == ["shared"] + [
+        f"vol-{n:04d}" for n in range(1, workers + 1)
+    ]
+    for w in range(workers):
+        vid = next(v.id for v in backend.list_volumes() if v.name == f"w{w}")
+        assert backend.read_blob(vid, "n") == str(rounds - 1).encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mock.json", "mock.json.lock"]
