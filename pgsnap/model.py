@@ -447,7 +447,8 @@ def _utc(value: dt.datetime | None) -> dt.datetime | None:
     if value is not None and value.tzinfo is None:
         raise TargetError(
             f"time {value.isoformat()} has no time zone",
-            hint="use an aware datetime, e.g. datetime(..., tzinfo=timezone.utc)",
+            hint="give a UTC offset or zone, e.g. '2026-11-30 12:00:00+00:00' "
+            "(in Python: datetime(..., tzinfo=timezone.utc))",
         )
     return value
 

@@ -201,6 +201,14 @@ def _is_postmaster_of(pid: int, data_dir: str) -> bool:
     """
     proc = f"/proc/{pid}"
     try:
+        with open(f"{proc}/stat", encoding="ascii", errors="replace") as fh:
+            if fh.read().rsplit(")", 1)[-1].split()[:1] == ["Z"]:
+                return False  # a zombie: dead, its parent just has not reaped it
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
         return os.path.realpath(os.readlink(f"{proc}/cwd")) == os.path.realpath(data_dir)
     except FileNotFoundError:
         return False  # the process is gone

@@ -348,6 +348,38 @@ def _size(path: str) -> int:
         return 0
 
 
+_STARTUP_MARK = b"starting PostgreSQL "
+
+
+def last_startup_offset(path: str, *, chunk: int = 1 << 20) -> int:
+    """Offset of the line where the server last started (``starting PostgreSQL ...``).
+
+    Lets a new process (resuming an interrupted recovery) read the log of the
+    server start an earlier process made. 0 when the log has no such line.
+    """
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            pos = end
+            carry = b""
+            while pos > 0:
+                step = min(chunk, pos)
+                pos -= step
+                f.seek(pos)
+                data = f.read(step) + carry
+                at = data.rfind(_STARTUP_MARK)
+                if at >= 0:
+                    mark = pos + at
+                    # The line starts after the newline before the mark (the log prefix).
+                    back = max(0, mark - 4096)
+                    f.seek(back)
+                    return back + f.read(mark - back).rfind(b"\n") + 1
+                carry = data[: len(_STARTUP_MARK)]
+    except OSError:
+        return 0
+    return 0
+
+
 # --------------------------------------------------------------------------- adapter
 
 
@@ -843,6 +875,11 @@ class PostgresAdapter:
         exits without reaching its target, or after ``timeout`` seconds.
         """
         dd = self.data_directory
+        if self._follower is None and dd is not None and self._control == "pg_ctl":
+            # A new process (resuming an interrupted recovery) did not start the
+            # server: read the log from the server's last start.
+            path = self._log_path(dd)
+            self._follower = _LogFollower(path, last_startup_offset(path), dd)
         deadline = time.monotonic() + timeout
         interval = _POLL
         while True:

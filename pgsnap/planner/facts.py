@@ -40,7 +40,7 @@ class WalEvents:
     ``commits`` are ``(lsn, commit time, xid)`` of transaction commits in LSN
     order; ``restore_points`` are ``(lsn, name)``. ``scanned_from`` /
     ``scanned_to`` bound the scanned range (``complete`` when it covers all
-    the WAL after the oldest usable backup).
+    the WAL after the oldest usable backup, up to ``end_of_wal`` when set).
     """
 
     commits: tuple[tuple[LSN, dt.datetime, int], ...] = ()
@@ -48,6 +48,10 @@ class WalEvents:
     scanned_from: LSN | None = None
     scanned_to: LSN | None = None
     complete: bool = False
+    end_of_wal: LSN | None = None
+    """Where the valid WAL ends, when the scan stopped at an invalid record before
+    the end of the segments (a surviving pg_wal: recycled or zeroed space follows
+    the last record). Replay ends there too; None when the scan did not see it."""
 
     def last_commit(self, before: LSN | None = None) -> tuple[LSN, dt.datetime, int] | None:
         """The last commit (before ``before``, when given)."""

@@ -235,29 +235,27 @@ def choose_backup(
             continue
         return b, tli, passed
     usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
-    if usable:
-        oldest = min(usable, key=lambda b: b.stop_time or b.start_time)
-        newest = max(usable, key=lambda b: b.stop_time or b.start_time)
-        earliest = f"{oldest.stop_lsn} / {_fmt_time(oldest.stop_time)} (backup {oldest.id})"
-        reach = (f"newest backup {newest.id} is consistent at {newest.stop_lsn} / "
-                 f"{_fmt_time(newest.stop_time)}")
-    else:
-        earliest, reach = "nothing", "no DONE backup in the catalog"
     detail = "\n".join(f"  - {p}" for p in passed)
+    passed_text = f"\nbackups passed over:\n{detail}" if detail else ""
+    if not usable:
+        raise NoBackupForTarget(
+            f"no backup can reach target {target}: the catalog has no DONE backup"
+            + passed_text,
+            hint="take a backup first (pgsnap backup)",
+            earliest=None,
+            passed_over=tuple(passed),
+        )
+    oldest = min(usable, key=lambda b: b.stop_time or b.start_time)
+    newest = max(usable, key=lambda b: b.stop_time or b.start_time)
+    earliest = f"{oldest.stop_lsn} / {_fmt_time(oldest.stop_time)} (backup {oldest.id})"
     raise NoBackupForTarget(
         f"no backup can reach target {target}: the earliest reachable point is {earliest}; "
-        f"{reach}" + (f"\nbackups passed over:\n{detail}" if detail else ""),
+        f"the newest backup {newest.id} is consistent at {newest.stop_lsn} / "
+        f"{_fmt_time(newest.stop_time)}" + passed_text,
         hint="choose a target after a backup's consistency point, or take a backup first",
         earliest=earliest,
         passed_over=tuple(passed),
     )
-
-
-def _segment_end(seg_name: str, facts: RecoveryFacts, segment_size: int) -> LSN:
-    from pgsnap.wal import parse_segment_name, segment_start  # noqa: PLC0415
-
-    _tli, segno = parse_segment_name(seg_name, segment_size)
-    return segment_start(segno + 1, segment_size)
 
 
 def _check_wal(
@@ -372,6 +370,11 @@ def _check_target_reachable(
                 "commit times in the WAL could not be read (no pg_waldump): the "
                 "target time is not checked against the last commit"
             )
+        else:
+            warnings.append(
+                f"commit times were read only up to {ev.scanned_to} (the WAL reaches "
+                f"{reach}): the target time is not checked against the last commit"
+            )
     elif target.kind in (TargetKind.NAME, TargetKind.XID):
         found = _resolve_target_lsn(facts, target)
         what = "restore point" if target.kind is TargetKind.NAME else "commit of transaction"
@@ -394,6 +397,13 @@ def _check_target_reachable(
             )
     elif target.kind is TargetKind.LSN:
         assert isinstance(target.value, LSN) and backup.stop_lsn is not None
+        if ev is not None and ev.end_of_wal is not None and target.value >= reach:
+            raise TargetOutOfRange(
+                f"target {target} is past the end of the valid WAL on timeline "
+                f"{wal.reachable_timeline}: recoverable up to {reach}" + _time_suffix(facts, reach),
+                hint="choose an earlier target, or 'latest' to replay everything",
+                reachable_lsn=str(reach),
+            )
     return warnings
 
 
@@ -416,6 +426,13 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     index = _merged_index(facts, keep_wal)
     target_lsn = _resolve_target_lsn(facts, target)
     wal = _check_wal(facts, request, backup, tli, target_lsn, index)
+    ev = facts.events
+    if ev is not None and ev.end_of_wal is not None and ev.end_of_wal < wal.reachable_lsn:
+        # The segments go further (a surviving pg_wal keeps recycled, zero-filled or
+        # half-written space after the last record), but replay ends at the last
+        # valid record.
+        assert backup.stop_lsn is not None
+        wal = attrs.evolve(wal, reachable_lsn=max(ev.end_of_wal, backup.stop_lsn))
     warnings = _check_target_reachable(facts, request, backup, wal)
     warnings += [f"passed over backup {p}" for p in passed]
     assert backup.stop_lsn is not None and backup.labelfile is not None

@@ -464,3 +464,38 @@ def test_restored_postmaster_pid_of_another_process_is_not_a_live_server(tmp_pat
     assert postmaster_pid(str(tmp_path)) is None  # alive, but not working in tmp_path
     monkeypatch.chdir(tmp_path)
     assert postmaster_pid(str(tmp_path)) == os.getpid()
+
+
+def test_last_startup_offset_finds_the_latest_start(tmp_path):
+    from pgsnap.adapters.postgres import last_startup_offset
+
+    log = tmp_path / "server.log"
+    first = b"2026-11-30 LOG:  starting PostgreSQL 15.18 on x86_64\nold run\n"
+    second = b"2026-11-30 LOG:  starting PostgreSQL 15.18 on x86_64\nrecovery stopping\n"
+    log.write_bytes(first + b"x" * 5000 + b"\n" + second)
+    assert log.read_bytes()[last_startup_offset(str(log)):] == second
+    # a mark split across read chunks is still found
+    assert last_startup_offset(str(log), chunk=7) == len(first) + 5001
+    log.write_bytes(b"no start here\n")
+    assert last_startup_offset(str(log)) == 0
+    assert last_startup_offset(str(tmp_path / "missing.log")) == 0
+
+
+def test_a_zombie_postmaster_is_not_a_live_server(tmp_path):
+    """PID 1 may not reap a crashed, daemonized postmaster: its zombie is dead."""
+    import subprocess
+    import time
+
+    from pgsnap.adapters._pgctl import postmaster_pid
+
+    child = subprocess.Popen(["sh", "-c", f"cd {tmp_path} && exit 0"])
+    (tmp_path / "postmaster.pid").write_text(f"{child.pid}\n")
+    for _ in range(100):  # wait until it has exited but is not reaped (a zombie)
+        with open(f"/proc/{child.pid}/stat") as fh:
+            if fh.read().rsplit(")", 1)[-1].split()[0] == "Z":
+                break
+        time.sleep(0.01)
+    try:
+        assert postmaster_pid(str(tmp_path)) is None
+    finally:
+        child.wait()
