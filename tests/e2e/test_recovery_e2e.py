@@ -1,0 +1,362 @@
+"""Recovery, tested by recovering: a real PostgreSQL (the system's 15) under pgsnap.
+
+Each test writes numbered batches of rows around a snapshot backup (mock
+backend, directory volumes), breaks something, plans and executes a recovery
+through :class:`~pgsnap.session.Cluster`, and checks WHICH ROWS EXIST in the
+recovered server. Refused plans are checked to touch nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from pgsnap.errors import (
+    BackendUnavailable,
+    NoBackupForTarget,
+    PlanningError,
+    TargetOutOfRange,
+    WalGapError,
+)
+from pgsnap.executor import Event, EventKind
+from pgsnap.model import LSN, BackupState, RecoveryTarget, VolumeRole
+
+from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
+
+pytestmark = pytest.mark.postgres
+
+DATA = VolumeRole.DATA
+WAL = VolumeRole.WAL
+
+
+def recover(env: Env, target: RecoveryTarget | None = None, **kwargs: Any) -> Any:
+    plan = env.cluster.plan_recovery(target, **kwargs)
+    result = env.cluster.execute(plan)
+    assert not env.server.sql("SELECT pg_is_in_recovery()")[0][0]
+    return result
+
+
+# --------------------------------------------------------------------------- (a)
+
+
+def test_complete_recovery_keeps_unarchived_wal(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    env.switch_wal()  # batch 2 is archived
+    env.write(3)  # batch 3 is only in pg_wal: never archived
+    current = env.server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")[0][0]
+    env.crash()
+    assert not (env.archive_dir / current).exists()
+    env.lose_data()
+
+    plan = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA])
+    restored = [s.params["volume_id"] for s in plan.steps if s.id.startswith("restore-")]
+    assert restored == [env.data_vol]  # the WAL volume is kept
+    result = env.cluster.execute(plan)
+    assert not result.resumed
+    assert env.batches() == env.expect(1, 2, 3)
+    assert env.timeline() == 2
+    # The recovered server is writable and archives on its new timeline.
+    env.write(4)
+    assert env.batches() == env.expect(1, 2, 3, 4)
+
+
+# --------------------------------------------------------------------------- (b)
+
+
+@pytest.mark.parametrize("kind", ["time", "lsn", "xid", "name"])
+@pytest.mark.parametrize("lost", [(DATA,), (DATA, WAL)], ids=["data", "data+wal"])
+def test_point_in_time_recovery(e2e_env: Any, kind: str, lost: tuple[VolumeRole, ...]) -> None:
+    env: Env = e2e_env()
+    target = pitr_setup(env, kind)
+    env.crash()
+    env.lose_data()
+    if WAL in lost:
+        env.lose_wal()
+    plan = env.cluster.plan_recovery(target, lost=lost)
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2), plan.explain()
+    assert env.timeline() == 2
+
+
+def test_immediate_recovery(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    record = backed_up(env)
+    env.write(2)  # after the backup stopped
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    plan = env.cluster.plan_recovery(RecoveryTarget.immediate(), lost=[DATA])
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1)
+    assert record.stop_lsn is not None
+
+
+# --------------------------------------------------------------------------- (c)
+
+
+def refused(env: Env, error: type[PlanningError], target: RecoveryTarget, **kwargs: Any) -> Any:
+    """Plan ``target``; it must be refused with ``error``, touching nothing."""
+    before = env.data_state()
+    snaps = env.snapshot_ids()
+    journals = env.journals()
+    with pytest.raises(error) as info:
+        env.cluster.plan_recovery(target, **kwargs)
+    assert env.data_state() == before
+    assert before["running"]
+    assert env.snapshot_ids() == snaps
+    assert env.journals() == journals
+    assert not any(j.startswith("recovery-") for j in journals)
+    return info.value
+
+
+def test_target_before_the_backup_is_refused(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    env.create_table()
+    env.write(1)
+    before_time = env.now()
+    before_lsn = env.current_lsn()
+    record = env.cluster.backup("e2e")
+    env.write(2)
+    env.switch_wal()
+    err = refused(env, NoBackupForTarget, RecoveryTarget.time(before_time))
+    assert record.id in str(err)
+    refused(env, NoBackupForTarget, RecoveryTarget.lsn(before_lsn))
+    refused(env, NoBackupForTarget, RecoveryTarget.lsn(before_lsn), lost=[DATA, WAL])
+    # Just after the backup's consistency point is fine (the plan is made, not run).
+    assert record.stop_lsn is not None
+    env.cluster.plan_recovery(RecoveryTarget.lsn(record.stop_lsn + 1))
+
+
+def test_target_past_the_end_of_the_archive_is_refused(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    last = env.switch_wal()
+    time.sleep(0.1)
+    after_last_commit = env.now()
+    seg = 1024 * 1024
+    # An LSN two segments past the last archived one.
+    beyond = LSN((int(last[8:16], 16) * 0x100000000 // seg + int(last[16:], 16) + 3) * seg)
+    err = refused(env, TargetOutOfRange, RecoveryTarget.lsn(beyond), lost=[DATA, WAL])
+    assert err.reachable_lsn
+    # A time in the future.
+    future = after_last_commit.replace(year=after_last_commit.year + 1)
+    refused(env, TargetOutOfRange, RecoveryTarget.time(future), lost=[DATA, WAL])
+    refused(env, TargetOutOfRange, RecoveryTarget.time(future))
+    # A time after the last commit in the archive (read from the WAL with pg_waldump).
+    refused(env, TargetOutOfRange, RecoveryTarget.time(after_last_commit), lost=[DATA, WAL])
+    # A restore point that does not exist.
+    refused(env, TargetOutOfRange, RecoveryTarget.name("no_such_point"), lost=[DATA, WAL])
+
+
+def test_target_past_the_end_of_the_surviving_wal_is_refused(e2e_env: Any) -> None:
+    """Keeping the WAL volume, the end is the end of pg_wal, not of pre-allocated segments."""
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    env.switch_wal()
+    env.server.sql("CHECKPOINT")  # recycles old segments into future names
+    env.write(3)
+    end = env.current_lsn()
+    refused(env, TargetOutOfRange, RecoveryTarget.lsn(end + 8 * 1024 * 1024))
+    # Within the current segment, but after the last record: replay cannot reach it.
+    refused(env, TargetOutOfRange, RecoveryTarget.lsn(end + 64))
+    refused(env, TargetOutOfRange, RecoveryTarget.time(env.now()))
+    # Before the end is fine.
+    plan = env.cluster.plan_recovery(RecoveryTarget.lsn(end - 64))
+    assert plan.summary["recoverable to"].startswith(str(end)), plan.summary
+
+
+# --------------------------------------------------------------------------- (d)
+
+
+def test_wal_gap_refuses_later_targets_and_allows_earlier_ones(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    before_gap = env.now()
+    env.write(3)  # the first commit after before_gap: in the segment before the gap
+    env.switch_wal()
+    env.write(4)
+    gap = env.switch_wal()  # batch 4's segment: deleted below
+    env.write(5)
+    after_gap = env.now()
+    env.write(6)
+    env.switch_wal()
+    (env.archive_dir / gap).unlink()
+    # The server's pg_wal still holds the segment (not yet recycled): only with the WAL
+    # volume lost too is the gap real, so both are lost.
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    lost = [DATA, WAL]
+    snaps = env.snapshot_ids()
+
+    for target in (RecoveryTarget.time(after_gap), RecoveryTarget.latest()):
+        with pytest.raises(WalGapError) as info:
+            env.cluster.plan_recovery(target, lost=lost)
+        assert gap in info.value.missing, info.value
+        assert gap in str(info.value)
+    assert env.snapshot_ids() == snaps  # nothing made
+    assert not any(j.startswith("recovery-") for j in env.journals())
+
+    plan = env.cluster.plan_recovery(RecoveryTarget.time(before_gap), lost=lost)
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2)
+
+
+# --------------------------------------------------------------------------- (e)
+
+
+@pytest.mark.parametrize("old_timeline", ["1", "current"])
+def test_recoveries_across_timelines(e2e_env: Any, old_timeline: str) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    t_before_fork = env.now()
+    env.write(3)
+    t_fork = env.now()
+    env.write(4)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+
+    # First PITR: timeline 2 forks off timeline 1 after batch 3.
+    recover(env, RecoveryTarget.time(t_fork), lost=[DATA])
+    assert env.batches() == env.expect(1, 2, 3)
+    assert env.timeline() == 2
+    env.write(5)
+    env.switch_wal()
+    assert (env.archive_dir / "00000002.history").exists()
+
+    # Latest on timeline 2: everything of timeline 2 (batch 4 stayed on timeline 1).
+    env.crash()
+    env.lose_data()
+    plan = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA])
+    assert plan.summary["timeline path"].startswith("1 (until"), plan.summary
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2, 3, 5)
+    assert env.timeline() == 3
+
+    # Back on timeline 1, before the fork: the later timelines are ignored.
+    env.crash()
+    env.lose_data()
+    recover(env, RecoveryTarget.time(t_before_fork), timeline=old_timeline, lost=[DATA, WAL])
+    assert env.batches() == env.expect(1, 2)
+    assert env.timeline() == 4
+
+    # And latest on timeline 2 again, explicitly, after the archive grew timelines 3, 4.
+    env.crash()
+    env.lose_data()
+    recover(env, RecoveryTarget.latest(), timeline=2, lost=[DATA, WAL])
+    assert env.batches() == env.expect(1, 2, 3, 5)
+    assert env.timeline() == 5
+
+
+# --------------------------------------------------------------------------- (f)
+
+
+@pytest.mark.parametrize("fault", ["create_snapshot_group", "snapshot_volume"])
+def test_backup_aborted_by_a_storage_failure(e2e_env: Any, fault: str) -> None:
+    env: Env = e2e_env()
+    env.create_table()
+    env.write(1)
+    # snapshot_volume fails the second volume: the first one's copy must go too.
+    env.backend.inject_fault(fault, on_call=2 if fault == "snapshot_volume" else 1)
+    with pytest.raises(BackendUnavailable):
+        env.cluster.backup("e2e failing")
+    assert_not_in_backup_mode(env)
+    assert "aborting backup due to backend exiting" in env.server.log_text()
+    assert env.snapshot_ids() == set()
+    (record,) = env.cluster.backups()
+    assert record.state is BackupState.FAILED
+    assert record.failure_reason and "snapshot" in record.failure_reason
+    assert record.orphaned_snapshots == ()
+    # The server is fine and the next backup works.
+    env.write(2)
+    done = env.cluster.backup("e2e retry")
+    assert done.state is BackupState.DONE
+    assert len(env.snapshot_ids()) == 2
+
+
+# --------------------------------------------------------------------------- (g)
+
+
+def run_until_killed(env: Env, plan: Any, kill_after: str) -> int:
+    """Execute ``plan`` in a forked child that SIGKILLs itself once ``kill_after`` finished.
+
+    Returns the child's wait status. The child shares nothing with the test
+    process but what fork copied: the MockBackend's snapshots (made before the
+    fork) and the files on disk, which is all a resumed run needs.
+    """
+
+    def on_event(event: Event) -> None:
+        if event.kind is EventKind.FINISHED and event.step_id == kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns
+        code = 3
+        try:
+            env.cluster.execute(plan, on_event=on_event)
+            code = 2  # it should have been killed
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.parametrize(
+    ("lost", "kill_at"),
+    [
+        ((DATA,), "restore"),
+        ((DATA, WAL), "restore"),
+        ((DATA,), "start-server"),
+    ],
+    ids=["data-after-restore", "data+wal-after-restore", "data-after-start"],
+)
+def test_interrupted_recovery_resumes_from_its_journal(
+    e2e_env: Any, lost: tuple[VolumeRole, ...], kill_at: str
+) -> None:
+    env: Env = e2e_env()
+    target = pitr_setup(env, "time")
+    env.crash()
+    env.lose_data()
+    plan = env.cluster.plan_recovery(target, lost=lost)
+    restores = [s.id for s in plan.steps if s.id.startswith("restore-")]
+    kill_after = restores[-1] if kill_at == "restore" else kill_at
+
+    status = run_until_killed(env, plan, kill_after)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    (journal,) = [j for j in env.journals() if j.startswith("recovery-")]
+    assert env.cluster.adapter.is_running() is (kill_at == "start-server")
+
+    events: list[Event] = []
+    result = env.cluster.execute(plan, on_event=events.append)
+    assert result.resumed
+    skipped = [e.step_id for e in events if e.kind is EventKind.SKIPPED]
+    ids = [s.id for s in plan.steps]
+    assert skipped == ids[: ids.index(kill_after) + 1]
+    started = [e.step_id for e in events if e.kind is EventKind.STARTED]
+    assert started == ids[ids.index(kill_after) + 1 :]
+    assert env.batches() == env.expect(1, 2)
+    assert env.timeline() == 2
+    # The journal says done: running the plan again starts afresh, it does not resume.
+    assert env.journals().count(journal) == 1
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+def test_the_demo_command_recovers_the_right_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    from pgsnap.cli import EXIT_OK, main
+
+    assert main(["demo"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "verification: PASSED" in out

@@ -1,0 +1,330 @@
+"""The ``pgsnap`` command against a real PostgreSQL, configured by a TOML file.
+
+Each test creates a throwaway cluster (1 MB WAL segments, ``pg_wal`` in its own
+directory, archiving into ``archive/``) and a configuration that uses the mock
+backend with a ``state_file`` and directory volumes for the data, WAL and
+archive directories. Every ``main([...])`` call builds its Cluster and its
+MockBackend anew from the file, as separate ``pgsnap`` processes would, so
+what one command did reaches the next only through the catalog and the mock's
+state file. One command is also run in a real separate process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+import pgsnap
+from pgsnap.backends.mock import MockBackend
+from pgsnap.cli import main
+from pgsnap.testing.pgserver import PgServer
+
+pytestmark = pytest.mark.postgres
+
+# --------------------------------------------------------------------------- set-up
+
+
+@attrs.define
+class CliEnv:
+    server: PgServer
+    work: Path
+    config: Path
+    capsys: pytest.CaptureFixture[str]
+
+    @property
+    def state_file(self) -> Path:
+        return self.work / "mock.json"
+
+    def run(self, *argv: str, config: Path | None = None) -> tuple[int, str, str]:
+        """``pgsnap <command> -c <config> <args>`` in-process: (exit code, stdout, stderr)."""
+        self.capsys.readouterr()
+        code = main([argv[0], "-c", str(config or self.config), *argv[1:]])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    def run_json(self, *argv: str) -> Any:
+        code, out, err = self.run(*argv, "--json")
+        assert code == 0, err
+        return json.loads(out)
+
+    def write(self, batch: int, n: int = 3) -> None:
+        with self.server.connect() as conn:
+            for i in range(n):
+                conn.execute("INSERT INTO t (batch, n) VALUES (%s, %s)", (batch, i))
+
+    def batches(self) -> dict[int, int]:
+        rows = self.server.sql("SELECT batch, count(*) FROM t GROUP BY batch ORDER BY 1")
+        return {int(b): int(c) for b, c in rows}
+
+    def now(self) -> dt.datetime:
+        time.sleep(0.05)
+        value = self.server.sql("SELECT clock_timestamp()")[0][0]
+        time.sleep(0.05)
+        assert isinstance(value, dt.datetime)
+        return value
+
+    def timeline(self) -> int:
+        name = str(self.server.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")[0][0])
+        return int(name[:8], 16)
+
+    def crash_and_lose(self, *directories: Path) -> None:
+        self.server.pg_ctl("stop", "-m", "immediate")
+        for directory in directories:
+            for entry in os.scandir(directory):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+
+    def journals(self) -> list[str]:
+        directory = self.work / "journal"
+        return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+
+    def snapshot_ids(self) -> set[str]:
+        with MockBackend(state_file=self.state_file, root=self.work / "snapshots") as backend:
+            return {s.id for s in backend.list_snapshots()}
+
+
+def write_config(
+    server: PgServer, work: Path, *, name: str = "pgsnap.toml", wal: bool = True
+) -> Path:
+    """The configuration a user would write for this cluster (``wal=False`` forgets pg_wal)."""
+    volumes = [("vol-data", "pgdata", "data", server.data_dir)]
+    if wal:
+        volumes.append(("vol-wal", "pgwal", "wal", server.wal_dir))
+    volumes.append(("vol-archive", "archive", "archive", server.archive_dir))
+    mock_volumes = ",\n".join(
+        f'  {{ id = "{vid}", name = "{vname}", path = "{path}" }}'
+        for vid, vname, _, path in volumes
+    )
+    layout = "".join(
+        f'[[volume]]\nid = "{vid}"\nname = "{vname}"\nrole = "{role}"\nmount_point = "{path}"\n\n'
+        for vid, vname, role, path in volumes
+    )
+    text = f"""\
+[database]
+conninfo = "{server.conninfo()}"
+data_directory = "{server.data_dir}"
+bindir = "{server.bindir}"
+os_user = "{server.os_user}"
+log_file = "{server.log_file}"
+
+[storage]
+backend = "mock"
+
+[storage.options]
+state_file = "{work / "mock.json"}"
+root = "{work / "snapshots"}"
+volumes = [
+{mock_volumes},
+]
+
+[archive]
+path = "{server.archive_dir}"
+
+[catalog]
+path = "{work / "catalog"}"
+journal = "{work / "journal"}"
+
+{layout}"""
+    path = work / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def cli_env(pg_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> CliEnv:
+    server: PgServer = pg_server(
+        wal_segsize_mb=1,
+        separate_wal_dir=True,
+        archive=True,
+        settings={"archive_timeout": "60s", "autovacuum": False},
+    )
+    server.start()
+    server.sql("CREATE TABLE t (batch int NOT NULL, n int NOT NULL)")
+    return CliEnv(server, tmp_path, write_config(server, tmp_path), capsys)
+
+
+def finding_codes(report: dict[str, Any]) -> dict[str, str]:
+    """``{code: severity}`` from ``check --json`` findings (``"warning: ... [code]"``)."""
+    codes: dict[str, str] = {}
+    for text in report["findings"]:
+        severity = text.split(":", 1)[0]
+        code = text.rsplit("[", 1)[1].rstrip("]")
+        codes[code] = "error" if "error" in (severity, codes.get(code)) else severity
+    return codes
+
+
+def backed_up(env: CliEnv) -> dict[str, Any]:
+    """Batch 1, then ``pgsnap backup``; return the DONE record from ``list --json``."""
+    env.write(1)
+    code, out, err = env.run("backup", "--label", "cli test")
+    assert code == 0, err
+    assert out.startswith("backup ") and " done: " in out
+    assert "[1/5] started" in err  # progress on stderr
+    (record,) = env.run_json("list")
+    assert record["state"] == "done"
+    assert record["label"] == "cli test"
+    return dict(record)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_check(cli_env: CliEnv) -> None:
+    env = cli_env
+    # A fresh cluster: nothing archived yet, no checksums; warnings only, so exit 0.
+    report = env.run_json("check")
+    assert report["ok"] is True
+    assert report["archiver_healthy"] is True
+    assert finding_codes(report) == {"archiving": "warning", "data_checksums": "warning"}
+    assert report["wal"] == ["no WAL archived yet"]
+    assert report["backups"] == []
+    code, out, _ = env.run("check")
+    assert code == 0
+    assert out.startswith("pgsnap check: OK")
+
+    env.server.switch_wal_and_wait_archived()
+    report = env.run_json("check")
+    assert finding_codes(report) == {"data_checksums": "warning"}
+    assert report["wal"][0].startswith("timeline 1: ") and report["wal"][0].endswith("no gaps")
+
+    # A layout that forgets the WAL volume: pg_wal is covered by no volume -> exit 4,
+    # and a backup with it is refused (3) before anything is snapshotted.
+    broken = write_config(env.server, env.work, name="broken.toml", wal=False)
+    code, out, _ = env.run("check", config=broken)
+    assert code == 4
+    assert out.startswith("pgsnap check: PROBLEMS FOUND")
+    code, out, _ = env.run("check", "--json", config=broken)
+    report = json.loads(out)
+    assert code == 4
+    assert report["ok"] is False
+    assert finding_codes(report) == {"coverage": "error", "data_checksums": "warning"}
+    assert any("no WAL volume" in f for f in report["findings"])
+    code, _, err = env.run("backup", config=broken)
+    assert code == 3
+    assert "pgsnap: refused: the cluster cannot be backed up" in err
+    assert "[coverage]" in err
+    assert env.snapshot_ids() == set()
+    assert env.run_json("list") == []
+
+
+def test_backup_plan_and_recover_to_a_time(cli_env: CliEnv) -> None:
+    env = cli_env
+    env.write(0)
+    before_backup = env.now()
+    record = backed_up(env)
+    assert set(record["snapshots"]) == {"vol-data", "vol-wal"}  # the archive is not snapshotted
+    # The snapshots live in the mock's state file: a new backend (another process) sees them.
+    assert env.snapshot_ids() == set(record["snapshots"].values())
+    src = str(Path(pgsnap.__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgsnap.cli", "list", "-c", str(env.config), "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])},
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [b["id"] for b in json.loads(proc.stdout)] == [record["id"]]
+
+    env.write(2)
+    target = env.now()
+    env.write(3)
+    env.server.switch_wal_and_wait_archived()
+
+    # wal --json: one timeline, one range from (at most) the backup's start segment, no gap.
+    report = env.run_json("wal")
+    assert report["archive"] == str(env.server.archive_dir)
+    assert report["segment_size"] == 1024 * 1024
+    (tli,) = report["timelines"]
+    assert (tli["timeline"], tli["parent"], tli["gaps"]) == (1, None, [])
+    ((first, last),) = tli["ranges"]
+    start_segment = record["labelfile"].split("(file ", 1)[1].split(")", 1)[0]
+    assert first <= start_segment < last
+
+    # A time after the backup: a plan (exit 0) that restores the data volume only.
+    plan = env.run_json("plan-recovery", "--time", target.isoformat())
+    assert plan["kind"] == "recovery"
+    step_ids = [s["id"] for s in plan["steps"]]
+    assert "restore-vol-data" in step_ids
+    assert "restore-vol-wal" not in step_ids
+    assert step_ids[-1] == "clear-recovery-settings"
+    assert plan["request"]["target"]["kind"] == "time"
+    code, out, _ = env.run("plan-recovery", "--time", target.isoformat())
+    assert code == 0
+    assert out.startswith("Recovery plan (")
+
+    # A time before the backup: refused (3), naming the earliest reachable point.
+    code, out, err = env.run("plan-recovery", "--time", before_backup.isoformat())
+    assert code == 3
+    assert out == ""
+    assert err.startswith("pgsnap: refused: no backup can reach target time")
+    assert f"the earliest reachable point is {record['stop_lsn']} / " in err
+    assert record["id"] in err
+
+    # The server crashes and the data volume is lost.
+    env.crash_and_lose(env.server.data_dir)
+    state_before = env.state_file.read_bytes()
+    snaps_before = env.snapshot_ids()
+    journals_before = env.journals()
+
+    # recover without --yes and without a terminal: refused (2), nothing touched -
+    # even with "yes" waiting on stdin.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdin", io.StringIO("yes\n"))
+        code, out, err = env.run("recover", "--time", target.isoformat())
+    assert code == 2
+    assert out.startswith("Recovery plan (")  # the plan is shown first
+    assert "refusing to recover without confirmation: pass --yes" in err
+    assert list(env.server.data_dir.iterdir()) == []
+    assert not env.server.is_running()
+    assert env.state_file.read_bytes() == state_before
+    assert env.snapshot_ids() == snaps_before
+    assert env.journals() == journals_before  # only the backup's
+
+    # recover --yes: batches 1 and 2 come back, batch 3 (after the target) does not.
+    code, out, err = env.run("recover", "--yes", "--time", target.isoformat())
+    assert code == 0, err
+    assert "recovery finished in " in out
+    assert "[10/10] finished" in err
+    assert not env.server.sql("SELECT pg_is_in_recovery()")[0][0]
+    assert env.batches() == {0: 3, 1: 3, 2: 3}
+    assert env.timeline() == 2
+    # The safety snapshot of the (empty) data volume was kept, in the state file too.
+    assert len(env.snapshot_ids() - snaps_before) == 1
+    # The recovered cluster is checked clean and can be backed up again.
+    code, _, err = env.run("check")
+    assert code == 0, err
+    code, _, err = env.run("backup")
+    assert code == 0, err
+    assert [b["state"] for b in env.run_json("list")] == ["done", "done"]
+
+
+def test_recover_to_an_lsn_with_the_wal_volume_lost_too(cli_env: CliEnv) -> None:
+    env = cli_env
+    record = backed_up(env)
+    env.write(2)
+    lsn = str(env.server.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    env.write(3)
+    env.server.switch_wal_and_wait_archived()
+    env.crash_and_lose(env.server.data_dir, env.server.wal_dir)
+
+    code, out, err = env.run("recover", "--yes", "--lsn", lsn, "--wal-lost")
+    assert code == 0, err
+    assert f"from snapshot {record['snapshots']['vol-wal']}" in out  # WAL volume restored too
+    assert env.batches() == {1: 3, 2: 3}
+    assert env.timeline() == 2
+    assert any(name.startswith("recovery-") for name in env.journals())

@@ -1,0 +1,399 @@
+"""The ``pgsnap`` command without a server: usage errors, configuration errors, help.
+
+Every test runs ``main(argv)`` in-process and checks the exit code, that the
+message goes to stderr, and that nothing secret is printed. The commands that
+need PostgreSQL are in tests/integration/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+import pgsnap
+from pgsnap.cli import EXIT_CODES, main
+
+SECRET = "s3cr3t-Pa55w0rd-do-not-print"
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    """``run(*argv) -> (exit code, stdout, stderr)``; argparse's SystemExit counts as a return."""
+
+    def call(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse exits instead of returning (see the report)
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call
+
+
+def write_config(
+    tmp_path: Path,
+    *,
+    database: Sequence[str] = (),
+    storage: str = 'backend = "mock"',
+    options: Sequence[str] = (),
+    volumes: str | None = None,
+    drop: str | None = None,
+) -> Path:
+    """A valid configuration (mock backend, no server behind it), with changes."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (tmp_path / "archive").mkdir(exist_ok=True)
+    sections = {
+        "database": [
+            f'conninfo = "host={tmp_path / "nosock"} port=5999 user=postgres"',
+            f'data_directory = "{data}"',
+            *database,
+        ],
+        "storage": [storage],
+        "storage.options": [f'state_file = "{tmp_path / "mock.json"}"', *options],
+        "archive": [f'path = "{tmp_path / "archive"}"'],
+        "catalog": [f'path = "{tmp_path / "catalog"}"'],
+    }
+    text = "".join(
+        f"[{name}]\n" + "\n".join(lines) + "\n\n"
+        for name, lines in sections.items()
+        if name != drop
+    )
+    text += (
+        volumes
+        if volumes is not None
+        else f'[[volume]]\nid = "vol-data"\nrole = "data"\nmount_point = "{data}"\n'
+    )
+    path = tmp_path / "pgsnap.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    return write_config(tmp_path)
+
+
+# --------------------------------------------------------------------------- help
+
+
+def test_help_lists_every_exit_code(run: Run) -> None:
+    code, out, err = run("--help")
+    assert code == 0
+    assert err == ""
+    assert "exit codes:" in out
+    for number, meaning in EXIT_CODES.items():
+        assert f"{number:>3}  {meaning}" in out
+    for command in ("demo", "check", "backup", "list", "plan-recovery", "recover", "wal"):
+        assert command in out
+
+
+def test_recover_help_shows_targets_and_yes(run: Run) -> None:
+    code, out, _ = run("recover", "--help")
+    assert code == 0
+    for option in ("--time", "--lsn", "--xid", "--name", "--immediate", "--yes", "--wal-lost"):
+        assert option in out
+
+
+# --------------------------------------------------------------------------- argument errors
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ((), "required: command"),
+        (("check",), "-c/--config"),
+        (("teleport", "-c", "x.toml"), "invalid choice"),
+        (("recover", "-c", "x.toml", "--action", "explode"), "invalid choice"),
+        (("plan-recovery", "-c", "x.toml", "--xid", "seven"), "invalid int value"),
+        (("backup", "-c", "x.toml", "--password", "x"), "unrecognized arguments"),
+    ],
+)
+def test_argument_errors_exit_2_on_stderr(run: Run, argv: tuple[str, ...], message: str) -> None:
+    code, out, err = run(*argv)
+    assert code == 2
+    assert out == ""
+    assert message in err
+
+
+@pytest.mark.parametrize("command", ["plan-recovery", "recover"])
+def test_two_targets_are_refused(run: Run, config: Path, command: str) -> None:
+    code, _, err = run(command, "-c", str(config), "--lsn", "0/3000060", "--xid", "735")
+    assert code == 2
+    assert "give one recovery target, not 2 (lsn, xid)" in err
+    assert "exactly one target" in err  # the hint
+    code, _, err = run(command, "-c", str(config), "--immediate", "--name", "p", "--time", "x")
+    assert code == 2
+    assert "not 3 (time, name, immediate)" in err
+
+
+def test_naive_time_is_refused(run: Run, config: Path) -> None:
+    code, out, err = run("plan-recovery", "-c", str(config), "--time", "2026-11-30 12:00:00")
+    assert code == 2
+    assert out == ""
+    assert "has no time zone" in err
+
+
+def test_malformed_time_and_lsn_are_refused(run: Run, config: Path) -> None:
+    code, _, err = run("plan-recovery", "-c", str(config), "--time", "yesterday")
+    assert code == 2
+    assert "malformed time 'yesterday'" in err
+    assert "+00:00" in err  # the hint shows the format
+    code, _, err = run("plan-recovery", "-c", str(config), "--lsn", "not-an-lsn")
+    assert code == 2
+    assert "not-an-lsn" in err
+
+
+def test_bad_timeline_is_refused(run: Run, config: Path) -> None:
+    code, _, err = run("plan-recovery", "-c", str(config), "--timeline", "newest")
+    assert code == 2
+    assert "invalid recovery timeline 'newest'" in err
+
+
+# --------------------------------------------------------------------------- configuration errors
+
+
+def test_missing_config(run: Run, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    for command in ("check", "backup", "list", "wal", "plan-recovery", "recover"):
+        code, out, err = run(command, "-c", str(missing))
+        assert code == 2, command
+        assert out == ""
+        assert f"cannot read configuration {missing}" in err
+        assert "Traceback" not in err
+
+
+def test_config_that_is_not_toml(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "pgsnap.toml"
+    path.write_text("[database\nconninfo = ")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "is not valid TOML" in err
+
+
+@pytest.mark.parametrize("section", ["database", "storage", "archive", "catalog"])
+def test_config_missing_a_section(run: Run, tmp_path: Path, section: str) -> None:
+    path = write_config(tmp_path, drop=section)
+    if section == "storage":  # [storage.options] alone would recreate [storage]
+        path.write_text(path.read_text().replace("[storage.options]", "[unused]"))
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert f"lacks the [{section}] section" in err
+    assert "docs/cli.md" in err
+
+
+def test_config_without_volumes(run: Run, tmp_path: Path) -> None:
+    code, _, err = run("list", "-c", str(write_config(tmp_path, volumes="")))
+    assert code == 2
+    assert "lacks the [volume] section" in err
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("check",),
+        ("list", "--json"),
+        ("backup",),
+        ("wal",),
+        ("plan-recovery", "--immediate"),
+        ("recover", "--yes"),
+    ],
+)
+def test_password_in_config_is_refused_and_never_printed(
+    run: Run, tmp_path: Path, command: tuple[str, ...]
+) -> None:
+    path = write_config(tmp_path, database=[f'password = "{SECRET}"'])
+    code, out, err = run(command[0], "-c", str(path), *command[1:])
+    assert code == 2
+    assert "must not hold a password" in err
+    assert "password_env" in err  # the hint says what to do instead
+    assert SECRET not in out + err
+    assert not (tmp_path / "catalog").exists()  # refused before anything was made
+
+
+def test_password_file_that_cannot_be_read(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path, database=[f'password_file = "{tmp_path / "missing"}"'])
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "cannot read password_file" in err
+
+
+def test_password_from_the_environment_is_not_printed_on_failure(tmp_path: Path) -> None:
+    # A real process, so that -vv really logs to stderr (pytest owns logging in-process).
+    path = write_config(tmp_path, database=['password_env = "PGSNAP_TEST_PASSWORD"'])
+    src = str(Path(pgsnap.__file__).resolve().parent.parent)
+    env = {
+        **os.environ,
+        "PGSNAP_TEST_PASSWORD": SECRET,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "pgsnap.cli", "-vv", "check", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1  # no server
+    assert "pgsnap: failed: cannot connect to PostgreSQL" in proc.stderr
+    assert "DEBUG" in proc.stderr  # the log level did rise
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+def test_unknown_backend_lists_the_available_ones(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path, storage='backend = "teleport"')
+    code, out, err = run("list", "-c", str(path))
+    assert code == 2
+    assert out == ""
+    assert "no storage backend named 'teleport'" in err
+    assert "available: " in err
+    assert "mock" in err.split("available: ", 1)[1]
+
+
+def test_backend_option_it_does_not_take(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path, options=["colour = 'blue'"])
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "does not accept these options" in err
+    assert "colour" in err
+
+
+def test_mock_volume_misconfigured(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path, options=['volumes = [{ id = "vol-data", pth = "/x" }]'])
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "unknown key(s): pth" in err
+
+
+def test_corrupt_mock_state_is_reported_with_its_hint(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "mock.json").write_text("{garbage")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 1  # a BackendError: the storage failed, the configuration is fine
+    assert "mock.json' is corrupt" in err
+    assert "move it away" in err
+
+
+# --------------------------------------------------------------------------- no server needed
+
+
+def test_list_with_an_empty_catalog(run: Run, config: Path) -> None:
+    assert run("list", "-c", str(config))[:2] == (0, "no backups\n")
+    code, out, _ = run("list", "-c", str(config), "--json")
+    assert code == 0
+    assert json.loads(out) == []
+
+
+def test_plan_recovery_without_backups_is_refused(run: Run, config: Path) -> None:
+    code, out, err = run("plan-recovery", "-c", str(config))
+    assert code == 3
+    assert out == ""
+    assert err.startswith("pgsnap: refused: ")
+    assert "backup" in err
+
+
+def test_recover_without_backups_is_refused_before_asking(run: Run, config: Path) -> None:
+    code, _, err = run("recover", "-c", str(config), "--immediate")
+    assert code == 3
+    assert "refusing to recover without confirmation" not in err
+    assert not (config.parent / "catalog" / "journal").exists()
+
+
+class _FailingCluster:
+    """Plans fine; its execution fails with a pgsnap error that is not an ExecutionError."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def plan_recovery(self, *_args: object, **_kwargs: object) -> object:
+        class _Plan:
+            def explain(self) -> str:
+                return "Recovery plan (stub)"
+
+        return _Plan()
+
+    def execute(self, *_args: object, **_kwargs: object) -> object:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param("configuration", id="ConfigurationError-in-a-step"),
+        pytest.param("capability", id="UnsupportedCapability-in-a-step"),
+    ],
+)
+def test_a_failed_execution_exits_1(
+    run: Run, config: Path, monkeypatch: pytest.MonkeyPatch, error: str
+) -> None:
+    # The executor runs compensations and re-raises the step's own error: whatever its
+    # class (ConfigurationError would mean 2, a PlanningError 3), execution failed: 1.
+    from pgsnap import cli
+    from pgsnap.errors import ConfigurationError, UnsupportedCapability
+
+    exc = (
+        ConfigurationError("the server on /data is running")
+        if error == "configuration"
+        else UnsupportedCapability("no clones")
+    )
+    monkeypatch.setattr(cli, "load_cluster", lambda _path: _FailingCluster(exc))
+    code, _, err = run("recover", "-c", str(config), "--yes")
+    assert code == 1
+    assert err.startswith("pgsnap: failed: ")
+
+
+# --------------------------------------------------------------------------- cli.py bugs
+#
+# Configuration mistakes are usage errors (exit 2), never tracebacks.
+
+
+def test_storage_without_backend_name_is_a_usage_error(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path, storage="")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "backend" in err
+
+
+def test_unknown_volume_role_is_a_usage_error(run: Run, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    path = write_config(
+        tmp_path, volumes=f'[[volume]]\nid = "v"\nrole = "dta"\nmount_point = "{data}"\n'
+    )
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "dta" in err
+
+
+def test_password_in_conninfo_is_refused(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    text = path.read_text().replace("user=postgres", f"user=postgres password={SECRET}")
+    path.write_text(text)
+    code, out, err = run("list", "-c", str(path))
+    assert code == 2
+    assert SECRET not in out + err
+
+
+def test_unset_password_env_is_a_usage_error(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PGSNAP_TEST_PASSWORD", raising=False)
+    path = write_config(tmp_path, database=['password_env = "PGSNAP_TEST_PASSWORD"'])
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "PGSNAP_TEST_PASSWORD" in err
+
+
+def test_main_returns_2_for_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check"]) == 2
