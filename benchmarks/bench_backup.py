@@ -55,15 +55,12 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgsnap.adapters.postgres import PostgresAdapter
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.backends.mock import MockBackend
-from pgsnap.catalog import DirectoryCatalog
 from pgsnap.executor import Event, EventKind, required_wal_files
-from pgsnap.model import Layout, Volume, VolumeRole
 from pgsnap.protocols import Catalog, DatabaseAdapter, WalArchive
 from pgsnap.session import Cluster
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
+from pgsnap.testing.sandbox import mock_cluster
 
 TARGET_OVERHEAD_SECONDS = 0.3
 """start + stop + WAL confirmation (everything but the snapshot call) should stay under this."""
@@ -226,35 +223,14 @@ class PgsnapRun:
 
 
 def make_cluster(server: PgServer, log: CallLog) -> tuple[Cluster, MockBackend]:
-    backend = MockBackend(root=server.base_dir / "snapshots")
-    data_vol = backend.add_volume("pgdata", path=server.data_dir)
-    wal_vol = backend.add_volume("pgwal", path=server.wal_dir)
-    arch_vol = backend.add_volume("archive", path=server.archive_dir)
-    layout = Layout(
-        (
-            Volume(data_vol.id, "pgdata", VolumeRole.DATA, str(server.data_dir)),
-            Volume(wal_vol.id, "pgwal", VolumeRole.WAL, str(server.wal_dir)),
-            Volume(arch_vol.id, "archive", VolumeRole.ARCHIVE, str(server.archive_dir)),
-        )
+    cluster = mock_cluster(server)
+    # Time every adapter, archive and catalog call inside each step.
+    cluster.adapter = cast(
+        DatabaseAdapter, Timed(cluster.adapter, "adapter", log, {"backup_session": "session"})
     )
-    adapter = PostgresAdapter(
-        server.conninfo(),
-        data_directory=str(server.data_dir),
-        bindir=str(server.bindir),
-        os_user=server.os_user,
-        log_file=str(server.log_file),
-    )
-    cluster = Cluster(
-        adapter=cast(
-            DatabaseAdapter, Timed(adapter, "adapter", log, {"backup_session": "session"})
-        ),
-        backend=backend,
-        archive=cast(WalArchive, Timed(DirectoryWalArchive(server.archive_dir), "archive", log)),
-        catalog=cast(Catalog, Timed(DirectoryCatalog(server.base_dir / "catalog"), "catalog", log)),
-        layout=layout,
-        journal_dir=server.base_dir / "journal",
-    )
-    return cluster, backend
+    cluster.archive = cast(WalArchive, Timed(cluster.archive, "archive", log))
+    cluster.catalog = cast(Catalog, Timed(cluster.catalog, "catalog", log))
+    return cluster, cast(MockBackend, cluster.backend)
 
 
 def measure_pgsnap(cluster: Cluster, backend: MockBackend, log: CallLog, n: int) -> PgsnapRun:

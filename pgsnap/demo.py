@@ -20,7 +20,7 @@ from pathlib import Path
 import attrs
 
 from pgsnap.executor import Event
-from pgsnap.model import Layout, RecoveryTarget, Volume, VolumeRole
+from pgsnap.model import RecoveryTarget, VolumeRole
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -72,12 +72,8 @@ def run_demo(
     keep: bool = False,
 ) -> DemoResult:
     """Run the demo; ``say`` receives progress lines. See the module docstring."""
-    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
-    from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
     from pgsnap.testing.pgserver import PgServer  # noqa: PLC0415
+    from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
 
     timings: dict[str, float] = {}
     t_all = time.monotonic()
@@ -93,34 +89,9 @@ def run_demo(
     try:
         server.start()
         say(f"created a throwaway PostgreSQL {server.major} cluster in {server.base_dir}")
-        snaps = server.base_dir / "snapshots"
-        backend = MockBackend(root=snaps)
-        data_vol = backend.add_volume("pgdata", path=server.data_dir)
-        wal_vol = backend.add_volume("pgwal", path=server.wal_dir)
-        arch_vol = backend.add_volume("archive", path=server.archive_dir)
-        layout = Layout(
-            (
-                Volume(data_vol.id, "pgdata", VolumeRole.DATA, str(server.data_dir)),
-                Volume(wal_vol.id, "pgwal", VolumeRole.WAL, str(server.wal_dir)),
-                Volume(arch_vol.id, "archive", VolumeRole.ARCHIVE, str(server.archive_dir)),
-            )
-        )
-        adapter = PostgresAdapter(
-            server.conninfo(),
-            data_directory=str(server.data_dir),
-            bindir=str(server.bindir),
-            os_user=server.os_user,
-            log_file=str(server.log_file),
-        )
-        cluster = Cluster(
-            adapter=adapter,
-            backend=backend,
-            archive=DirectoryWalArchive(server.archive_dir),
-            catalog=DirectoryCatalog(server.base_dir / "catalog"),
-            layout=layout,
-            journal_dir=server.base_dir / "journal",
-            on_event=on_event,
-        )
+        cluster = mock_cluster(server, on_event=on_event)
+        layout = cluster.layout
+        data_vol = layout.data
         say(
             "volumes: "
             + ", ".join(f"{v.id} {v.role.value} -> {v.mount_point}" for v in layout.volumes)

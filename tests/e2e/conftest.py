@@ -25,18 +25,16 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
 
-from pgsnap.adapters.postgres import PostgresAdapter
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.backends.mock import MockBackend
-from pgsnap.catalog import DirectoryCatalog
-from pgsnap.model import LSN, BackupRecord, BackupState, Layout, RecoveryTarget, Volume, VolumeRole
+from pgsnap.model import LSN, BackupRecord, BackupState, RecoveryTarget, VolumeRole
 from pgsnap.session import Cluster
 from pgsnap.testing.pgserver import PgServer
+from pgsnap.testing.sandbox import mock_cluster
 
 ROWS_PER_BATCH = 3
 
@@ -226,33 +224,12 @@ def make_env(factory: Any, bindir: Path | None = None, **settings: Any) -> Env:
         settings={"archive_timeout": "60s", "autovacuum": False, **settings},
     )
     server.start()
-    backend = MockBackend(root=server.base_dir / "snapshots")
-    data = backend.add_volume("pgdata", path=server.data_dir)
-    wal = backend.add_volume("pgwal", path=server.wal_dir)
-    arch = backend.add_volume("archive", path=server.archive_dir)
-    layout = Layout(
-        (
-            Volume(data.id, "pgdata", VolumeRole.DATA, str(server.data_dir)),
-            Volume(wal.id, "pgwal", VolumeRole.WAL, str(server.wal_dir)),
-            Volume(arch.id, "archive", VolumeRole.ARCHIVE, str(server.archive_dir)),
-        )
-    )
-    adapter = PostgresAdapter(
-        server.conninfo(),
-        data_directory=str(server.data_dir),
-        bindir=str(server.bindir),
-        os_user=server.os_user,
-        log_file=str(server.log_file),
-    )
-    cluster = Cluster(
-        adapter=adapter,
-        backend=backend,
-        archive=DirectoryWalArchive(server.archive_dir),
-        catalog=DirectoryCatalog(server.base_dir / "catalog"),
-        layout=layout,
-        journal_dir=server.base_dir / "journal",
-    )
-    return Env(server, backend, cluster, data.id, wal.id, arch.id)
+    cluster = mock_cluster(server)
+    layout = cluster.layout
+    archive = layout.by_role(VolumeRole.ARCHIVE)[0]
+    assert layout.wal is not None
+    backend = cast(MockBackend, cluster.backend)
+    return Env(server, backend, cluster, layout.data.id, layout.wal.id, archive.id)
 
 
 @pytest.fixture
