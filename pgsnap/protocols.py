@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
     from pgsnap.model import (
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from pgsnap.wal import ArchiveIndex, TimelineGraph
 
 __all__ = [
+    "STORAGE_BACKEND_METHODS",
     "BackupSession",
     "Capability",
     "Catalog",
@@ -43,6 +44,25 @@ __all__ = [
     "StorageBackend",
     "WalArchive",
 ]
+
+
+STORAGE_BACKEND_METHODS: Final = (
+    "list_volumes",
+    "get_volume",
+    "list_snapshots",
+    "create_snapshot_group",
+    "get_snapshot_group",
+    "delete_snapshot",
+    "delete_snapshot_group",
+    "restore_volume",
+    "map_volume",
+    "unmap_volume",
+    "clone_snapshot",
+    "list_policies",
+    "pause_policy",
+    "resume_policy",
+)
+"""The methods every :class:`StorageBackend` defines (the registry checks them)."""
 
 
 class Capability(enum.Enum):

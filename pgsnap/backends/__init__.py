@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from pgsnap.errors import BackendNotFound, ConfigurationError
+from pgsnap.protocols import STORAGE_BACKEND_METHODS
 
 if TYPE_CHECKING:
     from pgsnap.protocols import StorageBackend
@@ -69,22 +70,7 @@ BUILTIN_BACKENDS: Final[Mapping[str, str]] = MappingProxyType(
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]*$")
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # The protocol methods a backend class must define (properties may be set per instance).
-_REQUIRED_METHODS: Final = (
-    "list_volumes",
-    "get_volume",
-    "list_snapshots",
-    "create_snapshot_group",
-    "get_snapshot_group",
-    "delete_snapshot",
-    "delete_snapshot_group",
-    "restore_volume",
-    "map_volume",
-    "unmap_volume",
-    "clone_snapshot",
-    "list_policies",
-    "pause_policy",
-    "resume_policy",
-)
+_REQUIRED_METHODS: Final = STORAGE_BACKEND_METHODS
 
 
 def _plugins_disabled() -> bool:

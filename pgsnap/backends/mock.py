@@ -75,7 +75,7 @@ from pgsnap.model import (
     from_dict,
     to_dict,
 )
-from pgsnap.protocols import Capability
+from pgsnap.protocols import STORAGE_BACKEND_METHODS, Capability
 
 __all__ = ["DEFAULT_VOLUME_SIZE", "FAULT_POINTS", "MockBackend"]
 
@@ -85,25 +85,7 @@ DEFAULT_VOLUME_SIZE: Final = 1 << 30
 """Size reported for a volume added without ``size_bytes`` (1 GiB)."""
 
 FAULT_POINTS: Final = frozenset(
-    {
-        "list_volumes",
-        "get_volume",
-        "list_snapshots",
-        "create_snapshot_group",
-        "get_snapshot_group",
-        "delete_snapshot",
-        "delete_snapshot_group",
-        "restore_volume",
-        "map_volume",
-        "unmap_volume",
-        "clone_snapshot",
-        "list_policies",
-        "pause_policy",
-        "resume_policy",
-        "ex_run_policy",
-        "ex_expire_secure",
-        "snapshot_volume",
-    }
+    (*STORAGE_BACKEND_METHODS, "ex_run_policy", "ex_expire_secure", "snapshot_volume")
 )
 """Names :meth:`MockBackend.inject_fault` and :meth:`MockBackend.add_latency` accept.
 
