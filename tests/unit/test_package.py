@@ -54,3 +54,22 @@ def test_no_print_outside_the_cli():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+def test_readme_example_names_exist():
+    """The README's Python example imports and calls names that exist."""
+    readme = (PACKAGE.parent / "README.md").read_text()
+    code = readme.split("```python", 1)[1].split("```", 1)[0]
+    tree = ast.parse(code)
+    namespace: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom | ast.Import):
+            exec(compile(ast.Module([node], []), "README", "exec"), namespace)
+    from pgsnap.session import Cluster
+
+    for attr in ("check", "backup", "plan_recovery", "execute"):
+        assert attr in code
+        assert callable(getattr(Cluster, attr))
+    first_commands = [b.split("```", 1)[0].strip() for b in readme.split("```sh")[1:3]]
+    assert first_commands[0].endswith("pgsnap demo")
+    assert "pytest" in first_commands[1]
