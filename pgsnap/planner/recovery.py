@@ -267,7 +267,6 @@ def _check_wal(
     index: ArchiveIndex,
 ) -> WalCheck:
     """Check the WAL the plan needs; refuse with the exact reason when it is not there."""
-    seg = backup.wal_segment_size
     target = request.target
     assert backup.stop_lsn is not None
     start = (backup.start_timeline, backup.start_lsn)
@@ -284,12 +283,12 @@ def _check_wal(
         missing_text = ", ".join(result.missing[:10]) + (
             f" and {result.missing_count - 10} more" if result.missing_count > 10 else ""
         )
-        # A hole (segments present after the first missing one) or the end of the archive?
-        last_needed = result.missing[-1] if result.missing else None
-        tail = last_needed is not None and not any(
-            index.has_segment(tl, n) for tl, n in _after(index, result.missing[0], seg)
-        )
-        if tail and result.reachable_lsn >= backup.stop_lsn:
+        if not result.missing:
+            result.raise_for_gap()  # only the target timeline's .history file is missing
+        # The end of the archive, or a hole? The check up to the end of the archive
+        # (end=None) reports only segments missing before the last one present along
+        # the whole timeline path: when it finds none, the WAL simply ends here.
+        if end is not None and full.missing_count == 0 and result.reachable_lsn >= backup.stop_lsn:
             raise TargetOutOfRange(
                 f"target {target} is past the end of the archived WAL on timeline {tli}: "
                 f"recoverable up to {result.reachable_lsn}"
@@ -316,14 +315,6 @@ def _check_wal(
             reachable_lsn=str(reach),
         )
     return full
-
-
-def _after(index: ArchiveIndex, name: str, segment_size: int) -> list[tuple[int, int]]:
-    """(timeline, segno) of every present segment after ``name`` on its timeline."""
-    from pgsnap.wal import parse_segment_name  # noqa: PLC0415
-
-    tli, segno = parse_segment_name(name, segment_size)
-    return [(tli, r.last) for r in index.ranges(tli) if r.last > segno]
 
 
 def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:

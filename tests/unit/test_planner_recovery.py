@@ -244,3 +244,22 @@ def test_bad_requests():
         RecoveryRequest(timeline="newest")
     with pytest.raises(errors.ConfigurationError):
         RecoveryRequest(lost={VolumeRole.ARCHIVE})
+
+
+def test_hole_before_a_fork_is_a_gap_not_the_end_of_the_archive():
+    # timeline 2 forks from 1 at segment 10; timeline 1 is archived only to 7
+    h2 = parse_history(f"1\t{lsn(10, 0)}\tx\n", 2)
+    names = [segment_name(2, s, MB) for s in range(10, 21)] + ["00000002.history"]
+    f = facts([B1], segs=range(1, 8), extra_names=names, histories=[h2])
+    for req in (RecoveryRequest(), RecoveryRequest(RecoveryTarget.lsn(lsn(15)))):
+        with pytest.raises(errors.WalGapError) as info:
+            plan_recovery(f, req)
+        assert info.value.missing[:2] == (segment_name(1, 8, MB), segment_name(1, 9, MB))
+
+
+def test_missing_history_file_of_the_target_timeline_is_named():
+    h2 = parse_history(f"1\t{lsn(6, 0)}\tx\n", 2)
+    names = [segment_name(2, s, MB) for s in range(6, 15)]  # no 00000002.history
+    f = facts([B1], extra_names=names, histories=[h2])
+    with pytest.raises(errors.WalGapError, match=r"00000002\.history"):
+        plan_recovery(f, RecoveryRequest())
