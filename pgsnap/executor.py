@@ -49,7 +49,7 @@ from pgsnap.model import (
 )
 from pgsnap.plan import Plan, Step
 from pgsnap.protocols import BackupSession, Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiveIndex, check, walfile_name
+from pgsnap.wal import ArchiveIndex, check, segment_name, segment_number, walfile_name
 
 __all__ = ["Event", "EventKind", "ExecutionResult", "Executor", "StepContext"]
 
@@ -561,21 +561,41 @@ def _h_wait_for_wal(ctx: StepContext, step: Step, p: Mapping[str, Any]) -> dict[
             )
         ctx.sleep(delay)
         delay = min(delay * 1.5, 0.2)
-    assert record.stop_lsn is not None
-    index: ArchiveIndex = ctx.archive.index(record.wal_segment_size)
-    stop_tli = record.stop_timeline or record.start_timeline
-    graph = ctx.archive.histories()
-    result = check(
-        index, (record.start_timeline, record.start_lsn), record.stop_lsn, stop_tli, graph
-    )
-    if not result.complete:
+    missing = _missing_backup_segments(ctx.archive, record)
+    if missing:
         raise ArchiveError(
             f"backup {record.id}: WAL between start and stop is missing from the archive: "
-            f"{', '.join(result.missing)}",
+            f"{', '.join(missing)}",
             hint="the archive lost segments; this backup cannot be restored",
-            missing=result.missing,
+            missing=missing,
         )
     return {"stop_segment": stop_name, "backup_file": backup_file}
+
+
+def _missing_backup_segments(archive: WalArchive, record: BackupRecord) -> tuple[str, ...]:
+    """The segments from the backup's start to its stop that the archive lacks.
+
+    On one timeline (a primary's backup) the few names are probed directly, so
+    a large archive is not listed on every backup; across a timeline switch
+    the archive is indexed and the timeline path followed.
+    """
+    assert record.stop_lsn is not None
+    seg = record.wal_segment_size
+    stop_tli = record.stop_timeline or record.start_timeline
+    if stop_tli == record.start_timeline:
+        first = segment_number(record.start_lsn, seg)
+        last = segment_number(record.stop_lsn - 1, seg)
+        names = [segment_name(stop_tli, n, seg) for n in range(first, last + 1)]
+        return tuple(n for n in names if not archive.exists(n))
+    index: ArchiveIndex = archive.index(seg)
+    result = check(
+        index,
+        (record.start_timeline, record.start_lsn),
+        record.stop_lsn,
+        stop_tli,
+        archive.histories(),
+    )
+    return result.missing + result.missing_histories
 
 
 def _h_mark_done(ctx: StepContext, step: Step, p: Mapping[str, Any]) -> dict[str, Any]:

@@ -300,3 +300,19 @@ def test_broken_event_callback_does_not_break_a_run(world):
     world.ex.register("test.count", lambda ctx, step, p: {})
     world.ex.register("test.undo", lambda ctx, step, p: {})
     assert world.ex.run(_counting_plan()).outputs
+
+
+def test_a_segment_lost_between_start_and_stop_fails_the_backup(world):
+    from pgsnap.executor import _h_wait_for_wal
+
+    def arrive_without_start_segment(ctx, step, params):
+        archive_backup_wal(world)
+        world.archive.names.discard(segment_name(1, 3, MB))
+        return _h_wait_for_wal(ctx, step, params)
+
+    world.ex.register("archive.wait_for_wal", arrive_without_start_segment)
+    with pytest.raises(errors.ArchiveError) as info:
+        world.ex.run(backup_plan(world))
+    assert info.value.missing == (segment_name(1, 3, MB),)
+    assert world.catalog.get("b-1").state is BackupState.FAILED
+    assert world.backend.list_snapshots() == ()
