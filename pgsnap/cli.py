@@ -6,6 +6,7 @@
     pgsnap list       -c pgsnap.toml the backups in the catalog
     pgsnap plan-recovery -c ... [--time T | --lsn L | --xid X | --name N | --immediate]
     pgsnap recover    -c ... [target options] [--yes]
+    pgsnap resume     -c pgsnap.toml [--yes]  resume interrupted plans
     pgsnap wal        -c pgsnap.toml the WAL archive, per timeline
 
 Exit codes: 0 success; 1 execution failed (compensations ran); 2 bad usage or
@@ -394,6 +395,24 @@ def _archive_segment_size(cluster: Any) -> int:
     )
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Resume (or clean up) plans whose execution stopped half way."""
+    cluster = load_cluster(args.config)
+    pending = cluster.interrupted()
+    if not pending:
+        _out("nothing to resume")
+        return EXIT_OK
+    for plan in pending:
+        _out(plan.explain())
+    if not args.yes:
+        _err("pass --yes to resume the plan(s) above")
+        return EXIT_USAGE
+    for plan in pending:
+        _execute(cluster, plan)
+        _out(f"{plan.kind} plan {plan.fingerprint[:12]} finished")
+    return EXIT_OK
+
+
 def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
     cluster = load_cluster(args.config)
@@ -520,6 +539,13 @@ def _parser() -> argparse.ArgumentParser:
         if name == "recover":
             r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         r.set_defaults(func=func)
+
+    rs = sub.add_parser(
+        "resume", parents=[common], help="resume plans whose execution stopped half way"
+    )
+    with_config(rs)
+    rs.add_argument("--yes", action="store_true", help="do not stop at showing the plans")
+    rs.set_defaults(func=cmd_resume)
 
     w = sub.add_parser(
         "wal", parents=[common], help="the WAL archive per timeline: ranges and gaps"

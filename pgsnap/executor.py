@@ -22,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import enum
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +177,27 @@ class _Journal:
         steps: dict[str, Any] = self.data["steps"]
         return steps
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the plan's lock: one process runs a plan at a time."""
+        if self.path is None:
+            yield
+            return
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(_lock_path(self.path), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ExecutionError(
+                    f"another process is executing this plan (journal {self.path})",
+                    hint="wait for it to finish; run it again only once it has stopped",
+                    step_id="",
+                ) from None
+            yield
+        finally:
+            os.close(fd)
+
     def record(self, step_id: str, **fields: Any) -> None:
         self.steps.setdefault(step_id, {}).update(fields)
         self.save()
@@ -200,6 +222,24 @@ class _Journal:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+
+
+def _lock_path(journal: Path) -> Path:
+    return journal.with_name(journal.name + ".lock")
+
+
+def _is_locked(journal: Path) -> bool:
+    try:
+        fd = os.open(_lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 # --------------------------------------------------------------------------- executor
@@ -280,6 +320,10 @@ class Executor:
             return ExecutionResult(plan, {}, {}, 0.0, dry_run=True)
 
         journal = _Journal(self.journal_dir, plan)
+        with journal.locked():
+            return self._run(plan, journal, total)
+
+    def _run(self, plan: Plan, journal: _Journal, total: int) -> ExecutionResult:
         resumed = journal.load()
         if not resumed and self.check_fresh is not None:
             self.check_fresh(plan)
@@ -298,9 +342,12 @@ class Executor:
                 if st.get("state") == "done":
                     ctx.outputs[sid] = dict(st.get("outputs") or {})
                     ctx.timings[sid] = float(st.get("seconds") or 0.0)
-            if plan.kind == "backup":
-                # A backup cannot resume: its session (and so backup mode) died
-                # with the process. Clean up what it left and record the failure.
+            if plan.kind == "backup" and "backup-stop" not in ctx.outputs:
+                # Backup mode died with the process (the server aborts a backup
+                # whose session ends): what it took is cleaned up and the backup
+                # recorded FAILED. After backup-stop the label is in the catalog
+                # and only the WAL wait remains: that resumes normally.
+                self._adopt_untracked_snapshots(plan, ctx, journal)
                 self._fail(plan, ctx, journal, "the backup was interrupted (process ended)", total)
                 raise ExecutionError(
                     "the interrupted backup was cleaned up and recorded FAILED",
@@ -333,7 +380,11 @@ class Executor:
                 done.append(step)
                 self._emit(EventKind.FINISHED, step, n, total, took)
         except KeyboardInterrupt:
-            # Interrupted by the user: keep the journal as it is, so `resume` continues.
+            if plan.kind == "backup" and "backup-stop" not in ctx.outputs:
+                # Backup mode cannot outlive this process: clean up now.
+                self._fail(plan, ctx, journal, "the backup was interrupted", total, done)
+                raise
+            # Keep the journal as it is, so running the plan again resumes it.
             journal.save()
             raise
         except BaseException as exc:
@@ -355,6 +406,48 @@ class Executor:
             total_seconds=time.monotonic() - started,
             resumed=resumed,
         )
+
+    def interrupted(self) -> tuple[Plan, ...]:
+        """Plans whose run stopped half way (journal still running, no process on it).
+
+        Run one again with :meth:`run` to resume it (a recovery continues; a
+        backup continues its WAL wait, or is cleaned up and recorded FAILED).
+        """
+        if self.journal_dir is None or not self.journal_dir.is_dir():
+            return ()
+        plans = []
+        for path in sorted(self.journal_dir.glob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                log.warning("unreadable journal %s", path)
+                continue
+            if data.get("state") == "running" and not _is_locked(path):
+                plans.append(Plan.from_dict(data["plan"]))
+        return tuple(plans)
+
+    def _adopt_untracked_snapshots(self, plan: Plan, ctx: StepContext, journal: _Journal) -> None:
+        """Find snapshots a killed run took but never journalled, so they are cleaned up.
+
+        The process may have died after the storage made the group and before
+        the journal said so: the group carries the plan's snapshot name.
+        """
+        for step in plan.steps:
+            state = journal.steps.get(step.id, {}).get("state")
+            if step.action != "storage.snapshot_group" or state != "running":
+                continue
+            name = str(step.params.get("name", ""))
+            groups = {s.group_id for s in ctx.backend.list_snapshots() if s.group_id}
+            for group_id in sorted(groups):
+                group = ctx.backend.get_snapshot_group(group_id)
+                if group.name == name:
+                    snaps = {s.volume_id: s.id for s in group.snapshots}
+                    ctx.outputs[step.id] = {
+                        "group_id": group.id,
+                        "snapshots": snaps,
+                        "snapshot_ids": [s.id for s in group.snapshots],
+                    }
+                    log.warning("found snapshot group %s of the interrupted run", group.id)
 
     def _fail(
         self,

@@ -447,6 +447,10 @@ class Cluster:
         """Run a plan (checking first that its facts still hold)."""
         return self.executor(on_event).run(plan, dry_run=dry_run)
 
+    def interrupted(self) -> tuple[Plan, ...]:
+        """Plans whose execution stopped half way; :meth:`execute` one to resume it."""
+        return self.executor().interrupted()
+
     def backup(self, label: str | None = None, **options: object) -> BackupRecord:
         """Plan and execute a backup; return its DONE record."""
         plan = self.plan_backup(label, **options)  # type: ignore[arg-type]

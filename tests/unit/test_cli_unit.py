@@ -397,3 +397,25 @@ def test_unset_password_env_is_a_usage_error(
 
 def test_main_returns_2_for_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check"]) == 2
+
+
+def test_resume_with_nothing_interrupted(run: Run, config: Path) -> None:
+    code, out, _ = run("resume", "-c", str(config))
+    assert code == 0
+    assert "nothing to resume" in out
+
+
+def test_resume_shows_an_interrupted_plan_and_waits_for_yes(run: Run, config: Path) -> None:
+    from pgsnap.cli import load_cluster
+    from pgsnap.plan import Plan, Step
+
+    cluster = load_cluster(config)
+    plan = Plan("recovery", (Step("custom", "test.never", "a custom step", "test"),), "fp-x")
+    journal = cluster.executor()
+    journal.register("test.never", lambda ctx, step, p: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        journal.run(plan)
+    code, out, err = run("resume", "-c", str(config))
+    assert code == 2
+    assert "a custom step" in out
+    assert "--yes" in err

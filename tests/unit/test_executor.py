@@ -316,3 +316,114 @@ def test_a_segment_lost_between_start_and_stop_fails_the_backup(world):
     assert info.value.missing == (segment_name(1, 3, MB),)
     assert world.catalog.get("b-1").state is BackupState.FAILED
     assert world.backend.list_snapshots() == ()
+
+
+# --------------------------------------------------------------------------- interrupted backups
+
+
+def test_ctrl_c_before_backup_stop_cleans_up_at_once(world, tmp_path):
+    world.ex.journal_dir = tmp_path
+
+    def interrupt(ctx, step, params):
+        raise KeyboardInterrupt
+
+    world.ex.register("db.backup_stop", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        world.ex.run(backup_plan(world))
+    assert not world.db.in_backup
+    assert world.backend.list_snapshots() == ()
+    assert world.catalog.get("b-1").state is BackupState.FAILED
+    assert world.ex.interrupted() == ()
+
+
+def test_backup_interrupted_while_waiting_for_wal_resumes(world, tmp_path):
+    from pgsnap.executor import _h_wait_for_wal
+
+    world.ex.journal_dir = tmp_path
+    plan = backup_plan(world)
+
+    def interrupt(ctx, step, params):
+        raise KeyboardInterrupt
+
+    world.ex.register("archive.wait_for_wal", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        world.ex.run(plan)
+    assert world.catalog.get("b-1").state is BackupState.WAITING_FOR_WAL
+    assert world.ex.interrupted() == (plan,)
+
+    def arrive(ctx, step, params):
+        archive_backup_wal(world)
+        return _h_wait_for_wal(ctx, step, params)
+
+    world.ex.register("archive.wait_for_wal", arrive)
+    result = world.ex.run(world.ex.interrupted()[0])
+    assert result.resumed
+    assert world.catalog.get("b-1").state is BackupState.DONE
+    assert len(world.backend.list_snapshots()) == 2
+    assert world.ex.interrupted() == ()
+
+
+def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path):
+    """The process dies right after the storage made the group, before the journal knew."""
+    import os
+
+    from pgsnap.catalog import DirectoryCatalog
+    from pgsnap.executor import _h_snapshot_group
+
+    state = tmp_path / "mock.json"
+    backend = MockBackend(state_file=state, root=tmp_path / "snaps")
+    data, wal = backend.add_volume("data"), backend.add_volume("wal")
+    layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
+                     Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
+    db, catalog = FakeDb(), DirectoryCatalog(tmp_path / "catalog")
+
+    def executor(backend):
+        return Executor(adapter=db, backend=backend, catalog=catalog, archive=FakeArchive(),
+                        layout=layout, journal_dir=tmp_path / "journal", sleep=lambda s: None)
+
+    ex = executor(backend)
+    facts = BackupFacts(server=db.describe(), archiver=ARCHIVER, layout=layout,
+                        volumes=backend.list_volumes(), capabilities=backend.capabilities,
+                        catalog=(), archive_location="/archive", archive_timelines=(1,))
+    plan = plan_backup(facts, BackupRequest("b-1", "test"))
+
+    def snapshot_then_die(ctx, step, params):
+        ctx.backend.create_snapshot_group(list(params["volume_ids"]), str(params["name"]))
+        os._exit(0)  # killed: no journal entry, no catalog update
+
+    ex.register("storage.snapshot_group", snapshot_then_die)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child dies inside
+        try:
+            ex.run(plan)
+        finally:
+            os._exit(1)
+    os.waitpid(pid, 0)
+
+    survivor = MockBackend(state_file=state)  # a new process's view of the storage
+    assert len(survivor.list_snapshots()) == 2
+    assert catalog.get("b-1").snapshots == {}  # the catalog never heard of them
+    ex = executor(survivor)
+    ex.register("storage.snapshot_group", _h_snapshot_group)
+    (pending,) = ex.interrupted()
+    with pytest.raises(errors.ExecutionError, match="cleaned up"):
+        ex.run(pending)
+    assert survivor.list_snapshots() == ()
+    assert catalog.get("b-1").state is BackupState.FAILED
+
+
+def test_one_process_at_a_time_per_plan(world, tmp_path):
+    import fcntl
+    import os
+
+    world.ex.journal_dir = tmp_path
+    plan = backup_plan(world)
+    lock = tmp_path / f"backup-{plan.fingerprint[:20]}.json.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(errors.ExecutionError, match="another process"):
+            world.ex.run(plan)
+    finally:
+        os.close(fd)
+    assert world.db.log == []
