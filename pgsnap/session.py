@@ -23,6 +23,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -45,7 +46,7 @@ from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBacken
 from pgsnap.wal import ArchiveIndex, ArchiverHealth, archiver_health, check, segment_start
 from pgsnap.waldump import find_waldump, scan_wal
 
-__all__ = ["CheckReport", "Cluster", "read_archive_system_identifier"]
+__all__ = ["BackupList", "CheckReport", "Cluster", "read_archive_system_identifier"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,41 @@ class CheckReport:
     def _repr_html_(self) -> str:
         e = html.escape
         return "<pre>" + e(self.explain()) + "</pre>"
+
+
+class BackupList(tuple[BackupRecord, ...]):
+    """Backup records, oldest first: a plain tuple that displays as a table."""
+
+    __slots__ = ()
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of text per backup: id, state, timeline, start, stop, time, label."""
+        return [
+            (
+                b.id,
+                b.state.value + (f" ({b.failure_reason})" if b.failure_reason else ""),
+                str(b.start_timeline),
+                str(b.start_lsn),
+                str(b.stop_lsn or "-"),
+                b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-",
+                b.label,
+            )
+            for b in self
+        ]
+
+    def __repr__(self) -> str:
+        return f"<BackupList {len(self)} backups>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
+        p.text("\n".join("  ".join(r) for r in self.rows()) or "no backups")
+
+    def _repr_html_(self) -> str:
+        head = ("id", "state", "timeline", "start LSN", "stop LSN", "consistent at", "label")
+        e = html.escape
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
+        )
+        return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
 
 
 class Cluster:
@@ -347,9 +383,9 @@ class Cluster:
             backups=backups,
         )
 
-    def backups(self) -> tuple[BackupRecord, ...]:
-        """The catalog's backups, oldest first."""
-        return self.catalog.list()
+    def backups(self) -> BackupList:
+        """The catalog's backups, oldest first (a tuple that renders as a table)."""
+        return BackupList(self.catalog.list())
 
     # ------------------------------------------------------------------ plan
 

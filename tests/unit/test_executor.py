@@ -427,3 +427,17 @@ def test_one_process_at_a_time_per_plan(world, tmp_path):
     finally:
         os.close(fd)
     assert world.db.log == []
+
+
+def test_backup_list_renders_for_notebooks():
+    from pgsnap.session import BackupList
+    from tests.unit.test_model import _record
+
+    backups = BackupList([_record(id="b-1"), _record(id="b-<2>", state=BackupState.FAILED,
+                                                     failure_reason="array down")])
+    assert isinstance(backups, tuple)
+    assert backups[0].id == "b-1"
+    html = backups._repr_html_()
+    assert "<td>b-&lt;2&gt;</td>" in html  # escaped
+    assert "failed (array down)" in html
+    assert repr(backups) == "<BackupList 2 backups>"
