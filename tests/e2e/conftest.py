@@ -139,8 +139,9 @@ class Env:
         return {s.id for s in self.backend.list_snapshots()}
 
     def journals(self) -> list[str]:
+        """The journal files (not their lock files)."""
         d = self.journal_dir
-        return sorted(p.name for p in d.iterdir()) if d.exists() else []
+        return sorted(p.name for p in d.glob("*.json")) if d.exists() else []
 
     def data_state(self) -> dict[str, Any]:
         """What a refused plan must leave as it was: the postmaster and the recovery files."""
