@@ -89,7 +89,7 @@ class CliEnv:
 
     def journals(self) -> list[str]:
         directory = self.work / "journal"
-        return sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+        return sorted(p.name for p in directory.glob("*.json")) if directory.exists() else []
 
     def snapshot_ids(self) -> set[str]:
         with MockBackend(state_file=self.state_file, root=self.work / "snapshots") as backend:
