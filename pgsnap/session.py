@@ -471,6 +471,7 @@ class Cluster:
             journal_dir=self.journal_dir,
             on_event=on_event or self.on_event,
             check_fresh=self._check_fresh,
+            clock=self.clock,
         )
 
     def execute(
