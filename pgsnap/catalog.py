@@ -11,6 +11,7 @@ exclusive ``fcntl`` lock on ``.lock`` so concurrent writers cannot interleave.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import errno
 import fcntl
 import logging
@@ -42,8 +43,9 @@ def _check_id(backup_id: str) -> str:
     return backup_id
 
 
-def _sort_key(record: BackupRecord) -> tuple[str, str]:
-    return (record.start_time.isoformat(), record.id)
+def _sort_key(record: BackupRecord) -> tuple[dt.datetime, str]:
+    # By instant, never by text: "03:30+02:00" is before "02:45+00:00".
+    return (record.start_time, record.id)
 
 
 class DirectoryCatalog:

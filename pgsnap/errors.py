@@ -12,8 +12,10 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── WalNameError                    malformed WAL file name, bad segment size
     │   ├── HistoryFileError                malformed or inconsistent .history file
     │   ├── BackupFileError                 malformed .backup file / backup_label
+    │   ├── TimeError                       a time without a time zone, or out of range
     │   ├── TargetError                     bad recovery target (naive time, two targets)
-    │   └── FormatError                     JSON of an unknown major format version, bad shape
+    │   ├── FormatError                     JSON of an unknown major format version, bad shape
+    │   └── InvalidPlanError                a step names an unknown operation or bad parameters
     ├── ConfigurationError (ValueError)     settings that cannot work together
     │   └── BackendNotFound (LookupError)   no backend registered under that name
     ├── PlanningError                       the request cannot succeed; says why and the alternative
@@ -24,7 +26,9 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── TimelineError                   target timeline does not contain the backup
     │   └── PreflightError                  a backup preflight check failed
     ├── StalePlanError                      the facts changed since the plan was made
-    ├── ExecutionError                      a step of a plan failed (step_id)
+    │   └── PlanAlreadyRunError             this plan has run already: plan again
+    ├── ExecutionError                      a step of a plan failed (step_id, what was undone)
+    │   └── PlanLockedError                 another process is executing the plan
     ├── BackendError                        the storage refused or failed (backend)
     │   ├── VolumeNotFound (LookupError)
     │   ├── SnapshotNotFound (LookupError)
@@ -32,6 +36,14 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   └── AuthenticationError
     ├── DatabaseError                       PostgreSQL refused or failed (sqlstate)
     │   └── BackupModeError                 backup start/stop failed or session lost
+    ├── HostError                           the database host refused or failed (host)
+    │   ├── HostUnreachable                 retryable: the host cannot be reached (ssh)
+    │   ├── CommandError                    a command exited non-zero (argv, returncode, stderr)
+    │   │   └── CommandTimeout              a command did not finish in time
+    │   ├── HostFileNotFound (LookupError)  no such file on the host (path)
+    │   ├── MountError                      mounting or unmounting failed (target)
+    │   │   └── MountBusyError              unmount refused: processes hold the file system
+    │   └── DeviceNotFound (LookupError)    a device did not appear on the host (device)
     ├── ArchiveError                        the WAL archive cannot be read
     └── CatalogError                        the catalog cannot be read or written
         ├── BackupNotFound (LookupError)
@@ -40,6 +52,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 __all__ = [
@@ -53,21 +66,33 @@ __all__ = [
     "BackupNotFound",
     "CatalogError",
     "CatalogLockedError",
+    "CommandError",
+    "CommandTimeout",
     "ConfigurationError",
     "DatabaseError",
+    "DeviceNotFound",
     "ExecutionError",
     "FormatError",
     "HistoryFileError",
+    "HostError",
+    "HostFileNotFound",
+    "HostUnreachable",
     "InputError",
+    "InvalidPlanError",
     "LSNError",
+    "MountBusyError",
+    "MountError",
     "NoBackupForTarget",
     "PgsnapError",
+    "PlanAlreadyRunError",
+    "PlanLockedError",
     "PlanningError",
     "PreflightError",
     "SnapshotNotFound",
     "StalePlanError",
     "TargetError",
     "TargetOutOfRange",
+    "TimeError",
     "TimelineError",
     "UnsupportedCapability",
     "VolumeNotFound",
@@ -129,12 +154,32 @@ class BackupFileError(InputError):
     """A backup history file (``.backup``) or ``backup_label`` is malformed."""
 
 
+class TimeError(InputError):
+    """A time has no time zone (pgsnap never guesses one) or is out of range."""
+
+
 class TargetError(InputError):
     """A recovery target is invalid (naive time, several targets, bad value)."""
 
 
 class FormatError(InputError):
     """Serialized data (JSON) has the wrong shape or an unsupported format version."""
+
+
+class InvalidPlanError(InputError):
+    """A plan step names an operation nobody registered, or gives it bad parameters.
+
+    Raised when the plan is built or loaded, never half-way through a run.
+    ``step_id`` and ``action`` name the offending step and operation.
+    """
+
+    step_id: str
+    action: str
+
+    def __init__(
+        self, message: str, *, step_id: str, action: str, hint: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, hint=hint, step_id=step_id, action=action, **details)
 
 
 class ConfigurationError(PgsnapError, ValueError):
@@ -164,12 +209,29 @@ class TargetOutOfRange(PlanningError):
 class WalGapError(PlanningError):
     """WAL segments are missing between the backup and the target.
 
-    Attributes: ``missing`` (the missing segment names, in order) and
-    ``reachable_lsn`` (the last LSN that can be reached without a gap).
+    ``missing``: the missing segment (or ``.history``) names, in order;
+    ``reachable_lsn``: the last LSN that can be reached without a gap (text).
     """
 
     missing: tuple[str, ...]
-    reachable_lsn: object
+    reachable_lsn: str | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: Sequence[str] = (),
+        reachable_lsn: object = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            hint=hint,
+            missing=tuple(missing),
+            reachable_lsn=None if reachable_lsn is None else str(reachable_lsn),
+            **details,
+        )
 
 
 class TimelineError(PlanningError):
@@ -184,14 +246,91 @@ class StalePlanError(PgsnapError):
     """The facts a plan was made from have changed; plan again."""
 
 
+class PlanAlreadyRunError(StalePlanError):
+    """This plan has already been executed (``plan_id``, its run's ``state``).
+
+    A plan runs once. An interrupted run is resumed by running the plan
+    again; a finished, failed or compensated one is not: make a new plan.
+    """
+
+    plan_id: str
+    state: str
+
+    def __init__(
+        self, message: str, *, plan_id: str, state: str, hint: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, hint=hint, plan_id=plan_id, state=state, **details)
+
+
 class ExecutionError(PgsnapError):
-    """A step of a plan failed while executing (``step_id``)."""
+    """A step of a plan failed while executing, and what was done about it.
+
+    - ``step_id``: the step that failed (``""``: before the first step);
+    - ``completed``: the steps that had finished, in order;
+    - ``compensated``: the steps whose compensation ran, in the order it ran;
+    - ``compensation_failures``: ``"step: error"`` for each compensation that failed;
+    - ``past_point_of_no_return``: a barrier step had started, so nothing was
+      undone (the message says what state things were left in);
+    - ``leftovers``: resources the run created and could not remove (snapshot ids);
+    - ``cause``: the pgsnap error the step raised, when it was one (else None;
+      the message names the exception).
+    """
 
     step_id: str
+    completed: tuple[str, ...]
+    compensated: tuple[str, ...]
+    compensation_failures: tuple[str, ...]
+    past_point_of_no_return: bool
+    leftovers: tuple[str, ...]
+    cause: PgsnapError | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        step_id: str,
+        completed: Sequence[str] = (),
+        compensated: Sequence[str] = (),
+        compensation_failures: Sequence[str] = (),
+        past_point_of_no_return: bool = False,
+        leftovers: Sequence[str] = (),
+        cause: PgsnapError | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            hint=hint,
+            step_id=step_id,
+            completed=tuple(completed),
+            compensated=tuple(compensated),
+            compensation_failures=tuple(compensation_failures),
+            past_point_of_no_return=past_point_of_no_return,
+            leftovers=tuple(leftovers),
+            cause=cause,
+            **details,
+        )
+
+
+class PlanLockedError(ExecutionError):
+    """Another process is executing this plan (its journal is locked); nothing ran."""
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        details.setdefault("step_id", "")
+        super().__init__(message, hint=hint, **details)
 
 
 class BackendError(PgsnapError):
-    """The storage backend refused or failed an operation."""
+    """The storage backend refused or failed an operation (``backend``: its name)."""
+
+    backend: str | None
+
+    def __init__(
+        self, message: str, *, backend: str | None = None, hint: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, hint=hint, backend=backend, **details)
 
 
 class VolumeNotFound(BackendError, LookupError):
@@ -199,11 +338,33 @@ class VolumeNotFound(BackendError, LookupError):
 
     volume_id: str
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        volume_id: str,
+        backend: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, backend=backend, hint=hint, volume_id=volume_id, **details)
+
 
 class SnapshotNotFound(BackendError, LookupError):
     """No snapshot (or snapshot group) with that id exists (``snapshot_id``)."""
 
     snapshot_id: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        snapshot_id: str,
+        backend: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, backend=backend, hint=hint, snapshot_id=snapshot_id, **details)
 
 
 class BackendUnavailable(BackendError):
@@ -221,9 +382,141 @@ class DatabaseError(PgsnapError):
 
     sqlstate: str | None
 
+    def __init__(
+        self, message: str, *, sqlstate: str | None = None, hint: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, hint=hint, sqlstate=sqlstate, **details)
+
 
 class BackupModeError(DatabaseError):
     """Entering or leaving backup mode failed, or its session was lost."""
+
+
+class HostError(PgsnapError):
+    """The database host refused or failed an operation (``host``: how it was reached)."""
+
+    host: str | None
+
+    def __init__(
+        self, message: str, *, host: str | None = None, hint: str | None = None, **details: Any
+    ) -> None:
+        super().__init__(message, hint=hint, host=host, **details)
+
+
+class HostUnreachable(HostError):
+    """The host cannot be reached (ssh could not connect); retrying may succeed."""
+
+    retryable: ClassVar[bool] = True
+
+
+class CommandError(HostError):
+    """A command on the host exited non-zero (``argv``, ``returncode``, ``stderr``).
+
+    ``stderr`` is the end of the command's error output, as text.
+    """
+
+    argv: tuple[str, ...]
+    returncode: int
+    stderr: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        argv: Sequence[str],
+        returncode: int,
+        stderr: str = "",
+        host: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message,
+            host=host,
+            hint=hint,
+            argv=tuple(argv),
+            returncode=returncode,
+            stderr=stderr,
+            **details,
+        )
+
+
+class CommandTimeout(CommandError):
+    """A command on the host did not finish within its timeout (``timeout`` seconds)."""
+
+
+class HostFileNotFound(HostError, LookupError):
+    """No file or directory at ``path`` on the host."""
+
+    path: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str,
+        host: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, host=host, hint=hint, path=path, **details)
+
+
+class MountError(HostError):
+    """Mounting or unmounting ``target`` failed."""
+
+    target: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        host: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, host=host, hint=hint, target=target, **details)
+
+
+class MountBusyError(MountError):
+    """Unmounting ``target`` was refused because processes use it.
+
+    ``holders``: one line per process, ``"pid 4242 postgres (user postgres)"``.
+    """
+
+    holders: tuple[str, ...]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        holders: Sequence[str] = (),
+        host: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message, target=target, host=host, hint=hint, holders=tuple(holders), **details
+        )
+
+
+class DeviceNotFound(HostError, LookupError):
+    """A block device did not appear on the host in time (``device``)."""
+
+    device: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: str,
+        host: str | None = None,
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, host=host, hint=hint, device=device, **details)
 
 
 class ArchiveError(PgsnapError):

@@ -24,7 +24,7 @@ from typing import Any, Final, TypeVar, Union
 
 import attrs
 
-from pgsnap.errors import FormatError, LSNError, TargetError
+from pgsnap.errors import FormatError, InputError, LSNError, TargetError, TimeError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -36,9 +36,14 @@ __all__ = [
     "BackupState",
     "BackupStop",
     "Layout",
+    "Location",
+    "LocationKind",
+    "Mount",
     "RecoveryAction",
     "RecoverySettings",
     "RecoveryTarget",
+    "RestorePreparation",
+    "RestoreProfile",
     "ServerFacts",
     "Snapshot",
     "SnapshotGroup",
@@ -53,6 +58,7 @@ __all__ = [
     "from_json",
     "to_dict",
     "to_json",
+    "utc_time",
     "validate_timeline",
 ]
 
@@ -153,6 +159,41 @@ class LSN:
         if isinstance(other, bool) or not isinstance(other, int):
             return NotImplemented
         return LSN(self.value - other)
+
+
+def utc_time(
+    value: dt.datetime, what: str = "time", error: type[InputError] = TimeError
+) -> dt.datetime:
+    """``value`` in UTC; ``error`` (a :class:`~pgsnap.errors.TimeError` by default)
+    when it has no time zone or cannot be expressed in UTC.
+
+    The one converter behind every time field of pgsnap's records: naive times
+    are refused (pgsnap never guesses a zone), and every stored time is UTC, so
+    records compare and sort by instant whatever offset they were given in.
+    """
+    if not isinstance(value, dt.datetime):
+        raise error(f"{what} must be a datetime, not {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise error(
+            f"{what} {value.isoformat()} has no time zone",
+            hint="give a UTC offset or zone, e.g. '2026-11-30 12:00:00+00:00' "
+            "(in Python: datetime(..., tzinfo=timezone.utc))",
+        )
+    try:
+        return value.astimezone(dt.UTC)
+    except OverflowError:
+        raise error(
+            f"{what} {value.isoformat()} is out of range once converted to UTC",
+            hint="give a time between years 1 and 9999 in UTC",
+        ) from None
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return utc_time(value)
+
+
+def _opt_utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else utc_time(value)
 
 
 def _lsn(value: LSN | str) -> LSN:
@@ -303,7 +344,7 @@ class Snapshot:
     id: str
     volume_id: str
     name: str
-    created_at: dt.datetime
+    created_at: dt.datetime = attrs.field(converter=_utc)
     group_id: str | None = None
     """The consistency group the snapshot was taken in, if any."""
     secure: bool = False
@@ -317,7 +358,7 @@ class SnapshotGroup:
 
     id: str
     name: str
-    created_at: dt.datetime
+    created_at: dt.datetime = attrs.field(converter=_utc)
     snapshots: tuple[Snapshot, ...] = attrs.field(converter=_snapshots)
 
     def for_volume(self, volume_id: str) -> Snapshot:
@@ -344,6 +385,110 @@ class SnapshotPolicy:
     paused: bool = False
 
 
+class LocationKind(enum.Enum):
+    """How the database host reaches a volume's content."""
+
+    DIRECTORY = "directory"
+    """The volume is a directory on the host; nothing is mounted (the mock's default)."""
+    BLOCK_DEVICE = "block_device"
+    """The volume is a block device that the host mounts at the volume's mount point."""
+
+
+@attrs.frozen
+class Location:
+    """Where a host finds a volume (:meth:`StorageBackend.locate`).
+
+    ``path`` is the directory, or the device node (a ``/dev/disk/by-id`` path,
+    an LV path such as ``/dev/vg0/pgdata``). A device may exist only while the
+    volume is attached to the host.
+    """
+
+    kind: LocationKind
+    path: str
+
+    @classmethod
+    def directory(cls, path: str) -> Location:
+        """A directory on the host."""
+        return cls(LocationKind.DIRECTORY, path)
+
+    @classmethod
+    def device(cls, path: str) -> Location:
+        """A block device node on the host."""
+        return cls(LocationKind.BLOCK_DEVICE, path)
+
+    def __str__(self) -> str:
+        return f"{self.kind.value} {self.path}"
+
+
+class RestorePreparation(enum.Enum):
+    """What must happen to a volume on the host before the storage restores it."""
+
+    NOTHING = "nothing"
+    """The storage rewrites the content in place under a stopped server (directories)."""
+    UNMOUNT = "unmount"
+    """The file system is unmounted first and mounted again afterwards (btrfs, LVM)."""
+    DETACH = "detach"
+    """Unmounted, then detached from the host (unmapped), attached and mounted again
+    afterwards (PowerFlex, whose overwrite refuses a mapped volume)."""
+
+
+@attrs.frozen
+class RestoreProfile:
+    """What a restore of one volume asks of the plan (:meth:`StorageBackend.restore_profile`).
+
+    The recovery planner reads it as data and builds unmount, detach, restore,
+    attach, wait-for-device and mount steps from it, naming no backend.
+
+    - ``before``: what the host must do first (see :class:`RestorePreparation`);
+    - ``consumes_snapshot``: the restore uses the snapshot up (a classic LVM
+      merge): the backup cannot be restored again, and the plan lists it as lost.
+      A backend that keeps a copy for itself (a thin LVM snapshot of the
+      snapshot, merged instead) says False;
+    - ``completes_later``: :meth:`StorageBackend.restore_volume` returns before the
+      content is in place; the plan then waits with
+      :meth:`StorageBackend.wait_for_restore` before mounting.
+    """
+
+    before: RestorePreparation = RestorePreparation.NOTHING
+    consumes_snapshot: bool = False
+    completes_later: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.before, RestorePreparation):
+            from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+
+            raise ConfigurationError(
+                f"RestoreProfile.before must be a RestorePreparation, not {self.before!r}"
+            )
+
+    @property
+    def unmounts(self) -> bool:
+        """True when the file system is unmounted around the restore."""
+        return self.before is not RestorePreparation.NOTHING
+
+    @property
+    def detaches(self) -> bool:
+        """True when the volume is detached from the host around the restore."""
+        return self.before is RestorePreparation.DETACH
+
+
+def _options(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class Mount:
+    """A mounted file system on the database host, as ``findmnt`` reports it."""
+
+    source: str
+    """What is mounted (a device path, or what the kernel shows for it)."""
+    target: str
+    """The mount point."""
+    fstype: str = ""
+    options: tuple[str, ...] = attrs.field(default=(), converter=_options)
+    """Mount options (``rw``, ``noatime``...), in the kernel's order."""
+
+
 # --------------------------------------------------------------------------- archiver
 
 
@@ -356,10 +501,10 @@ class ArchiverStatus:
 
     archived_count: int
     last_archived_wal: str | None
-    last_archived_time: dt.datetime | None
+    last_archived_time: dt.datetime | None = attrs.field(converter=_opt_utc)
     failed_count: int
     last_failed_wal: str | None
-    last_failed_time: dt.datetime | None
+    last_failed_time: dt.datetime | None = attrs.field(converter=_opt_utc)
     wal_level: str
     archive_mode: str
     archive_command: str = ""
@@ -404,6 +549,9 @@ class ServerFacts:
     in_recovery: bool
     tablespaces: tuple[Tablespace, ...] = attrs.field(default=(), converter=_tablespaces)
     settings: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
+    replay_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
+    """``pg_last_wal_replay_lsn()``: the end of the last WAL record replayed by a
+    recovery (it stays there after a promotion); None if the server never recovered."""
 
     @property
     def major(self) -> int:
@@ -417,7 +565,7 @@ class BackupStart:
 
     lsn: LSN = attrs.field(converter=_lsn)
     timeline: int
-    time: dt.datetime
+    time: dt.datetime = attrs.field(converter=_utc)
 
 
 @attrs.frozen
@@ -427,7 +575,7 @@ class BackupStop:
     lsn: LSN = attrs.field(converter=_lsn)
     labelfile: str
     spcmapfile: str
-    time: dt.datetime
+    time: dt.datetime = attrs.field(converter=_utc)
     timeline: int
 
 
@@ -441,22 +589,6 @@ class BackupState(enum.Enum):
     WAITING_FOR_WAL = "waiting_for_wal"
     DONE = "done"
     FAILED = "failed"
-
-
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise TargetError(
-            f"time {value.isoformat()} has no time zone",
-            hint="give a UTC offset or zone, e.g. '2026-11-30 12:00:00+00:00' "
-            "(in Python: datetime(..., tzinfo=timezone.utc))",
-        )
-    return value
-
-
-def _aware(value: dt.datetime) -> dt.datetime:
-    checked = _utc(value)
-    assert checked is not None
-    return checked
 
 
 @attrs.frozen
@@ -479,10 +611,10 @@ class BackupRecord:
     layout: Layout
     start_lsn: LSN = attrs.field(converter=_lsn)
     start_timeline: int = attrs.field(validator=_timeline_ok)
-    start_time: dt.datetime = attrs.field(converter=_aware)
+    start_time: dt.datetime = attrs.field(converter=_utc)
     stop_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
     stop_timeline: int | None = None
-    stop_time: dt.datetime | None = attrs.field(default=None, converter=_utc)
+    stop_time: dt.datetime | None = attrs.field(default=None, converter=_opt_utc)
     labelfile: str | None = None
     spcmapfile: str | None = None
     snapshot_group_id: str | None = None
@@ -528,6 +660,14 @@ _TARGET_VALUE_TYPES: Final[dict[TargetKind, type]] = {
 }
 
 
+def _target_value(
+    value: dt.datetime | LSN | int | str | None,
+) -> dt.datetime | LSN | int | str | None:
+    if isinstance(value, dt.datetime):
+        return utc_time(value, "target time", TargetError)
+    return value
+
+
 def _target_value_ok(
     inst: RecoveryTarget, _attr: object, value: dt.datetime | LSN | int | str | None
 ) -> None:
@@ -538,9 +678,6 @@ def _target_value_ok(
             f"a {kind.value} target needs a value of type {expected.__name__}, not {value!r}",
             hint="build targets with RecoveryTarget.time(...), .lsn(...), .xid(...), .name(...)",
         )
-    if kind is TargetKind.TIME:
-        assert isinstance(value, dt.datetime)
-        _utc(value)
     if kind is TargetKind.XID and not 3 <= typing.cast(int, value) <= 0xFFFFFFFFFFFFFFFF:
         raise TargetError(f"transaction id {value} is out of range", hint="use a normal xid (>= 3)")
     if kind is TargetKind.NAME and not 0 < len(typing.cast(str, value)) <= 63:
@@ -564,7 +701,7 @@ class RecoveryTarget:
 
     kind: TargetKind
     value: dt.datetime | LSN | int | str | None = attrs.field(
-        default=None, validator=_target_value_ok
+        default=None, converter=_target_value, validator=_target_value_ok
     )
     inclusive: bool = True
 

@@ -6,10 +6,13 @@ fits. Each method's docstring is its contract: what it guarantees and which
 :mod:`pgsnap.testing.conformance` is what "implements StorageBackend" means.
 
 - :class:`StorageBackend`: volumes, consistency-group snapshots, restore,
-  mapping, clones, snapshot policies.
+  where a host finds a volume, attach and detach, clones, snapshot policies.
 - :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server.
 - :class:`WalArchive`: where archived WAL lives.
 - :class:`Catalog`: where backup records live.
+- :class:`Runner`: how commands reach the database host (locally, over ssh,
+  on a test VM's console); :class:`pgsnap.host.Host` builds files, processes
+  and mounts on it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol
 
 if TYPE_CHECKING:
+    from pgsnap.host import CommandResult, Host
     from pgsnap.model import (
         ArchiverStatus,
         BackupRecord,
         BackupStart,
         BackupStop,
+        Location,
         RecoverySettings,
+        RestoreProfile,
         ServerFacts,
         Snapshot,
         SnapshotGroup,
@@ -41,6 +47,7 @@ __all__ = [
     "Catalog",
     "DatabaseAdapter",
     "RecoveryOutcome",
+    "Runner",
     "StorageBackend",
     "WalArchive",
 ]
@@ -55,8 +62,11 @@ STORAGE_BACKEND_METHODS: Final = (
     "delete_snapshot",
     "delete_snapshot_group",
     "restore_volume",
-    "map_volume",
-    "unmap_volume",
+    "restore_profile",
+    "wait_for_restore",
+    "locate",
+    "attach",
+    "detach",
     "clone_snapshot",
     "list_policies",
     "pause_policy",
@@ -73,13 +83,13 @@ class Capability(enum.Enum):
     POLICIES = "policies"
     """The storage runs snapshot schedules that can be paused and resumed."""
     MAPPING = "mapping"
-    """Volumes are mapped to hosts (SDCs, initiators) and can be unmapped."""
+    """Volumes are attached to hosts and detached from them (PowerFlex maps a volume
+    to an SDC, LVM activates it); without it :meth:`StorageBackend.attach` and
+    :meth:`StorageBackend.detach` are refused."""
     SECURE_SNAPSHOTS = "secure_snapshots"
     """Snapshots can be protected against deletion for a retention period."""
     CLONES = "clones"
     """A snapshot can be turned into a new writable volume."""
-    DIRECTORY_VOLUMES = "directory_volumes"
-    """Volumes are host directories; restore rewrites them in place (no mount)."""
 
 
 class StorageBackend(Protocol):
@@ -142,19 +152,54 @@ class StorageBackend(Protocol):
         ...
 
     def restore_volume(self, volume_id: str, snapshot_id: str) -> None:
-        """Replace the volume's content with the snapshot's; the snapshot stays.
+        """Replace the volume's content with the snapshot's.
 
-        The snapshot must be of this volume. The caller makes sure nothing
-        uses the volume (server stopped, unmounted where needed).
+        The snapshot must be of this volume. The caller has done what
+        :meth:`restore_profile` asks first (server stopped, file system
+        unmounted, volume detached); a backend refuses with
+        :class:`~pgsnap.errors.BackendError` when the volume is still in use
+        in a way it can tell (attached where it must not be). The snapshot
+        stays unless the profile says the restore consumes it.
         """
         ...
 
-    def map_volume(self, volume_id: str, host: str) -> None:
-        """Make the volume visible to ``host`` (needs ``MAPPING``); idempotent."""
+    def restore_profile(self, volume_id: str) -> RestoreProfile:
+        """What a restore of ``volume_id`` needs from the host and what it costs.
+
+        Read by the recovery planner as data: unmount or detach first, whether
+        the snapshot is consumed, whether the restore completes later.
+        ``VolumeNotFound`` for an unknown volume.
+        """
         ...
 
-    def unmap_volume(self, volume_id: str, host: str) -> None:
-        """Hide the volume from ``host`` (needs ``MAPPING``); idempotent."""
+    def wait_for_restore(self, volume_id: str, *, timeout: float) -> None:
+        """Return once a restore of ``volume_id`` has completed.
+
+        Returns at once when the restore was synchronous. ``BackendError``
+        when it failed or did not complete within ``timeout`` seconds.
+        """
+        ...
+
+    def locate(self, volume_id: str) -> Location:
+        """How a host finds the volume: a directory, or a device node.
+
+        A device may appear only while the volume is attached. Pure lookup:
+        nothing on the host is checked. ``VolumeNotFound`` for an unknown volume.
+        """
+        ...
+
+    def attach(self, volume_id: str, host: str) -> None:
+        """Make the volume visible to ``host`` (the storage's name for it); idempotent.
+
+        Needs ``MAPPING`` (``UnsupportedCapability`` otherwise).
+        """
+        ...
+
+    def detach(self, volume_id: str, host: str) -> None:
+        """Hide the volume from ``host``; idempotent. Needs ``MAPPING``.
+
+        The caller unmounts the file system first.
+        """
         ...
 
     def clone_snapshot(self, snapshot_id: str, name: str) -> StorageVolume:
@@ -239,8 +284,14 @@ class DatabaseAdapter(Protocol):
     """One PostgreSQL cluster: observe it, put it in backup mode, stop, start, recover.
 
     Errors: :class:`~pgsnap.errors.DatabaseError` (with ``sqlstate`` when the
-    server gave one); never a driver exception.
+    server gave one) or :class:`~pgsnap.errors.HostError` (the host's files and
+    commands); never a driver exception.
     """
+
+    @property
+    def host(self) -> Host:
+        """The database host: where the server's files, processes and mounts are."""
+        ...
 
     def describe(self) -> ServerFacts:
         """Version, system identifier, directories, settings, timeline, checkpoint."""
@@ -345,4 +396,37 @@ class Catalog(Protocol):
 
     def delete(self, backup_id: str) -> None:
         """Remove a record; ``BackupNotFound`` if absent."""
+        ...
+
+
+class Runner(Protocol):
+    """Runs commands on one machine: argument lists, never a shell string.
+
+    Implementations: :class:`pgsnap.host.LocalRunner` (subprocess) and
+    :class:`pgsnap.host.SshRunner` (the ``ssh`` binary). A runner returns a
+    :class:`~pgsnap.host.CommandResult` whatever the exit status; it raises
+    :class:`~pgsnap.errors.CommandTimeout` when the command outlives
+    ``timeout``, :class:`~pgsnap.errors.HostUnreachable` when the machine
+    cannot be reached, and :class:`~pgsnap.errors.HostError` when the command
+    cannot be started at all. ``user`` runs the command as that OS user (the
+    PostgreSQL server's owner); ``stdin`` is fed to its standard input.
+    """
+
+    @property
+    def description(self) -> str:
+        """Where commands run, for messages: ``"local"``, ``"ssh postgres@db1:22"``.
+
+        Never holds a secret.
+        """
+        ...
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> CommandResult:
+        """Run ``argv`` and return its exit status and output."""
         ...

@@ -1,5 +1,6 @@
 """DirectoryCatalog: atomic, private, locked; MemoryCatalog: same contract."""
 
+import datetime as dt
 import multiprocessing
 import os
 import stat
@@ -91,3 +92,21 @@ def test_lock_timeout(tmp_path):
             cat.put(_record(id="b-1"))
     finally:
         os.close(fd)
+
+
+def test_records_are_ordered_by_instant_across_a_daylight_saving_change(tmp_path):
+    """Files written with local offsets (an older pgsnap, a hand edit) sort by time, not text."""
+    from pgsnap.model import to_dict
+
+    cat = DirectoryCatalog(tmp_path / "cat")
+    early = to_dict(_record(id="b-early"))
+    late = to_dict(_record(id="b-late"))
+    early["start_time"] = "2026-10-25T03:30:00+02:00"  # summer time: 01:30 UTC
+    late["start_time"] = "2026-10-25T02:45:00+00:00"  # 02:45 UTC, but sorts first as text
+    import json
+
+    for doc in (early, late):
+        (tmp_path / "cat" / f"{doc['id']}.json").write_text(json.dumps(doc))
+    listed = cat.list()
+    assert [r.id for r in listed] == ["b-early", "b-late"]
+    assert all(r.start_time.utcoffset() == dt.timedelta(0) for r in listed)

@@ -186,8 +186,25 @@ def test_target_round_trip(target):
 
 
 def test_naive_time_in_record_refused():
-    with pytest.raises(errors.TargetError):
+    with pytest.raises(errors.TimeError, match="no time zone"):
         _record(stop_time=dt.datetime(2026, 1, 1))
+
+
+def test_every_time_is_stored_in_utc():
+    cet = dt.timezone(dt.timedelta(hours=1))
+    rec = _record(stop_time=dt.datetime(2026, 3, 29, 3, 30, tzinfo=cet))
+    assert rec.stop_time == dt.datetime(2026, 3, 29, 2, 30, tzinfo=UTC)
+    assert rec.stop_time.utcoffset() == dt.timedelta(0)
+    target = RecoveryTarget.time("2026-03-29 03:30:00+01:00")
+    assert target.value == dt.datetime(2026, 3, 29, 2, 30, tzinfo=UTC)
+    assert target.value.tzinfo is UTC
+
+
+def test_time_out_of_range_in_utc_is_a_typed_error():
+    with pytest.raises(errors.TargetError, match="out of range"):
+        RecoveryTarget.time("9999-12-31 23:59:59.999999-12:00")
+    with pytest.raises(errors.TimeError, match="out of range"):
+        _record(stop_time=dt.datetime.fromisoformat("9999-12-31 23:00:00-12:00"))
 
 
 def test_records_pickle():
