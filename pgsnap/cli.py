@@ -32,6 +32,7 @@ from typing import Any
 
 from pgsnap.errors import (
     ConfigurationError,
+    ExecutionError,
     InputError,
     PgsnapError,
     PlanningError,
@@ -47,7 +48,7 @@ EXIT_CODES = {
     2: "bad usage or configuration",
     3: "plan refused: the request cannot succeed (the message says why and the alternative)",
     4: "check found blocking problems",
-    5: "the plan is stale: plan again",
+    5: "the plan is stale, or has already run: plan again",
     130: "interrupted",
 }
 
@@ -237,21 +238,8 @@ def _progress(event: Any) -> None:
     _err(str(event))
 
 
-class _ExecutionFailed(Exception):
-    """Wraps any error raised while a plan executes: exit code 1, whatever its type."""
-
-    def __init__(self, cause: PgsnapError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 def _execute(cluster: Any, plan: Any) -> Any:
-    try:
-        return cluster.execute(plan, on_event=_progress)
-    except StalePlanError:
-        raise
-    except PgsnapError as exc:
-        raise _ExecutionFailed(exc) from exc
+    return cluster.execute(plan, on_event=_progress)
 
 
 def _plan_recovery(args: argparse.Namespace, cluster: Any, target: Any) -> Any:
@@ -310,7 +298,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         _out(plan.to_json() if args.json else plan.explain())
         return EXIT_OK
     _execute(cluster, plan)
-    record = cluster.catalog.get(str(plan.steps[0].params["backup_id"]))
+    record = cluster.catalog.get(str(plan.request["backup_id"]))
     if args.json:
         from pgsnap.model import to_json  # noqa: PLC0415
 
@@ -409,7 +397,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     for plan in pending:
         _execute(cluster, plan)
-        _out(f"{plan.kind} plan {plan.fingerprint[:12]} finished")
+        _out(f"{plan.kind} plan {plan.id[:12]} finished")
     return EXIT_OK
 
 
@@ -568,8 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
-    except _ExecutionFailed as exc:
-        _err(f"pgsnap: failed: {exc.cause}")
+    except ExecutionError as exc:
+        _err(f"pgsnap: failed: {exc}")
         return EXIT_FAILED
     except StalePlanError as exc:
         _err(f"pgsnap: stale plan: {exc}")

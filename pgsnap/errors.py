@@ -17,7 +17,8 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── FormatError                     JSON of an unknown major format version, bad shape
     │   └── InvalidPlanError                a step names an unknown operation or bad parameters
     ├── ConfigurationError (ValueError)     settings that cannot work together
-    │   └── BackendNotFound (LookupError)   no backend registered under that name
+    │   ├── BackendNotFound (LookupError)   no backend registered under that name
+    │   └── OperationNotFound (LookupError) no plan operation registered under that name
     ├── PlanningError                       the request cannot succeed; says why and the alternative
     │   ├── UnsupportedCapability           the backend lacks what the plan needs
     │   ├── NoBackupForTarget               no DONE backup can reach the target
@@ -83,6 +84,7 @@ __all__ = [
     "MountBusyError",
     "MountError",
     "NoBackupForTarget",
+    "OperationNotFound",
     "PgsnapError",
     "PlanAlreadyRunError",
     "PlanLockedError",
@@ -188,6 +190,10 @@ class ConfigurationError(PgsnapError, ValueError):
 
 class BackendNotFound(ConfigurationError, LookupError):
     """No storage backend is registered under the requested name."""
+
+
+class OperationNotFound(ConfigurationError, LookupError):
+    """No plan operation is registered under the requested name."""
 
 
 class PlanningError(PgsnapError):

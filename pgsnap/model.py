@@ -54,6 +54,8 @@ __all__ = [
     "Timeline",
     "Volume",
     "VolumeRole",
+    "decode_value",
+    "encode_value",
     "from_dict",
     "from_json",
     "to_dict",
@@ -756,30 +758,32 @@ class RecoveryTarget:
 _T = TypeVar("_T")
 
 
-def _encode(value: Any) -> Any:
+def encode_value(value: Any) -> Any:
+    """``value`` as plain JSON data (records, LSNs, times, enums, tuples, mappings)."""
     if isinstance(value, LSN):
         return str(value)
     if attrs.has(type(value)):
         out: dict[str, Any] = {}
         for f in attrs.fields(type(value)):
-            out[f.name] = _encode(getattr(value, f.name))
+            out[f.name] = encode_value(getattr(value, f.name))
         return out
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
-        return [_encode(v) for v in value]
+        return [encode_value(v) for v in value]
     if isinstance(value, frozenset | set):
-        return sorted((_encode(v) for v in value), key=json.dumps)
+        return sorted((encode_value(v) for v in value), key=json.dumps)
     if isinstance(value, Mapping):
-        return {str(k): _encode(v) for k, v in value.items()}
+        return {str(k): encode_value(v) for k, v in value.items()}
     if value is None or isinstance(value, bool | int | float | str):
         return value
     raise FormatError(f"cannot serialise a {type(value).__name__}")
 
 
-def _decode(tp: Any, data: Any, where: str) -> Any:
+def decode_value(tp: Any, data: Any, where: str) -> Any:
+    """Plain JSON ``data`` as a value of type ``tp``; :class:`FormatError` naming ``where``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -792,24 +796,24 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         errors: list[str] = []
         for cand in non_none:
             try:
-                return _decode(cand, data, where)
+                return decode_value(cand, data, where)
             except (FormatError, LSNError, TargetError, TypeError, ValueError) as exc:
                 errors.append(str(exc))
         raise FormatError(f"{where}: {data!r} matches none of {tp}: {'; '.join(errors)}")
     if origin in (frozenset, set):
         if not isinstance(data, list):
             raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
-        return frozenset(_decode(args[0] if args else Any, v, f"{where}[]") for v in data)
+        return frozenset(decode_value(args[0] if args else Any, v, f"{where}[]") for v in data)
     if origin is tuple:
         if not isinstance(data, list):
             raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
         item = args[0] if args else Any
-        return tuple(_decode(item, v, f"{where}[{i}]") for i, v in enumerate(data))
+        return tuple(decode_value(item, v, f"{where}[{i}]") for i, v in enumerate(data))
     if origin in (Mapping, dict) or tp is dict:
         if not isinstance(data, dict):
             raise FormatError(f"{where}: expected an object, got {type(data).__name__}")
         vt = args[1] if len(args) == 2 else Any
-        return {str(k): _decode(vt, v, f"{where}.{k}") for k, v in data.items()}
+        return {str(k): decode_value(vt, v, f"{where}.{k}") for k, v in data.items()}
     if tp is LSN:
         if not isinstance(data, str):
             raise FormatError(f"{where}: expected an LSN string, got {data!r}")
@@ -857,7 +861,7 @@ def _from_dict(cls: type[_T], data: Any, where: str) -> _T:
     hints = dict(typing.get_type_hints(cls))
     if cls is RecoveryTarget:
         # The kind decides the value's type (a NAME target may look like a time).
-        kind = _decode(TargetKind, data.get("kind"), f"{where}.kind")
+        kind = decode_value(TargetKind, data.get("kind"), f"{where}.kind")
         hints["value"] = _TARGET_VALUE_TYPES[kind]
     kwargs: dict[str, Any] = {}
     for f in attrs.fields(cls):  # type: ignore[arg-type]
@@ -865,7 +869,7 @@ def _from_dict(cls: type[_T], data: Any, where: str) -> _T:
             if f.default is attrs.NOTHING:
                 raise FormatError(f"{where}: {cls.__name__} needs {f.name!r}")
             continue
-        kwargs[f.name] = _decode(hints[f.name], data[f.name], f"{where}.{f.name}")
+        kwargs[f.name] = decode_value(hints[f.name], data[f.name], f"{where}.{f.name}")
     # Unknown keys (from a newer minor version) are ignored on purpose.
     try:
         return cls(**kwargs)
@@ -877,22 +881,24 @@ def _from_dict(cls: type[_T], data: Any, where: str) -> _T:
 
 def to_dict(record: Any) -> dict[str, Any]:
     """A JSON-ready dict of an attrs record, with ``format_version`` and ``type``."""
-    body = _encode(record)
+    body = encode_value(record)
     if not isinstance(body, dict):
         raise FormatError(f"cannot serialise a {type(record).__name__} as a document")
     return {"format_version": FORMAT_VERSION, "type": type(record).__name__, **body}
 
 
-def check_format_version(data: Mapping[str, Any], where: str = "document") -> None:
-    """Refuse a document whose major format version is not ours."""
+def check_format_version(
+    data: Mapping[str, Any], where: str = "document", ours: str = FORMAT_VERSION
+) -> None:
+    """Refuse a document whose major format version is not the major of ``ours``."""
     version = data.get("format_version")
     if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
         raise FormatError(f"{where} has no valid format_version (got {version!r})")
-    ours = FORMAT_VERSION.split(".")[0]
-    if version.split(".")[0] != ours:
+    major = ours.split(".")[0]
+    if version.split(".")[0] != major:
         raise FormatError(
-            f"{where} has format version {version}; this pgsnap reads {ours}.x",
-            hint="upgrade pgsnap to read documents written by a newer major version",
+            f"{where} has format version {version}; this pgsnap reads {major}.x",
+            hint="use the pgsnap version that wrote it, or make the document again",
         )
 
 

@@ -23,28 +23,41 @@ import os
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.errors import PgsnapError, PlanningError, StalePlanError
+from pgsnap.errors import ConfigurationError, PgsnapError, PlanningError, StalePlanError
 from pgsnap.executor import Event, ExecutionResult, Executor
 from pgsnap.model import (
     BackupRecord,
     BackupState,
     Layout,
+    LocationKind,
+    Mount,
     RecoveryAction,
     RecoveryTarget,
+    ServerFacts,
     VolumeRole,
     from_dict,
 )
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
-from pgsnap.planner.facts import BackupFacts, RecoveryFacts, WalEvents
+from pgsnap.planner.facts import (
+    BackupFacts,
+    PathFacts,
+    RecoveryFacts,
+    VolumeFacts,
+    WalEvents,
+    cluster_paths,
+)
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import ArchiveIndex, ArchiverHealth, archiver_health, check, segment_start
 from pgsnap.waldump import find_waldump, scan_wal
+
+if TYPE_CHECKING:
+    from pgsnap.host import Host
 
 __all__ = ["BackupList", "CheckReport", "Cluster", "read_archive_system_identifier"]
 
@@ -225,7 +238,51 @@ class Cluster:
                 sorted(set(index.timelines()) | set(self.archive.histories().timelines()))
             ),
             archive_system_identifier=sysid,
+            host=self.host.name,
+            volume_facts=self._volume_facts(),
+            paths=self._path_facts(server),
         )
+
+    @property
+    def host(self) -> Host:
+        """The database host (the adapter's)."""
+        return self.adapter.host
+
+    def _volume_facts(self) -> tuple[VolumeFacts, ...]:
+        """Where the host finds each snapshotted volume, how it is restored, what is mounted."""
+        host = self.host
+        mounts: tuple[Mount, ...] | None = None
+        out = []
+        for vol in self.layout.snapshotted:
+            location = self.backend.locate(vol.id)
+            profile = self.backend.restore_profile(vol.id)
+            resolved: str | None = None
+            mount: Mount | None = None
+            if location.kind is LocationKind.DIRECTORY:
+                resolved = host.realpath(location.path)
+            else:
+                if host.exists(location.path):
+                    resolved = host.realpath(location.path)
+                if mounts is None:
+                    mounts = host.mounts()
+                target = os.path.normpath(vol.mount_point)
+                at = [m for m in mounts if os.path.normpath(m.target) == target]
+                mount = at[-1] if at else None
+            out.append(VolumeFacts(vol.id, location, profile, resolved, mount))
+        return tuple(out)
+
+    def _path_facts(self, server: ServerFacts) -> tuple[PathFacts, ...]:
+        """The cluster's directories as the host resolves them, and the mounts holding them."""
+        host = self.host
+        out = []
+        for what, path in cluster_paths(server):
+            real = host.realpath(path)
+            mount = host.mount_of(real)
+            device = None
+            if mount is not None:
+                device = host.realpath(mount.source) if mount.source.startswith("/") else None
+            out.append(PathFacts(what, path, real, mount, device))
+        return tuple(out)
 
     def _segment_sysid(self, name: str) -> str | None:
         path = Path(self.archive.location) / name
@@ -279,10 +336,12 @@ class Cluster:
             capabilities=caps,
             archive=index,
             timelines=graph,
-            restore_command=self.archive.restore_command(),
-            now=self.clock(),
+            archive_location=self.archive.location,
+            now=self._now(),
             server=server,
             archive_with_local_wal=merged,
+            host=self.host.name,
+            volume_facts=self._volume_facts(),
         )
         events = self._scan_events(facts, request, local_dir)
         return attrs.evolve(facts, events=events)
@@ -399,7 +458,7 @@ class Cluster:
         secure_snapshots: bool = False,
     ) -> Plan:
         """Observe, run the preflight, and return the backup plan."""
-        now = self.clock()
+        now = self._now()
         backup_id = backup_id or now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
         request = BackupRequest(
             backup_id=backup_id,
@@ -408,8 +467,7 @@ class Cluster:
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
         )
-        plan = plan_backup(self.backup_facts(), request)
-        return attrs.evolve(plan, request=attrs.asdict(request))
+        return plan_backup(self.backup_facts(), request)
 
     def plan_recovery(
         self,
@@ -435,10 +493,7 @@ class Cluster:
         return self._plan_recovery(request)
 
     def _plan_recovery(self, request: RecoveryRequest) -> Plan:
-        from pgsnap.model import to_dict  # noqa: PLC0415
-
-        plan = plan_recovery(self.recovery_facts(request), request)
-        return attrs.evolve(plan, request=to_dict(request))
+        return plan_recovery(self.recovery_facts(request), request)
 
     # ------------------------------------------------------------------ execute
 
@@ -468,10 +523,11 @@ class Cluster:
             catalog=self.catalog,
             archive=self.archive,
             layout=self.layout,
+            host=self.host,
             journal_dir=self.journal_dir,
             on_event=on_event or self.on_event,
             check_fresh=self._check_fresh,
-            clock=self.clock,
+            clock=self._now,
         )
 
     def execute(
@@ -492,6 +548,16 @@ class Cluster:
         """Plan and execute a backup; return its DONE record."""
         plan = self.plan_backup(label, **options)  # type: ignore[arg-type]
         self.execute(plan)
-        record = self.catalog.get(str(plan.steps[0].params["backup_id"]))
+        record = self.catalog.get(str(plan.request["backup_id"]))
         assert record.state is BackupState.DONE
         return record
+
+    def _now(self) -> dt.datetime:
+        """The clock's time, in UTC; a naive clock is a ConfigurationError, not a TypeError."""
+        now = self.clock()
+        if not isinstance(now, dt.datetime) or now.tzinfo is None or now.utcoffset() is None:
+            raise ConfigurationError(
+                f"the Cluster's clock returned {now!r}, not an aware datetime",
+                hint="return aware times, e.g. datetime.now(timezone.utc)",
+            )
+        return now.astimezone(dt.UTC)

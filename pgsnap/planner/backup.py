@@ -14,9 +14,19 @@ from collections.abc import Sequence
 import attrs
 
 from pgsnap.errors import PreflightError
-from pgsnap.model import VolumeRole
+from pgsnap.model import LocationKind, Volume, VolumeRole
+from pgsnap.operations import Ref
+from pgsnap.operations.catalog import (
+    FailBackup,
+    MarkBackupDone,
+    RecordBackupStart,
+    RecordBackupStop,
+    WaitForWal,
+)
+from pgsnap.operations.db import BackupAbort, BackupStart, BackupStop
+from pgsnap.operations.storage import DeleteSnapshotGroup, SnapshotGroup
 from pgsnap.plan import Plan, Step
-from pgsnap.planner.facts import BackupFacts, fingerprint
+from pgsnap.planner.facts import BackupFacts, PathFacts, fingerprint
 from pgsnap.protocols import Capability
 from pgsnap.wal import archiver_health
 
@@ -60,6 +70,109 @@ def _under(path: str, mount_point: str) -> bool:
     p = os.path.normpath(path)
     m = os.path.normpath(mount_point)
     return p == m or p.startswith(m.rstrip("/") + "/")
+
+
+def _holder(facts: BackupFacts, what: str) -> Volume:
+    """The layout volume that must hold one of the cluster's directories."""
+    layout = facts.layout
+    if what == "pg_wal" and layout.wal is not None:
+        return layout.wal
+    if what.startswith("tablespace "):
+        oid = int(what.rsplit("oid ", 1)[1].rstrip(")"))
+        for vol in layout.by_role(VolumeRole.TABLESPACE):
+            if vol.tablespace_oid == oid:
+                return vol
+    return layout.data
+
+
+def _where(path: PathFacts) -> str:
+    if path.mount is None:
+        return path.real
+    return f"{path.real}, on {path.mount.source} mounted at {path.mount.target}"
+
+
+def _coverage(facts: BackupFacts) -> list[Finding]:
+    """Every directory of the cluster lies on the volume of the layout that must hold it.
+
+    Judged from the host's real mounts and resolved paths: a directory volume
+    holds what lies under its directory; a block device holds what lies on the
+    file system mounted from it.
+    """
+    out: list[Finding] = []
+    err, warn = Severity.ERROR, Severity.WARNING
+    for vol in facts.layout.snapshotted:
+        vf = facts.volume(vol.id)
+        if vf is None:
+            out.append(
+                Finding(
+                    "coverage",
+                    err,
+                    f"nothing is known of how volume {vol.id} ({vol.role.value}) is reached "
+                    "on the host; gather the facts with Cluster.backup_facts()",
+                )
+            )
+        elif vf.location.kind is LocationKind.BLOCK_DEVICE and (
+            vf.mount is None or vf.resolved is None
+        ):
+            out.append(
+                Finding(
+                    "coverage",
+                    err,
+                    f"volume {vol.id} ({vol.role.value}, device {vf.location.path}) is not "
+                    f"mounted at its mount point {vol.mount_point}: fix the layout or mount it",
+                )
+            )
+    for path in facts.paths:
+        vol = _holder(facts, path.what)
+        vf = facts.volume(vol.id)
+        if vf is not None and path.on(vf):
+            continue
+        others = [
+            v
+            for v in facts.layout.snapshotted
+            if (f := facts.volume(v.id)) is not None and path.on(f)
+        ]
+        if path.what.startswith("tablespace ") and vol is facts.layout.data and not others:
+            out.append(
+                Finding(
+                    "coverage",
+                    err,
+                    f"{path.what} at {_where(path)} is on no volume of the layout: add a "
+                    "volume with role 'tablespace' and its oid",
+                )
+            )
+            continue
+        if path.what == "pg_wal" and facts.layout.wal is None and not others:
+            out.append(
+                Finding(
+                    "coverage",
+                    err,
+                    f"pg_wal lives at {_where(path)}, outside the data volume, and the "
+                    "layout has no WAL volume: add the volume that holds it (role 'wal')",
+                )
+            )
+            continue
+        found = f" (it is on volume {others[0].id})" if others else ""
+        out.append(
+            Finding(
+                "coverage",
+                err,
+                f"the {path.what} ({_where(path)}) is not on volume {vol.id} "
+                f"({vol.role.value}, {vol.mount_point}){found}: fix the layout",
+            )
+        )
+    server_oids = {t.oid for t in facts.server.tablespaces}
+    for vol in facts.layout.by_role(VolumeRole.TABLESPACE):
+        if vol.tablespace_oid not in server_oids:
+            out.append(
+                Finding(
+                    "coverage",
+                    warn,
+                    f"the layout has a tablespace volume {vol.id} for oid "
+                    f"{vol.tablespace_oid}, but the server has no such tablespace",
+                )
+            )
+    return out
 
 
 def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
@@ -111,62 +224,7 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
             )
         )
 
-    # Every file system of the cluster is covered by a volume of the layout.
-    data_vol = layout.data
-    if not _under(s.data_directory, data_vol.mount_point):
-        out.append(
-            Finding(
-                "coverage",
-                err,
-                f"the data directory {s.data_directory} is not on the data volume "
-                f"{data_vol.id} (mounted at {data_vol.mount_point}); fix the layout",
-            )
-        )
-    wal_vol = layout.wal
-    if wal_vol is not None:
-        if not _under(s.wal_directory, wal_vol.mount_point):
-            out.append(
-                Finding(
-                    "coverage",
-                    err,
-                    f"pg_wal ({s.wal_directory}) is not on the WAL volume {wal_vol.id} "
-                    f"(mounted at {wal_vol.mount_point}); fix the layout",
-                )
-            )
-    elif not _under(s.wal_directory, data_vol.mount_point):
-        out.append(
-            Finding(
-                "coverage",
-                err,
-                f"pg_wal lives at {s.wal_directory}, outside the data volume, and the "
-                "layout has no WAL volume: add the volume that holds it (role 'wal')",
-            )
-        )
-    ts_vols = {v.tablespace_oid: v for v in layout.by_role(VolumeRole.TABLESPACE)}
-    for ts in s.tablespaces:
-        vol = ts_vols.get(ts.oid)
-        if vol is not None and _under(ts.location, vol.mount_point):
-            continue
-        if vol is None and _under(ts.location, data_vol.mount_point):
-            continue
-        out.append(
-            Finding(
-                "coverage",
-                err,
-                f"tablespace {ts.name} (oid {ts.oid}) at {ts.location} is on no volume "
-                "of the layout: add a volume with role 'tablespace' and its oid",
-            )
-        )
-    for oid, vol in ts_vols.items():
-        if oid not in {t.oid for t in s.tablespaces}:
-            out.append(
-                Finding(
-                    "coverage",
-                    warn,
-                    f"the layout has a tablespace volume {vol.id} for oid {oid}, "
-                    "but the server has no such tablespace",
-                )
-            )
+    out += _coverage(facts)
 
     # The archive must not be on a snapshotted volume (a restore would roll it back).
     for vol in layout.snapshotted:
@@ -258,57 +316,60 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         )
     vol_ids: Sequence[str] = [v.id for v in facts.layout.snapshotted]
     s = facts.server
+    bid = request.backup_id
     steps = (
-        Step(
-            id="backup-start",
-            action="db.backup_start",
+        Step.of(
+            "backup-start",
+            BackupStart(label=request.label, fast=request.fast_checkpoint),
             description=f"enter backup mode (label {request.label!r}, "
             f"{'fast' if request.fast_checkpoint else 'spread'} checkpoint)",
             reason="backup mode makes a snapshot of a running server restorable "
             "(immune to changes during the snapshot)",
-            params={
-                "backup_id": request.backup_id,
-                "label": request.label,
-                "fast": request.fast_checkpoint,
-            },
-            compensation="db.backup_abort",
+            undo=BackupAbort(),
         ),
-        Step(
-            id="snapshot",
-            action="storage.snapshot_group",
+        Step.of(
+            "record-start",
+            RecordBackupStart(backup_id=bid, label=request.label, start=Ref("backup-start")),
+            description=f"record backup {bid} STARTED in the catalog",
+            reason="a backup in progress is known, so a failure or a kill is recorded, "
+            "never forgotten",
+            undo=FailBackup(backup_id=bid),
+        ),
+        Step.of(
+            "snapshot",
+            SnapshotGroup(
+                volume_ids=tuple(vol_ids), group_name=bid, secure=request.secure_snapshots
+            ),
             description=f"snapshot {', '.join(vol_ids)} as one consistency group",
             reason="one snapshot of every data, WAL and tablespace volume, taken together",
-            params={
-                "backup_id": request.backup_id,
-                "volume_ids": list(vol_ids),
-                "name": request.backup_id,
-                "secure": request.secure_snapshots,
-            },
-            compensation="storage.delete_snapshot_group",
+            undo=DeleteSnapshotGroup(group_id=Ref("snapshot", "group_id")),
         ),
-        Step(
-            id="backup-stop",
-            action="db.backup_stop",
-            description="leave backup mode without waiting for the archive; keep the "
-            "backup label and tablespace map in the catalog",
-            reason="the server leaves backup mode as soon as the snapshot exists; the label "
-            "is stored at once (it is not on the volumes and is needed to restore)",
-            params={"backup_id": request.backup_id},
+        Step.of(
+            "backup-stop",
+            BackupStop(),
+            description="leave backup mode without waiting for the archive",
+            reason="the server leaves backup mode as soon as the snapshot exists",
         ),
-        Step(
-            id="wait-wal",
-            action="archive.wait_for_wal",
+        Step.of(
+            "record-stop",
+            RecordBackupStop(backup_id=bid, stop=Ref("backup-stop"), snapshot=Ref("snapshot")),
+            description="keep the backup label, tablespace map and snapshots in the catalog "
+            "(WAITING_FOR_WAL)",
+            reason="the label is not on the volumes and is needed to restore: it is stored "
+            "the moment backup mode ends",
+        ),
+        Step.of(
+            "wait-wal",
+            WaitForWal(backup_id=bid, timeout=request.wal_timeout),
             description=f"wait (at most {request.wal_timeout:g} s) for the stop segment and "
             "the .backup file in the archive",
             reason="a backup is usable only once all WAL from its start to its stop is archived",
-            params={"backup_id": request.backup_id, "timeout": request.wal_timeout},
         ),
-        Step(
-            id="done",
-            action="catalog.mark_done",
-            description="mark the backup DONE in the catalog",
+        Step.of(
+            "done",
+            MarkBackupDone(backup_id=bid),
+            description="confirm the snapshots exist and mark the backup DONE",
             reason="only DONE backups are chosen for recovery",
-            params={"backup_id": request.backup_id},
         ),
     )
     warnings = tuple(str(f) for f in findings if f.severity is Severity.WARNING)
@@ -327,6 +388,7 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         kind="backup",
         steps=steps,
         fingerprint=fp,
+        request=attrs.asdict(request),
         summary={
             "backup id": request.backup_id,
             "cluster": f"PostgreSQL {s.version_num // 10000} (system id {s.system_identifier})",

@@ -16,11 +16,16 @@ from typing import Any
 
 import attrs
 
+from pgsnap.errors import ConfigurationError
 from pgsnap.model import (
     LSN,
     ArchiverStatus,
     BackupRecord,
     Layout,
+    Location,
+    LocationKind,
+    Mount,
+    RestoreProfile,
     ServerFacts,
     Snapshot,
     SnapshotPolicy,
@@ -30,7 +35,15 @@ from pgsnap.model import (
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, TimelineGraph
 
-__all__ = ["BackupFacts", "RecoveryFacts", "WalEvents", "fingerprint"]
+__all__ = [
+    "BackupFacts",
+    "PathFacts",
+    "RecoveryFacts",
+    "VolumeFacts",
+    "WalEvents",
+    "cluster_paths",
+    "fingerprint",
+]
 
 
 @attrs.frozen
@@ -83,6 +96,58 @@ class WalEvents:
 
 
 @attrs.frozen
+class VolumeFacts:
+    """What the storage and the database host say about one volume of the layout.
+
+    ``location`` and ``profile`` come from the storage (:meth:`locate`,
+    :meth:`restore_profile`); ``resolved`` is the location's path with every
+    symlink resolved on the host (None when it is not there now: a detached
+    device); ``mount`` is what is mounted exactly at the volume's mount point
+    now (None: nothing, or the volume is a directory).
+    """
+
+    volume_id: str
+    location: Location
+    profile: RestoreProfile
+    resolved: str | None = None
+    mount: Mount | None = None
+
+
+@attrs.frozen
+class PathFacts:
+    """Where one of the cluster's directories really is on the database host.
+
+    ``what`` names it (``"data directory"``, ``"pg_wal"``, ``"tablespace ts1
+    (oid 16384)"``); ``real`` is the path resolved on the host; ``mount`` the
+    mount holding it and ``device`` that mount's source, resolved.
+    """
+
+    what: str
+    path: str
+    real: str
+    mount: Mount | None = None
+    device: str | None = None
+
+    def on(self, volume: VolumeFacts) -> bool:
+        """True when this directory lives on ``volume``."""
+        if volume.location.kind is LocationKind.DIRECTORY:
+            root = (volume.resolved or volume.location.path).rstrip("/") or "/"
+            return self.real == root or self.real.startswith(root.rstrip("/") + "/")
+        return (
+            self.device is not None
+            and volume.resolved is not None
+            and self.device == volume.resolved
+        )
+
+
+def cluster_paths(server: ServerFacts) -> tuple[tuple[str, str], ...]:
+    """``(what, path)`` of each directory of the cluster a volume must hold."""
+    items = [("data directory", server.data_directory), ("pg_wal", server.wal_directory)]
+    items += [(f"tablespace {t.name} (oid {t.oid})", t.location) for t in server.tablespaces]
+    return tuple(items)
+
+
+@attrs.frozen
 class BackupFacts:
     """Everything the backup planner looks at."""
 
@@ -96,6 +161,16 @@ class BackupFacts:
     archive_timelines: tuple[int, ...]
     archive_system_identifier: str | None = None
     """System identifier read from an archived segment's header (None if none)."""
+    host: str = ""
+    """The database host's name, as the storage knows it."""
+    volume_facts: tuple[VolumeFacts, ...] = ()
+    """Per layout volume (archive excluded): location, restore profile, mount."""
+    paths: tuple[PathFacts, ...] = ()
+    """The data directory, pg_wal and every tablespace, as the host resolves them."""
+
+    def volume(self, volume_id: str) -> VolumeFacts | None:
+        """The facts of ``volume_id`` (None when not gathered)."""
+        return next((v for v in self.volume_facts if v.volume_id == volume_id), None)
 
 
 @attrs.frozen
@@ -115,11 +190,29 @@ class RecoveryFacts:
     capabilities: frozenset[Capability]
     archive: ArchiveIndex
     timelines: TimelineGraph
-    restore_command: str
+    archive_location: str
+    """Where the WAL archive is, for messages (the archive gives the restore_command
+    itself when the plan runs, so a command carrying credentials is never in a plan)."""
     now: dt.datetime
     server: ServerFacts | None = None
     archive_with_local_wal: ArchiveIndex | None = None
     events: WalEvents | None = None
+    host: str = ""
+    """The database host's name, as the storage knows it (attach and detach use it)."""
+    volume_facts: tuple[VolumeFacts, ...] = ()
+    """Per layout volume (archive excluded): location, restore profile, mount."""
+
+    def volume(self, volume_id: str) -> VolumeFacts:
+        """The facts of ``volume_id``; ConfigurationError when they were not gathered
+        (the planner never guesses how a volume is restored)."""
+        for v in self.volume_facts:
+            if v.volume_id == volume_id:
+                return v
+        raise ConfigurationError(
+            f"the recovery facts say nothing of how volume {volume_id} is located and restored",
+            hint="gather facts with Cluster.recovery_facts(), or give a VolumeFacts per volume",
+            volume_id=volume_id,
+        )
 
 
 def _canonical(value: Any) -> Any:

@@ -31,19 +31,39 @@ from pgsnap.errors import (
     NoBackupForTarget,
     TargetOutOfRange,
     TimelineError,
-    UnsupportedCapability,
     WalGapError,
 )
 from pgsnap.model import (
     LSN,
     BackupRecord,
+    LocationKind,
     RecoveryAction,
-    RecoverySettings,
     RecoveryTarget,
     TargetKind,
     Volume,
     VolumeRole,
     to_dict,
+)
+from pgsnap.operations import Ref
+from pgsnap.operations.db import (
+    ClearRecoverySettings,
+    PrepareDataDirectory,
+    StartServer,
+    StopServer,
+    Verify,
+    WaitRecovery,
+    WriteBackupLabel,
+    WriteRecoverySettings,
+)
+from pgsnap.operations.host import Mount, Unmount, WaitForDevice
+from pgsnap.operations.storage import (
+    Attach,
+    Detach,
+    PausePolicies,
+    RestoreVolume,
+    ResumePolicies,
+    SnapshotGroup,
+    WaitForRestore,
 )
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import RecoveryFacts, fingerprint
@@ -81,6 +101,10 @@ class RecoveryRequest:
     backup_id: str | None = None
     safety_snapshot: bool = True
     recovery_timeout: float = 600.0
+    restore_timeout: float = 3600.0
+    """Seconds to wait for a restore the storage completes in the background."""
+    device_timeout: float = 120.0
+    """Seconds to wait for a re-attached volume's device to appear on the host."""
 
     def __attrs_post_init__(self) -> None:
         t = self.timeline
@@ -398,18 +422,125 @@ def _check_target_reachable(
     return warnings
 
 
+SAFETY_STEP = "safety-snapshot"
+"""The id of the step that snapshots the volumes about to be restored."""
+
+
+def _expected_state(action: RecoveryAction) -> str:
+    return {
+        RecoveryAction.PROMOTE: "promoted and accepting writes",
+        RecoveryAction.PAUSE: "paused in recovery at the target",
+        RecoveryAction.SHUTDOWN: "shut down at the target",
+    }[action]
+
+
+def _restore_steps(
+    facts: RecoveryFacts,
+    request: RecoveryRequest,
+    backup: BackupRecord,
+    vol: Volume,
+    safety: bool,
+) -> list[Step]:
+    """Unmount, detach, restore, wait, attach, wait for the device, mount: what the
+    volume's restore profile asks for, each with what undoes it."""
+    vf = facts.volume(vol.id)
+    profile = vf.profile
+    device = vf.location.path
+    mounted = vf.mount
+    fstype = mounted.fstype if mounted is not None and mounted.fstype else None
+    options = mounted.options if mounted is not None else ()
+    where = f"{vol.id} ({vol.role.value}, {vol.mount_point})"
+    steps: list[Step] = []
+    if profile.unmounts and mounted is not None:
+        steps.append(
+            Step.of(
+                f"unmount-{vol.id}",
+                Unmount(mount_point=vol.mount_point),
+                description=f"unmount {vol.mount_point} ({mounted.source})",
+                reason=f"the storage restores volume {vol.id} only once its file system is "
+                "unmounted; a busy file system names the processes holding it",
+                undo=Mount(
+                    device=mounted.source,
+                    mount_point=vol.mount_point,
+                    fstype=fstype,
+                    options=options,
+                ),
+            )
+        )
+    if profile.detaches:
+        steps.append(
+            Step.of(
+                f"detach-{vol.id}",
+                Detach(volume_id=vol.id, host=facts.host),
+                description=f"detach volume {vol.id} from host {facts.host}",
+                reason="the storage refuses to overwrite a volume a host still sees",
+                undo=Attach(volume_id=vol.id, host=facts.host),
+            )
+        )
+    snap = backup.snapshots[vol.id]
+    undo_restore = (
+        RestoreVolume(volume_id=vol.id, snapshot_id=Ref(SAFETY_STEP, "snapshots", vol.id))
+        if safety
+        else None
+    )
+    steps.append(
+        Step.of(
+            f"restore-{vol.id}",
+            RestoreVolume(volume_id=vol.id, snapshot_id=snap),
+            description=f"restore volume {where} from snapshot {snap}",
+            reason=f"the {vol.role.value} volume is lost; the backup's snapshot brings back "
+            "its state at the backup"
+            + (" (the restore consumes that snapshot)" if profile.consumes_snapshot else ""),
+            undo=undo_restore,
+        )
+    )
+    if profile.completes_later:
+        steps.append(
+            Step.of(
+                f"wait-restore-{vol.id}",
+                WaitForRestore(volume_id=vol.id, timeout=request.restore_timeout),
+                description=f"wait until the storage has restored volume {vol.id}",
+                reason="the storage completes this restore in the background",
+            )
+        )
+    if profile.detaches:
+        steps.append(
+            Step.of(
+                f"attach-{vol.id}",
+                Attach(volume_id=vol.id, host=facts.host),
+                description=f"attach volume {vol.id} to host {facts.host} again",
+                reason="the host needs the restored volume back",
+                undo=Detach(volume_id=vol.id, host=facts.host),
+            )
+        )
+    if profile.unmounts:
+        if vf.location.kind is LocationKind.BLOCK_DEVICE:
+            steps.append(
+                Step.of(
+                    f"wait-device-{vol.id}",
+                    WaitForDevice(device=device, timeout=request.device_timeout),
+                    description=f"wait for device {device} to appear on the host",
+                    reason="an attached volume's device node appears only after the host "
+                    "has rescanned its storage",
+                )
+            )
+        steps.append(
+            Step.of(
+                f"mount-{vol.id}",
+                Mount(device=device, mount_point=vol.mount_point, fstype=fstype, options=options),
+                description=f"mount {device} on {vol.mount_point}",
+                reason="PostgreSQL finds its files where they were",
+                undo=Unmount(mount_point=vol.mount_point),
+            )
+        )
+    return steps
+
+
 # --------------------------------------------------------------------------- the plan
 
 
 def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     """The recovery plan for ``request``, or a PlanningError saying why not."""
-    if Capability.DIRECTORY_VOLUMES not in facts.capabilities:
-        raise UnsupportedCapability(
-            "this backend's volumes are block devices that must be unmounted and mounted "
-            "around a restore; pgsnap does not drive mounts yet",
-            hint="use a backend whose volumes are directories (the mock) or restore by hand "
-            "following `plan-recovery --json`",
-        )
     keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
     target = request.target
     backup, tli, passed = choose_backup(facts, request)
@@ -436,74 +567,50 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     timeline_setting = str(tli) if request.timeline != "latest" else "latest"
     if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
         timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
-    settings = RecoverySettings(
-        restore_command=facts.restore_command,
-        target=target,
-        target_timeline=timeline_setting,
-        action=request.action,
-    )
-
     steps: list[Step] = []
     if policies and Capability.POLICIES in facts.capabilities:
-        ids = sorted(p.id for p in policies)
+        ids = tuple(sorted(p.id for p in policies))
         steps.append(
-            Step(
-                id="pause-policies",
-                action="storage.pause_policies",
+            Step.of(
+                "pause-policies",
+                PausePolicies(policy_ids=ids),
                 description=f"pause snapshot policies {', '.join(ids)}",
                 reason="so the schedule does not rotate good snapshots out while the "
                 "database is down",
-                params={"policy_ids": ids},
-                compensation="storage.resume_policies",
-                compensation_params={"policy_ids": ids},
+                undo=ResumePolicies(policy_ids=ids),
             )
         )
     steps.append(
-        Step(
-            id="stop-server",
-            action="db.stop_server",
+        Step.of(
+            "stop-server",
+            StopServer(),
             description="stop the PostgreSQL server",
             reason="volumes cannot be restored under a running server (no-op if it is down)",
         )
     )
-    if request.safety_snapshot:
+    safety = request.safety_snapshot
+    safety_name = f"pgsnap-safety-{facts.now.astimezone(dt.UTC):%Y%m%dT%H%M%S%fZ}"
+    if safety:
         steps.append(
-            Step(
-                id="safety-snapshot",
-                action="storage.snapshot_group",
-                description=f"snapshot the current state of {', '.join(sorted(restore_ids))} first",
+            Step.of(
+                SAFETY_STEP,
+                SnapshotGroup(volume_ids=tuple(sorted(restore_ids)), group_name=safety_name),
+                description=f"snapshot the current state of {', '.join(sorted(restore_ids))} "
+                f"first (group {safety_name})",
                 reason="nothing is lost: the state being replaced stays available until "
                 "you delete it",
-                params={
-                    "volume_ids": sorted(restore_ids),
-                    "name": f"pgsnap-before-restore-{backup.id}",
-                    "secure": False,
-                    "keep": True,
-                },
             )
         )
+    lost_backup: list[str] = []
     for v in restore:
-        snap = backup.snapshots[v.id]
-        steps.append(
-            Step(
-                id=f"restore-{v.id}",
-                action="storage.restore_volume",
-                description=f"restore volume {v.id} ({v.role.value}, {v.mount_point}) from "
-                f"snapshot {snap}",
-                reason=f"the {v.role.value} volume is lost; the backup's snapshot brings back its "
-                "state at the backup",
-                params={"volume_id": v.id, "snapshot_id": snap},
-                compensation="storage.restore_volume" if request.safety_snapshot else None,
-                compensation_params={"volume_id": v.id, "from_step": "safety-snapshot"}
-                if request.safety_snapshot
-                else {},
-            )
-        )
+        steps += _restore_steps(facts, request, backup, v, safety)
+        if facts.volume(v.id).profile.consumes_snapshot:
+            lost_backup.append(v.id)
     clear_wal = not keep_wal
     steps.append(
-        Step(
-            id="prepare-datadir",
-            action="host.prepare_data_directory",
+        Step.of(
+            "prepare-datadir",
+            PrepareDataDirectory(clear_wal=clear_wal),
             description="clean the restored data directory (postmaster.pid, postmaster.opts, "
             "pg_replslot, temporary state" + (", stale pg_wal" if clear_wal else "") + ")",
             reason="files from the running server at snapshot time confuse pg_ctl and recovery"
@@ -512,99 +619,87 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 if clear_wal
                 else "; pg_wal is on the surviving WAL volume and is kept"
             ),
-            params={"clear_wal": clear_wal},
         )
     )
-    label_digest = hashlib.sha256(backup.labelfile.encode()).hexdigest()
     steps.append(
-        Step(
-            id="write-label",
-            action="host.write_backup_label",
+        Step.of(
+            "write-label",
+            WriteBackupLabel(
+                backup_id=backup.id,
+                label_sha256=hashlib.sha256(backup.labelfile.encode()).hexdigest(),
+            ),
             description=f"write backup_label{' and tablespace_map' if backup.spcmapfile else ''} "
             f"of backup {backup.id} from the catalog",
             reason="without the label, replay would start at the wrong checkpoint and corrupt the "
             "cluster; it is written byte for byte as PostgreSQL returned it",
-            params={"backup_id": backup.id, "label_sha256": label_digest},
         )
     )
+    write_settings = WriteRecoverySettings(
+        recovery_target=target, timeline=timeline_setting, action=request.action
+    )
+    shown = ", ".join(write_settings.settings("").lines()[1:])
     steps.append(
-        Step(
-            id="write-recovery-settings",
-            action="db.write_recovery_settings",
-            description=f"write recovery settings ({', '.join(settings.lines()[1:])}) and "
-            "recovery.signal",
+        Step.of(
+            "write-recovery-settings",
+            write_settings,
+            description=f"write recovery settings ({shown}, restore_command from the archive "
+            f"{facts.archive_location or 'configured'}) and recovery.signal",
             reason="tells PostgreSQL where the WAL is, where to stop and what to do there; stale "
             "recovery_target lines from the snapshot are disabled",
-            params={"settings": to_dict(settings)},
-            compensation="db.clear_recovery_settings",
+            undo=ClearRecoverySettings(),
         )
     )
     steps.append(
-        Step(
-            id="start-server",
-            action="db.start_server",
-            description="start PostgreSQL",
-            reason="the server replays WAL from the backup's start to the target",
-            compensation="db.stop_server",
+        Step.of(
+            "start-server",
+            StartServer(),
+            description="start PostgreSQL: it replays WAL from the backup's start to the target",
+            reason="this is the recovery itself; from here on PostgreSQL writes to the restored "
+            "volumes (and a new timeline to the archive), so nothing before it can be undone",
         )
     )
     steps.append(
-        Step(
-            id="wait-recovery",
-            action="db.wait_recovery",
+        Step.of(
+            "wait-recovery",
+            WaitRecovery(
+                action=request.action,
+                target_kind=target.kind,
+                timeout=request.recovery_timeout,
+            ),
             description=f"wait for recovery to reach {target} and {request.action.value}",
             reason="the plan is done only when the server says where it stopped",
-            params={
-                "timeout": request.recovery_timeout,
-                "action": request.action.value,
-                "target_kind": target.kind.value,
-            },
         )
     )
     min_tli = (
-        max(facts.timelines.latest(), tli) + 1 if request.action is RecoveryAction.PROMOTE else tli
+        max(facts.timelines.latest(), tli) + 1 if request.action is RecoveryAction.PROMOTE else None
     )
     steps.append(
-        Step(
-            id="verify",
-            action="db.verify",
-            description="verify: accepting connections"
-            + (
-                f", on a new timeline (>= {min_tli})"
-                if request.action is RecoveryAction.PROMOTE
-                else ""
-            )
-            + (
-                f", replayed to at least {target_lsn}"
-                if target_lsn is not None and target.kind is TargetKind.LSN
-                else ""
-            ),
+        Step.of(
+            "verify",
+            Verify(action=request.action, min_replay_lsn=backup.stop_lsn, min_timeline=min_tli),
+            description=f"verify: {_expected_state(request.action)}"
+            + (f", on a new timeline (>= {min_tli})" if min_tli is not None else "")
+            + f", replayed at least to the backup's consistency point {backup.stop_lsn}",
             reason="a recovery is trusted only once the server confirms it",
-            params={
-                "action": request.action.value,
-                "min_timeline": min_tli if request.action is RecoveryAction.PROMOTE else None,
-                "min_replay_lsn": str(backup.stop_lsn),
-            },
         )
     )
     if request.action is RecoveryAction.PROMOTE:
         steps.append(
-            Step(
-                id="clear-recovery-settings",
-                action="db.clear_recovery_settings",
+            Step.of(
+                "clear-recovery-settings",
+                ClearRecoverySettings(),
                 description="remove the recovery settings again",
                 reason="a later restart must not recover to the same target again",
             )
         )
     if policies and Capability.POLICIES in facts.capabilities:
-        ids = sorted(p.id for p in policies)
+        ids = tuple(sorted(p.id for p in policies))
         steps.append(
-            Step(
-                id="resume-policies",
-                action="storage.resume_policies",
+            Step.of(
+                "resume-policies",
+                ResumePolicies(policy_ids=ids),
                 description=f"resume snapshot policies {', '.join(ids)}",
                 reason="the database is healthy again; scheduled snapshots resume",
-                params={"policy_ids": ids},
             )
         )
 
@@ -619,7 +714,15 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         )
     kept.append("the WAL archive: it is only read")
     if request.safety_snapshot:
-        kept.append("the current state of the restored volumes, in a safety snapshot taken first")
+        kept.append(
+            f"the current state of the restored volumes, in the safety snapshot group "
+            f"{safety_name} taken first (deleted only when you delete it)"
+        )
+    for vid in lost_backup:
+        lost.append(
+            f"backup {backup.id} itself: restoring volume {vid} consumes its snapshot "
+            f"{backup.snapshots[vid]}, so this backup cannot be restored again"
+        )
     if target.kind is not TargetKind.LATEST:
         lost.append(f"every transaction after the target ({target}) on the recovered cluster")
     elif not keep_wal:
@@ -645,6 +748,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         kind="recovery",
         steps=tuple(steps),
         fingerprint=fp,
+        request=to_dict(request),
         summary=summary,
         kept=tuple(kept),
         lost=tuple(lost),
@@ -670,6 +774,15 @@ def recovery_fingerprint(
             "backup": backup,
             "snapshots": sorted(s.id for s in facts.snapshots if s.id in wanted),
             "timelines": sorted(facts.timelines.timelines()),
+            "volumes": [
+                {
+                    "id": v.id,
+                    "location": facts.volume(v.id).location,
+                    "profile": facts.volume(v.id).profile,
+                    "mounted": facts.volume(v.id).mount is not None,
+                }
+                for v in _volumes_to_restore(facts, request)
+            ],
             "wal_missing": list(wal.missing)
             if request.target.kind is not TargetKind.LATEST
             else [],

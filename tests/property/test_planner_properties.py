@@ -25,8 +25,12 @@ from pgsnap.model import (
     BackupRecord,
     BackupState,
     Layout,
+    Location,
+    Mount,
     RecoveryAction,
     RecoveryTarget,
+    RestorePreparation,
+    RestoreProfile,
     Snapshot,
     SnapshotPolicy,
     TargetKind,
@@ -34,7 +38,7 @@ from pgsnap.model import (
     VolumeRole,
 )
 from pgsnap.plan import Plan
-from pgsnap.planner.facts import RecoveryFacts, WalEvents
+from pgsnap.planner.facts import RecoveryFacts, VolumeFacts, WalEvents
 from pgsnap.planner.recovery import RecoveryRequest, choose_backup, plan_recovery
 from pgsnap.protocols import Capability
 from pgsnap.wal import (
@@ -199,6 +203,30 @@ def targets(draw, recs: list[BackupRecord], events: WalEvents | None):
 
 
 @st.composite
+def volume_facts(draw, layout: Layout):
+    """How each volume is reached and restored: a directory, or a block device whose
+    restore needs nothing, an unmount or a detach, may consume the snapshot or complete
+    later, and may or may not be mounted now."""
+    out = []
+    for v in layout.snapshotted:
+        if draw(st.booleans()):
+            out.append(
+                VolumeFacts(v.id, Location.directory(v.mount_point), RestoreProfile(),
+                            v.mount_point)
+            )
+            continue
+        profile = RestoreProfile(
+            before=draw(st.sampled_from(list(RestorePreparation))),
+            consumes_snapshot=draw(st.booleans()),
+            completes_later=draw(st.booleans()),
+        )
+        device = f"/dev/disk/by-id/{v.id}"
+        mount = Mount(device, v.mount_point, "xfs", ("rw",)) if draw(st.booleans()) else None
+        out.append(VolumeFacts(v.id, Location.device(device), profile, device, mount))
+    return tuple(out)
+
+
+@st.composite
 def scenarios(draw):
     graph, begins = draw(timeline_trees())
     layout = Layout(
@@ -243,8 +271,8 @@ def scenarios(draw):
     facts = RecoveryFacts(
         layout=layout, backups=tuple(recs), snapshots=tuple(existing), policies=policies,
         capabilities=frozenset(Capability), archive=archive, timelines=graph,
-        restore_command="cp /archive/%f %p", now=now, archive_with_local_wal=local,
-        events=events,
+        archive_location="/archive", now=now, archive_with_local_wal=local,
+        events=events, host="db1", volume_facts=draw(volume_facts(layout)),
     )  # fmt: skip
     timeline = draw(
         st.sampled_from(
@@ -279,8 +307,10 @@ def fork_gap(target: RecoveryTarget) -> Scenario:
     facts = RecoveryFacts(
         layout=layout, backups=(b0,), snapshots=(Snapshot("b0-d", "vol-data", "b0-d", T0),),
         policies=(), capabilities=frozenset(Capability), archive=ArchiveIndex.build(names, MB),
-        timelines=TimelineGraph.from_histories([h2]), restore_command="cp /archive/%f %p",
-        now=T0 + dt.timedelta(days=1),
+        timelines=TimelineGraph.from_histories([h2]), archive_location="/archive",
+        now=T0 + dt.timedelta(days=1), host="db1",
+        volume_facts=(VolumeFacts("vol-data", Location.directory("/pg/data"), RestoreProfile(),
+                                  "/pg/data"),),
     )  # fmt: skip
     return Scenario(facts, RecoveryRequest(target))
 
@@ -547,6 +577,35 @@ def test_steps_restore_exactly_the_lost_volumes_in_order(sc: Scenario) -> None:
     assert ids.index("write-label") < ids.index("start-server")
     assert all(ids.index(s.id) < ids.index("start-server") for s in restores)
     assert plan.step("prepare-datadir").params["clear_wal"] is (not keep_wal(sc))
+
+
+@PROPS
+@given(scenarios())
+def test_each_restore_follows_its_volume_profile(sc: Scenario) -> None:
+    plan = run(sc)
+    if not isinstance(plan, Plan):
+        return
+    ids = [s.id for s in plan.steps]
+    start = ids.index("start-server")
+    assert plan.point_of_no_return == "start-server"
+    for vid in restore_volumes(sc):
+        vf = sc.facts.volume(vid)
+        prof = vf.profile
+        expected = (
+            (["unmount"] if prof.unmounts and vf.mount is not None else [])
+            + (["detach"] if prof.detaches else [])
+            + ["restore"]
+            + (["wait-restore"] if prof.completes_later else [])
+            + (["attach"] if prof.detaches else [])
+            + (["wait-device"] if prof.unmounts and vf.location.kind.value == "block_device"
+               else [])
+            + (["mount"] if prof.unmounts else [])
+        )
+        mine = [i for i in ids if i.endswith(f"-{vid}")]
+        assert mine == [f"{e}-{vid}" for e in expected]
+        assert all(ids.index(i) < start for i in mine)
+        consumed = any(f"backup {chosen(sc, plan).id} itself" in x and vid in x for x in plan.lost)
+        assert consumed is prof.consumes_snapshot
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,9 @@ from pgsnap import errors
 from pgsnap.model import (
     ArchiverStatus,
     Layout,
+    Location,
+    Mount,
+    RestoreProfile,
     ServerFacts,
     StorageVolume,
     Tablespace,
@@ -17,7 +20,7 @@ from pgsnap.model import (
 )
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Severity, plan_backup, preflight
-from pgsnap.planner.facts import BackupFacts
+from pgsnap.planner.facts import BackupFacts, PathFacts, VolumeFacts, cluster_paths
 from pgsnap.protocols import Capability
 from tests.unit.test_model import _record
 
@@ -43,14 +46,34 @@ ARCHIVER = ArchiverStatus(
 )
 
 
+def directory_volumes(layout):
+    """Every snapshotted volume is the directory at its mount point (as the mock's)."""
+    return tuple(
+        VolumeFacts(v.id, Location.directory(v.mount_point), RestoreProfile(), v.mount_point)
+        for v in layout.snapshotted
+    )
+
+
+def paths_of(server, mounts=None):
+    """The server's directories, resolved to themselves; on ``mounts[path prefix]``."""
+    out = []
+    for what, path in cluster_paths(server):
+        mount = next((m for p, m in (mounts or {}).items() if path.startswith(p)), None)
+        out.append(PathFacts(what, path, path, mount, mount.source if mount else None))
+    return tuple(out)
+
+
 def facts(**kw):
     base = dict(
         server=SERVER, archiver=ARCHIVER, layout=LAYOUT,
         volumes=tuple(StorageVolume(v, v) for v in ("v-data", "v-wal", "v-ts", "v-arch")),
         capabilities=frozenset(Capability), catalog=(), archive_location="/archive",
         archive_timelines=(1,), archive_system_identifier="7300000000000000001",
+        host="db1",
     )
     base.update(kw)
+    base.setdefault("volume_facts", directory_volumes(base["layout"]))
+    base.setdefault("paths", paths_of(base["server"]))
     return BackupFacts(**base)
 
 
@@ -61,8 +84,8 @@ def codes(findings, severity=Severity.ERROR):
 def test_healthy_cluster_has_no_blocking_findings():
     assert codes(preflight(facts())) == []
     plan = plan_backup(facts(), BackupRequest("20261130T120000000Z", "nightly"))
-    assert [s.id for s in plan.steps] == ["backup-start", "snapshot", "backup-stop",
-                                          "wait-wal", "done"]
+    assert [s.id for s in plan.steps] == ["backup-start", "record-start", "snapshot",
+                                          "backup-stop", "record-stop", "wait-wal", "done"]
     assert plan.step("snapshot").params["volume_ids"] == ["v-data", "v-wal", "v-ts"]
     assert Plan.from_json(plan.to_json()) == plan
 
@@ -113,3 +136,42 @@ def test_secure_snapshots_need_the_capability():
     with pytest.raises(errors.UnsupportedCapability):
         plan_backup(facts(capabilities=frozenset({Capability.CONSISTENCY_GROUPS})),
                     BackupRequest("b", "b", secure_snapshots=True))
+
+
+BLOCK_LAYOUT = Layout([
+    Volume("v-data", "data", VolumeRole.DATA, "/pg/data"),
+    Volume("v-wal", "wal", VolumeRole.WAL, "/pg/wal"),
+])
+BLOCK_SERVER = attrs.evolve(SERVER, tablespaces=())
+DATA_MOUNT = Mount("/dev/mapper/vg-data", "/pg/data", "xfs", ("rw",))
+WAL_MOUNT = Mount("/dev/mapper/vg-wal", "/pg/wal", "xfs", ("rw",))
+
+
+def block_facts(data_mount=DATA_MOUNT, *, data_device="/dev/mapper/vg-data", mounts=None):
+    volume_facts = (
+        VolumeFacts("v-data", Location.device("/dev/vg/data"), RestoreProfile(),
+                    data_device, data_mount),
+        VolumeFacts("v-wal", Location.device("/dev/vg/wal"), RestoreProfile(),
+                    "/dev/mapper/vg-wal", WAL_MOUNT),
+    )
+    held = mounts if mounts is not None else {"/pg/data": DATA_MOUNT, "/pg/wal": WAL_MOUNT}
+    return facts(layout=BLOCK_LAYOUT, server=BLOCK_SERVER, volume_facts=volume_facts,
+                 paths=paths_of(BLOCK_SERVER, held))
+
+
+def test_block_devices_cover_what_their_mounted_file_systems_hold():
+    assert codes(preflight(block_facts())) == []
+
+
+def test_coverage_is_judged_by_the_mounts_not_by_path_prefixes():
+    # /pg/data/15/main is under the data volume's mount point by name, but the file
+    # system holding it is another device (the volume is not mounted there).
+    other = Mount("/dev/sdz1", "/pg/data", "ext4", ("rw",))
+    found = preflight(block_facts(mounts={"/pg/data": other, "/pg/wal": WAL_MOUNT}))
+    messages = [f.message for f in found if f.code == "coverage"]
+    assert len(messages) == 1 and "/dev/sdz1" in messages[0] and "v-data" in messages[0]
+
+
+def test_an_unmounted_block_volume_is_a_finding():
+    found = preflight(block_facts(data_mount=None))
+    assert any(f.code == "coverage" and "not mounted" in f.message for f in found)

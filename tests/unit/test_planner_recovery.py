@@ -11,15 +11,19 @@ from pgsnap.model import (
     BackupRecord,
     BackupState,
     Layout,
+    Location,
+    Mount,
     RecoveryAction,
     RecoveryTarget,
+    RestorePreparation,
+    RestoreProfile,
     Snapshot,
     SnapshotPolicy,
     Volume,
     VolumeRole,
 )
 from pgsnap.plan import Plan
-from pgsnap.planner.facts import RecoveryFacts, WalEvents
+from pgsnap.planner.facts import RecoveryFacts, VolumeFacts, WalEvents
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
@@ -53,16 +57,26 @@ def snaps(*records):
     return tuple(Snapshot(s, v, s, T0) for r in records for v, s in r.snapshots.items())
 
 
+def directory_volumes(layout=LAYOUT):
+    return tuple(
+        VolumeFacts(v.id, Location.directory(v.mount_point), RestoreProfile(), v.mount_point)
+        for v in layout.snapshotted
+    )
+
+
 def facts(backups, segs=range(1, 21), *, extra_names=(), histories=(), events=None,
-          caps=frozenset(Capability), policies=(), local=None, now=T0 + dt.timedelta(days=1)):
+          caps=frozenset(Capability), policies=(), local=None, now=T0 + dt.timedelta(days=1),
+          volume_facts=None):
     names = [segment_name(1, s, MB) for s in segs] + list(extra_names)
     idx = ArchiveIndex.build(names, MB)
     return RecoveryFacts(
         layout=LAYOUT, backups=tuple(backups), snapshots=snaps(*backups), policies=policies,
         capabilities=caps, archive=idx,
-        timelines=TimelineGraph.from_histories(histories), restore_command="cp /archive/%f %p",
+        timelines=TimelineGraph.from_histories(histories), archive_location="/archive",
         now=now, events=events,
         archive_with_local_wal=ArchiveIndex.build(names + list(local), MB) if local else None,
+        host="db1",
+        volume_facts=directory_volumes() if volume_facts is None else volume_facts,
     )
 
 
@@ -190,8 +204,7 @@ def test_timeline_aware_backup_choice():
 
 def test_immediate_stays_on_the_backup_timeline():
     plan = plan_recovery(_forked(), RecoveryRequest(RecoveryTarget.immediate(), timeline="1"))
-    settings = plan.step("write-recovery-settings").params["settings"]
-    assert settings["target_timeline"] == "1"
+    assert plan.step("write-recovery-settings").params["timeline"] == "1"
 
 
 def test_steps_restore_only_lost_volumes_and_keep_wal():
@@ -218,7 +231,9 @@ def test_plan_is_deterministic_and_round_trips():
     a, b = plan_recovery(f, req), plan_recovery(f, req)
     assert a == b
     assert Plan.from_json(a.to_json()) == a
-    assert "cp /archive/%f %p" in a.to_json()  # the restore command, never a password
+    # The restore command is asked of the archive when the plan runs: never in the plan.
+    assert "restore_command" not in a.step("write-recovery-settings").params
+    assert "%f" not in a.to_json()
     text = a.explain()
     assert "restore volume vol-data" in text and "Kept:" in text
     assert "<table>" in a._repr_html_()
@@ -233,10 +248,70 @@ def test_fingerprint_changes_with_the_facts():
     assert plan_recovery(other, req).fingerprint != fp
 
 
-def test_block_backends_are_refused_until_mounts_are_driven():
-    f = facts([B1], caps=frozenset({Capability.CONSISTENCY_GROUPS}))
-    with pytest.raises(errors.UnsupportedCapability):
-        plan_recovery(f, RecoveryRequest())
+def block_volumes(profile, *, mounted=True):
+    return tuple(
+        VolumeFacts(
+            v.id, Location.device(f"/dev/disk/by-id/{v.id}"), profile, f"/dev/sd{v.id[-1]}",
+            Mount(f"/dev/sd{v.id[-1]}", v.mount_point, "xfs", ("rw", "noatime"))
+            if mounted else None,
+        )
+        for v in LAYOUT.snapshotted
+    )
+
+
+def test_detach_profile_builds_unmount_detach_restore_attach_wait_mount():
+    f = facts([B1], volume_facts=block_volumes(RestoreProfile(RestorePreparation.DETACH)))
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
+    ids = [s.id for s in plan.steps]
+    start = ids.index("safety-snapshot") + 1
+    assert ids[start:start + 7] == [
+        "unmount-vol-data", "detach-vol-data", "restore-vol-data", "attach-vol-data",
+        "wait-device-vol-data", "mount-vol-data", "prepare-datadir",
+    ]
+    unmount = plan.step("unmount-vol-data")
+    assert unmount.params == {"mount_point": "/pg/data"}
+    assert unmount.compensation == "host.mount"
+    assert unmount.compensation_params["fstype"] == "xfs"
+    assert plan.step("detach-vol-data").params == {"volume_id": "vol-data", "host": "db1"}
+    mount = plan.step("mount-vol-data")
+    assert mount.params["device"] == "/dev/disk/by-id/vol-data"
+    assert mount.params["options"] == ["rw", "noatime"]
+    restore = plan.step("restore-vol-data")
+    assert restore.compensation_params == {
+        "volume_id": "vol-data", "snapshot_id": {"$ref": ["safety-snapshot", "snapshots",
+                                                         "vol-data"]}}
+    assert plan.point_of_no_return == "start-server"
+
+
+def test_unmount_only_profile_and_a_volume_not_mounted_now():
+    f = facts([B1], volume_facts=block_volumes(RestoreProfile(RestorePreparation.UNMOUNT),
+                                               mounted=False))
+    ids = [s.id for s in plan_recovery(f, RecoveryRequest()).steps]
+    assert "unmount-vol-data" not in ids  # nothing is mounted: nothing to unmount
+    assert "detach-vol-data" not in ids and "attach-vol-data" not in ids
+    assert ids.index("restore-vol-data") < ids.index("wait-device-vol-data") < ids.index(
+        "mount-vol-data")
+
+
+def test_a_restore_that_completes_later_is_waited_for():
+    profile = RestoreProfile(RestorePreparation.DETACH, completes_later=True)
+    plan = plan_recovery(facts([B1], volume_facts=block_volumes(profile)), RecoveryRequest())
+    ids = [s.id for s in plan.steps]
+    assert ids.index("restore-vol-data") + 1 == ids.index("wait-restore-vol-data")
+    assert ids.index("wait-restore-vol-data") < ids.index("attach-vol-data")
+
+
+def test_a_restore_that_consumes_the_snapshot_lists_the_backup_as_lost():
+    profile = RestoreProfile(RestorePreparation.UNMOUNT, consumes_snapshot=True)
+    plan = plan_recovery(facts([B1], volume_facts=block_volumes(profile)), RecoveryRequest())
+    assert any("backup b1 itself" in item and "b1-d" in item for item in plan.lost)
+    kept = plan_recovery(facts([B1]), RecoveryRequest())
+    assert not any("itself" in item for item in kept.lost)
+
+
+def test_facts_without_storage_facts_for_a_volume_are_refused():
+    with pytest.raises(errors.ConfigurationError, match="vol-data"):
+        plan_recovery(facts([B1], volume_facts=()), RecoveryRequest())
 
 
 def test_bad_requests():

@@ -1,0 +1,174 @@
+"""Operations: the typed, registered kinds of step that plans are made of.
+
+Every step of a :class:`~pgsnap.plan.Plan` names an operation (its
+``action``) and gives it parameters. The operation class says what those
+parameters are (an attrs class, validated when the plan is built or loaded),
+which collaborator it touches, what undoes it, what a resumed run does with
+it, and whether it is a point of no return (see :mod:`pgsnap.operations.base`).
+The executor knows operations, not plan kinds or step ids.
+
+Built-in operations (``db.*``, ``storage.*``, ``host.*``, ``catalog.*``,
+``archive.*``) are listed in :data:`BUILTIN_OPERATIONS` and imported on first
+use. Third parties add their own (a product's notification step) through the
+same mechanism as backends: at run time with :func:`register_operation`, or
+from an installed package through the entry-point group ``pgsnap.operations``::
+
+    [project.entry-points."pgsnap.operations"]
+    "acme.notify" = "acme_pgsnap.ops:Notify"
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Final
+
+from pgsnap.errors import ConfigurationError, InvalidPlanError, OperationNotFound
+from pgsnap.operations.base import (
+    JSONValue,
+    Operation,
+    OperationContext,
+    Outputs,
+    Ref,
+    Resume,
+    RunFailure,
+    Target,
+    decode_params,
+    encode_params,
+    refs_in,
+)
+from pgsnap.registry import PluginRegistry, describe_target
+
+__all__ = [
+    "BUILTIN_OPERATIONS",
+    "ENTRY_POINT_GROUP",
+    "JSONValue",
+    "Operation",
+    "OperationContext",
+    "OperationRegistry",
+    "Outputs",
+    "Ref",
+    "Resume",
+    "RunFailure",
+    "Target",
+    "decode_params",
+    "default_operations",
+    "encode_params",
+    "refs_in",
+    "register_operation",
+]
+
+ENTRY_POINT_GROUP: Final = "pgsnap.operations"
+"""The entry-point group third-party packages declare their operations in."""
+
+_OPS = "pgsnap.operations"
+BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "db.backup_start": f"{_OPS}.db:BackupStart",
+        "db.backup_abort": f"{_OPS}.db:BackupAbort",
+        "db.backup_stop": f"{_OPS}.db:BackupStop",
+        "db.stop_server": f"{_OPS}.db:StopServer",
+        "db.start_server": f"{_OPS}.db:StartServer",
+        "db.prepare_data_directory": f"{_OPS}.db:PrepareDataDirectory",
+        "db.write_backup_label": f"{_OPS}.db:WriteBackupLabel",
+        "db.write_recovery_settings": f"{_OPS}.db:WriteRecoverySettings",
+        "db.clear_recovery_settings": f"{_OPS}.db:ClearRecoverySettings",
+        "db.wait_recovery": f"{_OPS}.db:WaitRecovery",
+        "db.verify": f"{_OPS}.db:Verify",
+        "storage.snapshot_group": f"{_OPS}.storage:SnapshotGroup",
+        "storage.delete_snapshot_group": f"{_OPS}.storage:DeleteSnapshotGroup",
+        "storage.restore_volume": f"{_OPS}.storage:RestoreVolume",
+        "storage.wait_for_restore": f"{_OPS}.storage:WaitForRestore",
+        "storage.attach": f"{_OPS}.storage:Attach",
+        "storage.detach": f"{_OPS}.storage:Detach",
+        "storage.pause_policies": f"{_OPS}.storage:PausePolicies",
+        "storage.resume_policies": f"{_OPS}.storage:ResumePolicies",
+        "host.unmount": f"{_OPS}.host:Unmount",
+        "host.mount": f"{_OPS}.host:Mount",
+        "host.wait_for_device": f"{_OPS}.host:WaitForDevice",
+        "catalog.record_backup_start": f"{_OPS}.catalog:RecordBackupStart",
+        "catalog.record_backup_stop": f"{_OPS}.catalog:RecordBackupStop",
+        "catalog.mark_done": f"{_OPS}.catalog:MarkBackupDone",
+        "catalog.fail_backup": f"{_OPS}.catalog:FailBackup",
+        "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
+    }
+)
+"""Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""
+
+
+def _check_operation_class(name: str, cls: type) -> None:
+    import attrs  # noqa: PLC0415
+
+    problems: list[str] = []
+    if not (isinstance(cls, type) and issubclass(cls, Operation)):
+        problems.append("it does not subclass pgsnap.operations.Operation")
+    else:
+        op: type[Operation] = cls
+        if not attrs.has(op):
+            problems.append("it is not an attrs class (decorate it with @attrs.frozen)")
+        if op.name != name:
+            problems.append(f"its name attribute is {op.name!r}")
+        if not isinstance(getattr(op, "target", None), Target):
+            problems.append("it has no target (a pgsnap.operations.Target)")
+        if not isinstance(op.resume, Resume):
+            problems.append("its resume policy is not a pgsnap.operations.Resume")
+    if problems:
+        raise ConfigurationError(
+            f"operation {name!r} ({describe_target(cls)}) cannot be used: {'; '.join(problems)}",
+            hint="see pgsnap.operations.base.Operation for what an operation declares",
+            name=name,
+        )
+
+
+class OperationRegistry(PluginRegistry[Operation]):
+    """Operation names and their classes, imported on first use.
+
+    ``builtins`` defaults to :data:`BUILTIN_OPERATIONS`. See
+    :class:`~pgsnap.registry.PluginRegistry` for registration and lookup.
+    """
+
+    def __init__(
+        self,
+        *,
+        builtins: Mapping[str, str] | None = None,
+        plugins: bool = True,
+        group: str = ENTRY_POINT_GROUP,
+    ) -> None:
+        super().__init__(
+            kind="operation",
+            group=group,
+            builtins=BUILTIN_OPERATIONS if builtins is None else builtins,
+            check=_check_operation_class,
+            not_found=OperationNotFound,
+            plugins=plugins,
+        )
+
+    def add(self, cls: type[Operation], *, replace: bool = False) -> type[Operation]:
+        """Register ``cls`` under its own ``name`` (usable as a class decorator)."""
+        self.register(cls.name, cls, replace=replace)
+        return cls
+
+    def build(self, action: str, params: Mapping[str, JSONValue], *, step_id: str) -> Operation:
+        """The operation ``action`` with ``params``; InvalidPlanError if either is wrong."""
+        try:
+            cls = self.load(action)
+        except ConfigurationError as exc:
+            raise InvalidPlanError(
+                f"step {step_id}: {exc.message}",
+                hint=exc.hint,
+                step_id=step_id,
+                action=action,
+            ) from exc
+        return decode_params(cls, params, step_id=step_id)
+
+
+@functools.cache
+def default_operations() -> OperationRegistry:
+    """The registry plans and the executor use unless given another, created on first call."""
+    return OperationRegistry()
+
+
+def register_operation(cls: type[Operation], *, replace: bool = False) -> type[Operation]:
+    """Register an operation class in the default registry (usable as a decorator)."""
+    return default_operations().add(cls, replace=replace)

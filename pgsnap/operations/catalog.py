@@ -1,0 +1,298 @@
+"""Operations on the catalog's backup records, and the wait for a backup's WAL.
+
+A backup's record follows the backup: STARTED once backup mode began,
+WAITING_FOR_WAL with its label and snapshots the moment backup mode ends,
+DONE only once its WAL is archived and its snapshots are confirmed to exist,
+FAILED (with the reason and any snapshots that could not be removed) when
+the run is undone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from pgsnap.errors import ArchiveError, BackupNotFound, ExecutionError, PgsnapError
+from pgsnap.model import LSN, BackupRecord, BackupState
+from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, Ref, Resume
+from pgsnap.operations.base import Target as _Target
+from pgsnap.protocols import WalArchive
+from pgsnap.wal import ArchiveIndex, check, segment_name, segment_number, walfile_name
+
+__all__ = [
+    "FailBackup",
+    "MarkBackupDone",
+    "RecordBackupStart",
+    "RecordBackupStop",
+    "WaitForWal",
+    "missing_backup_segments",
+    "required_wal_files",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _outputs(ctx: OperationContext, ref: Ref) -> Mapping[str, JSONValue]:
+    found = ctx.resolve(ref)
+    if not isinstance(found, Mapping):
+        raise ExecutionError(
+            f"step {ctx.step_id} expected the {ref} to be a mapping", step_id=ctx.step_id
+        )
+    return found
+
+
+def _update(ctx: OperationContext, backup_id: str, **changes: Any) -> BackupRecord:
+    record = attrs.evolve(ctx.catalog.get(backup_id), **changes)
+    ctx.catalog.put(record)
+    return record
+
+
+@attrs.frozen
+class RecordBackupStart(Operation):
+    """Record the backup STARTED in the catalog, from what backup start returned.
+
+    Refuses a backup id already in the catalog: a plan never overwrites
+    another backup's record.
+    """
+
+    name = "catalog.record_backup_start"
+    target = _Target.CATALOG
+    compensation = "catalog.fail_backup"
+    resume = Resume.CHECK
+
+    backup_id: str
+    label: str
+    start: Ref
+
+    def _record(self, ctx: OperationContext) -> BackupRecord:
+        from pgsnap import __version__  # noqa: PLC0415
+
+        out = _outputs(ctx, self.start)
+        return BackupRecord(
+            id=self.backup_id,
+            label=self.label,
+            state=BackupState.STARTED,
+            system_identifier=str(out["system_identifier"]),
+            server_version=int(out["server_version"]),
+            wal_segment_size=int(out["wal_segment_size"]),
+            layout=ctx.layout,
+            start_lsn=LSN.parse(str(out["start_lsn"])),
+            start_timeline=int(out["timeline"]),
+            start_time=dt.datetime.fromisoformat(str(out["start_time"])),
+            pgsnap_version=__version__,
+        )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = self._record(ctx)
+        try:
+            existing = ctx.catalog.get(self.backup_id)
+        except BackupNotFound:
+            existing = None
+        if existing is not None:
+            raise ExecutionError(
+                f"the catalog already holds a backup {self.backup_id!r} "
+                f"({existing.state.value}); a plan never overwrites another backup's record",
+                step_id=ctx.step_id,
+                hint="make a new backup plan (it gets a new backup id)",
+            )
+        ctx.catalog.put(record)
+        return {"backup_id": record.id}
+
+    def probe(self, ctx: OperationContext) -> Outputs | None:
+        try:
+            existing = ctx.catalog.get(self.backup_id)
+        except BackupNotFound:
+            return None
+        ours = self._record(ctx)
+        if existing.start_lsn == ours.start_lsn and existing.start_time == ours.start_time:
+            return {"backup_id": existing.id}
+        return None
+
+
+@attrs.frozen
+class RecordBackupStop(Operation):
+    """Keep the label, the tablespace map and the snapshots in the catalog: WAITING_FOR_WAL."""
+
+    name = "catalog.record_backup_stop"
+    target = _Target.CATALOG
+
+    backup_id: str
+    stop: Ref
+    snapshot: Ref
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        stop = _outputs(ctx, self.stop)
+        snap = _outputs(ctx, self.snapshot)
+        snapshots = snap.get("snapshots")
+        if not isinstance(snapshots, Mapping):
+            raise ExecutionError(
+                f"step {ctx.step_id}: the snapshot step reported no snapshots", step_id=ctx.step_id
+            )
+        seconds = stop.get("backup_mode_seconds")
+        _update(
+            ctx,
+            self.backup_id,
+            state=BackupState.WAITING_FOR_WAL,
+            stop_lsn=LSN.parse(str(stop["stop_lsn"])),
+            stop_timeline=int(stop["timeline"]),
+            stop_time=dt.datetime.fromisoformat(str(stop["stop_time"])),
+            labelfile=str(stop["labelfile"]),
+            spcmapfile=str(stop.get("spcmapfile") or ""),
+            snapshot_group_id=str(snap["group_id"]),
+            snapshots={str(k): str(v) for k, v in snapshots.items()},
+            backup_mode_seconds=None if seconds is None else float(seconds),
+        )
+        return {}
+
+
+def required_wal_files(record: BackupRecord) -> tuple[str, str]:
+    """(the stop segment, the ``.backup`` history file) a backup waits for.
+
+    The stop segment is the one holding the byte before the stop LSN (as
+    PostgreSQL's ``pg_backup_stop`` computes it); the history file is named
+    by the start segment and the start offset.
+    """
+    assert record.stop_lsn is not None
+    seg = record.wal_segment_size
+    stop_name = walfile_name(
+        record.stop_lsn,
+        record.stop_timeline or record.start_timeline,
+        seg,
+        previous_at_boundary=True,
+    )
+    start_name = walfile_name(record.start_lsn, record.start_timeline, seg)
+    return stop_name, f"{start_name}.{record.start_lsn.value % seg:08X}.backup"
+
+
+def missing_backup_segments(archive: WalArchive, record: BackupRecord) -> tuple[str, ...]:
+    """The segments from the backup's start to its stop that the archive lacks.
+
+    On one timeline (a primary's backup) the few names are probed directly, so
+    a large archive is not listed on every backup; across a timeline switch
+    the archive is indexed and the timeline path followed.
+    """
+    assert record.stop_lsn is not None
+    seg = record.wal_segment_size
+    stop_tli = record.stop_timeline or record.start_timeline
+    if stop_tli == record.start_timeline:
+        first = segment_number(record.start_lsn, seg)
+        last = segment_number(record.stop_lsn - 1, seg)
+        names = [segment_name(stop_tli, n, seg) for n in range(first, last + 1)]
+        return tuple(n for n in names if not archive.exists(n))
+    index: ArchiveIndex = archive.index(seg)
+    result = check(
+        index,
+        (record.start_timeline, record.start_lsn),
+        record.stop_lsn,
+        stop_tli,
+        archive.histories(),
+    )
+    return result.missing + result.missing_histories
+
+
+@attrs.frozen
+class WaitForWal(Operation):
+    """Wait for the backup's stop segment and ``.backup`` file, then check start to stop."""
+
+    name = "archive.wait_for_wal"
+    target = _Target.ARCHIVE
+
+    backup_id: str
+    timeout: float = 60.0
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = ctx.catalog.get(self.backup_id)
+        stop_name, backup_file = required_wal_files(record)
+        deadline = time.monotonic() + self.timeout
+        delay = 0.01
+        waited_for: list[str] = [stop_name, backup_file]
+        while True:
+            waited_for = [n for n in waited_for if not ctx.archive.exists(n)]
+            if not waited_for:
+                break
+            if time.monotonic() >= deadline:
+                raise ArchiveError(
+                    f"WAL of backup {record.id} did not reach the archive within "
+                    f"{self.timeout:g} s: missing {', '.join(waited_for)}",
+                    hint="check the archiver (pgsnap check / pg_stat_archiver) and "
+                    "archive_command, or allow longer (--wal-timeout)",
+                    missing=tuple(waited_for),
+                )
+            ctx.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+        missing = missing_backup_segments(ctx.archive, record)
+        if missing:
+            raise ArchiveError(
+                f"backup {record.id}: WAL between start and stop is missing from the archive: "
+                f"{', '.join(missing)}",
+                hint="the archive lost segments; this backup cannot be restored",
+                missing=missing,
+            )
+        return {"stop_segment": stop_name, "backup_file": backup_file}
+
+
+@attrs.frozen
+class MarkBackupDone(Operation):
+    """Mark the backup DONE, once every snapshot it names is confirmed to exist."""
+
+    name = "catalog.mark_done"
+    target = _Target.CATALOG
+
+    backup_id: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = ctx.catalog.get(self.backup_id)
+        if not record.snapshots:
+            raise ExecutionError(
+                f"backup {record.id} records no snapshot; it cannot be DONE",
+                step_id=ctx.step_id,
+                hint="take a new backup",
+            )
+        present = {s.id for s in ctx.backend.list_snapshots()}
+        gone = sorted(f"{v}: {s}" for v, s in record.snapshots.items() if s not in present)
+        if gone:
+            raise ExecutionError(
+                f"backup {record.id}: snapshot(s) no longer on the storage: {', '.join(gone)}",
+                step_id=ctx.step_id,
+                hint="the storage lost or deleted them (a snapshot policy rotating them out?); "
+                "take a new backup",
+            )
+        _update(ctx, record.id, state=BackupState.DONE, total_seconds=round(ctx.elapsed(), 4))
+        return {"state": BackupState.DONE.value}
+
+
+@attrs.frozen
+class FailBackup(Operation):
+    """Record the backup FAILED with the reason, and the snapshots that could not be removed.
+
+    Runs as the compensation of :class:`RecordBackupStart`, last of the
+    backup's compensations, so it knows which snapshots were left behind.
+    """
+
+    name = "catalog.fail_backup"
+    target = _Target.CATALOG
+
+    backup_id: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        failure = ctx.failure
+        reason = failure.reason if failure is not None else "the backup was undone"
+        orphans = failure.leftovers if failure is not None else ()
+        try:
+            _update(
+                ctx,
+                self.backup_id,
+                state=BackupState.FAILED,
+                failure_reason=reason,
+                orphaned_snapshots=orphans,
+            )
+        except BackupNotFound:
+            log.warning("backup %s failed before it was recorded: %s", self.backup_id, reason)
+        except PgsnapError:
+            raise
+        return {"orphans": list(orphans)}

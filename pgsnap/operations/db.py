@@ -1,0 +1,347 @@
+"""Operations on the PostgreSQL server (through the :class:`~pgsnap.protocols.DatabaseAdapter`)."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import typing
+
+import attrs
+
+from pgsnap.errors import ExecutionError, StalePlanError
+from pgsnap.model import LSN, RecoveryAction, RecoverySettings, RecoveryTarget, TargetKind
+from pgsnap.operations.base import Operation, OperationContext, Outputs, Resume, Target
+from pgsnap.protocols import BackupSession
+
+__all__ = [
+    "BackupAbort",
+    "BackupStart",
+    "BackupStop",
+    "ClearRecoverySettings",
+    "PrepareDataDirectory",
+    "StartServer",
+    "StopServer",
+    "Verify",
+    "WaitRecovery",
+    "WriteBackupLabel",
+    "WriteRecoverySettings",
+]
+
+log = logging.getLogger(__name__)
+
+SESSION = "backup_session"
+"""The key of the open backup session in :attr:`OperationContext.resources`."""
+_MODE_STARTED = "backup_mode_started"
+
+
+def _session(ctx: OperationContext) -> BackupSession:
+    session = ctx.resources.get(SESSION)
+    if session is None:
+        raise ExecutionError(
+            "no backup session is open in this process",
+            step_id=ctx.step_id,
+            hint="backup mode ends with the session that began it; take a new backup",
+        )
+    return typing.cast(BackupSession, session)
+
+
+# --------------------------------------------------------------------------- backup
+
+
+@attrs.frozen
+class BackupStart(Operation):
+    """Enter backup mode on a dedicated session, kept open in this process."""
+
+    name = "db.backup_start"
+    target = Target.DATABASE
+    compensation = "db.backup_abort"
+    resume = Resume.ABORT
+
+    label: str
+    fast: bool = True
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        facts = ctx.adapter.describe()
+        session = ctx.adapter.backup_session()
+        ctx.resources[SESSION] = session
+        start = session.start(self.label, fast=self.fast)
+        ctx.resources[_MODE_STARTED] = time.monotonic()
+        return {
+            "start_lsn": str(start.lsn),
+            "timeline": start.timeline,
+            "start_time": start.time.isoformat(),
+            "system_identifier": facts.system_identifier,
+            "server_version": facts.version_num,
+            "wal_segment_size": facts.wal_segment_size,
+        }
+
+
+@attrs.frozen
+class BackupAbort(Operation):
+    """Close the backup session: the server aborts a backup whose session ends."""
+
+    name = "db.backup_abort"
+    target = Target.DATABASE
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        session = ctx.resources.pop(SESSION, None)
+        if session is not None:
+            session.close()
+        return {}
+
+
+@attrs.frozen
+class BackupStop(Operation):
+    """Leave backup mode without waiting for the archive; return the label and map."""
+
+    name = "db.backup_stop"
+    target = Target.DATABASE
+    resume = Resume.ABORT
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        session = _session(ctx)
+        stop = session.stop()
+        started = ctx.resources.pop(_MODE_STARTED, None)
+        seconds = None if started is None else round(time.monotonic() - float(started), 4)
+        session.close()
+        ctx.resources.pop(SESSION, None)
+        return {
+            "stop_lsn": str(stop.lsn),
+            "timeline": stop.timeline,
+            "stop_time": stop.time.isoformat(),
+            "labelfile": stop.labelfile,
+            "spcmapfile": stop.spcmapfile,
+            "backup_mode_seconds": seconds,
+        }
+
+
+# --------------------------------------------------------------------------- server
+
+
+@attrs.frozen
+class StopServer(Operation):
+    """Stop the server (fast shutdown); a no-op when it is down."""
+
+    name = "db.stop_server"
+    target = Target.DATABASE
+
+    timeout: float = 120.0
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        was_running = ctx.adapter.is_running()
+        ctx.adapter.stop_server(timeout=self.timeout)
+        return {"was_running": was_running}
+
+
+@attrs.frozen
+class StartServer(Operation):
+    """Start the server; on restored volumes it begins replaying WAL (a point of no return)."""
+
+    name = "db.start_server"
+    target = Target.DATABASE
+    barrier = True
+
+    timeout: float = 120.0
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        if ctx.adapter.is_running():
+            return {"already_running": True}
+        ctx.adapter.start_server(timeout=self.timeout)
+        return {"already_running": False}
+
+
+@attrs.frozen
+class PrepareDataDirectory(Operation):
+    """Clean a restored data directory (postmaster.pid, temporary state, stale pg_wal)."""
+
+    name = "db.prepare_data_directory"
+    target = Target.DATABASE
+
+    clear_wal: bool = False
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        removed = ctx.adapter.prepare_data_directory(clear_wal=self.clear_wal)
+        return {"removed": len(removed)}
+
+
+@attrs.frozen
+class WriteBackupLabel(Operation):
+    """Write the backup's ``backup_label`` and ``tablespace_map`` from the catalog."""
+
+    name = "db.write_backup_label"
+    target = Target.DATABASE
+
+    backup_id: str
+    label_sha256: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = ctx.catalog.get(self.backup_id)
+        if record.labelfile is None:
+            raise ExecutionError(
+                f"backup {record.id} has no backup label in the catalog",
+                step_id=ctx.step_id,
+                hint="this backup cannot be restored; choose another",
+            )
+        digest = hashlib.sha256(record.labelfile.encode()).hexdigest()
+        if digest != self.label_sha256:
+            raise StalePlanError(
+                f"the backup label of {record.id} changed since the plan was made",
+                hint="make a new plan",
+            )
+        ctx.adapter.write_backup_label(record.labelfile, record.spcmapfile or "")
+        return {"label_sha256": digest}
+
+
+@attrs.frozen
+class WriteRecoverySettings(Operation):
+    """Write the recovery settings and ``recovery.signal``.
+
+    The ``restore_command`` is not a parameter: it is asked of the WAL
+    archive when the step runs, so a command carrying credentials never
+    enters a plan or a journal.
+    """
+
+    name = "db.write_recovery_settings"
+    target = Target.DATABASE
+    compensation = "db.clear_recovery_settings"
+
+    recovery_target: RecoveryTarget
+    timeline: str = "latest"
+    action: RecoveryAction = RecoveryAction.PROMOTE
+
+    def settings(self, restore_command: str) -> RecoverySettings:
+        """The settings with ``restore_command`` filled in."""
+        return RecoverySettings(
+            restore_command=restore_command,
+            target=self.recovery_target,
+            target_timeline=self.timeline,
+            action=self.action,
+        )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        ctx.adapter.write_recovery_settings(self.settings(ctx.archive.restore_command()))
+        return {}
+
+
+@attrs.frozen
+class ClearRecoverySettings(Operation):
+    """Remove what :class:`WriteRecoverySettings` wrote."""
+
+    name = "db.clear_recovery_settings"
+    target = Target.DATABASE
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        ctx.adapter.clear_recovery_settings()
+        return {}
+
+
+_EXPECTED = {
+    RecoveryAction.PROMOTE: "promoted",
+    RecoveryAction.PAUSE: "paused",
+    RecoveryAction.SHUTDOWN: "shutdown",
+}
+
+
+@attrs.frozen
+class WaitRecovery(Operation):
+    """Wait until recovery ends the way the plan asked, at its target."""
+
+    name = "db.wait_recovery"
+    target = Target.DATABASE
+
+    action: RecoveryAction
+    target_kind: TargetKind
+    timeout: float = 600.0
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        outcome = ctx.adapter.wait_recovery(timeout=self.timeout)
+        expected = _EXPECTED[self.action]
+        if outcome.state != expected:
+            raise ExecutionError(
+                f"recovery ended {outcome.state}, but the plan asked to {self.action.value}",
+                step_id=ctx.step_id,
+                hint="with hot_standby=off a pause becomes a shutdown; see the server log",
+            )
+        if self.target_kind is not TargetKind.LATEST and not outcome.reached_target:
+            raise ExecutionError(
+                "recovery ended without reaching the target",
+                step_id=ctx.step_id,
+                hint="see the server log; the plan's WAL check should have caught this",
+            )
+        replay = getattr(outcome, "replay_lsn", None)
+        return {
+            "state": outcome.state,
+            "timeline": outcome.timeline,
+            "reached_target": outcome.reached_target,
+            "replay_lsn": None if replay is None else str(replay),
+            "log": list(outcome.log_lines),
+        }
+
+
+@attrs.frozen
+class Verify(Operation):
+    """Check the server is where the plan said: state, timeline, replayed far enough.
+
+    ``min_replay_lsn`` is the backup's consistency point: recovery must have
+    replayed at least that far. After a promotion or a pause the server says
+    (``pg_last_wal_replay_lsn()``); after a shutdown the wait step's outcome
+    does (the server log or ``pg_controldata``), and when neither can tell the
+    check is reported as not made rather than passed.
+    """
+
+    name = "db.verify"
+    target = Target.DATABASE
+
+    action: RecoveryAction
+    min_replay_lsn: LSN
+    min_timeline: int | None = None
+    wait_step: str = "wait-recovery"
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        if self.action is RecoveryAction.SHUTDOWN:
+            if ctx.adapter.is_running():
+                raise ExecutionError(
+                    "the server should have shut down at the target", step_id=ctx.step_id
+                )
+            waited = ctx.outputs.get(self.wait_step, {})
+            text = waited.get("replay_lsn")
+            replayed = None if text is None else LSN.parse(str(text))
+            self._check_replayed(ctx, replayed)
+            return {"running": False, "replay_lsn": text, "replay_checked": replayed is not None}
+        facts = ctx.adapter.describe()
+        if self.action is RecoveryAction.PROMOTE:
+            if facts.in_recovery:
+                raise ExecutionError(
+                    "the server is still in recovery after promotion", step_id=ctx.step_id
+                )
+            if self.min_timeline is not None and facts.timeline < self.min_timeline:
+                raise ExecutionError(
+                    f"the server is on timeline {facts.timeline}, expected a new timeline "
+                    f">= {self.min_timeline}",
+                    step_id=ctx.step_id,
+                )
+        elif not facts.in_recovery:
+            raise ExecutionError("the server should be paused in recovery", step_id=ctx.step_id)
+        self._check_replayed(ctx, facts.replay_lsn)
+        return {
+            "timeline": facts.timeline,
+            "in_recovery": facts.in_recovery,
+            "replay_lsn": None if facts.replay_lsn is None else str(facts.replay_lsn),
+            "replay_checked": facts.replay_lsn is not None,
+        }
+
+    def _check_replayed(self, ctx: OperationContext, replayed: LSN | None) -> None:
+        if replayed is None:
+            log.warning(
+                "cannot tell how far recovery replayed; not checked against %s",
+                self.min_replay_lsn,
+            )
+            return
+        if replayed < self.min_replay_lsn:
+            raise ExecutionError(
+                f"recovery replayed only to {replayed}, before the backup's consistency point "
+                f"{self.min_replay_lsn}: the cluster is not consistent",
+                step_id=ctx.step_id,
+                hint="see the server log; the WAL between the backup's start and stop is needed",
+            )
