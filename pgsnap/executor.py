@@ -311,6 +311,7 @@ class Executor:
                 sleep=self.sleep,
                 clock=self.clock,
                 run_started=journal.started_at,
+                plan_id=plan.id,
             )
             run = _Run(plan, journal, ops, undos, ctx)
             for sid, rec in journal.steps.items():
@@ -507,7 +508,9 @@ class Executor:
         self, run: _Run, reason: str, step_id: str, *, cause: PgsnapError | None = None
     ) -> ExecutionError:
         steps = run.journal.steps
-        compensated = [s.id for s in run.plan.steps if run.state(s.id) is StepState.COMPENSATED]
+        compensated = [  # in the order the compensations ran
+            s.id for s in reversed(run.plan.steps) if run.state(s.id) is StepState.COMPENSATED
+        ]
         failed = [
             f"{s.id}: {steps[s.id].error}"
             for s in run.plan.steps

@@ -102,9 +102,17 @@ class Step:
         """The compensation's operation (None when the step has none)."""
         if self.compensation is None:
             return None
-        return (registry or default_operations()).build(
-            self.compensation, self.compensation_params, step_id=f"{self.id} (undo)"
-        )
+        try:
+            return (registry or default_operations()).build(
+                self.compensation, self.compensation_params, step_id=self.id
+            )
+        except InvalidPlanError as exc:
+            raise InvalidPlanError(
+                f"the compensation of {exc.message}",
+                hint=exc.hint,
+                step_id=self.id,
+                action=self.compensation,
+            ) from exc
 
     def to_dict(self) -> dict[str, JSONValue]:
         """Plain data for JSON."""

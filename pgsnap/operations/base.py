@@ -148,6 +148,8 @@ class OperationContext:
     sleep: Callable[[float], None]
     clock: Callable[[], dt.datetime]
     run_started: dt.datetime
+    plan_id: str = ""
+    """The identity of the plan being run."""
     step_id: str = ""
     failure: RunFailure | None = None
 

@@ -1,38 +1,59 @@
 """The executor against the mock backend and a scripted database adapter.
 
-These test the executor's own guarantees (compensation, FAILED records,
-orphans, journal and resume, dry run, staleness, events). Real backups and
+These test the executor's own guarantees: one journal per plan identity, no
+resume of an ended run, undo in reverse, the point of no return, what cannot
+resume is undone, orphans, locks, staleness, events. Real backups and
 recoveries are proven in tests/e2e against real PostgreSQL servers.
 """
 
+from __future__ import annotations
+
 import datetime as dt
-import json
+import fcntl
+import os
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import attrs
 import pytest
 
 from pgsnap import errors
 from pgsnap.backends.mock import MockBackend
-from pgsnap.catalog import MemoryCatalog
-from pgsnap.executor import EventKind, Executor, required_wal_files
+from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
+from pgsnap.executor import EventKind, Executor
+from pgsnap.host import Host
+from pgsnap.journal import RunState, StepState, journal_path, read_journal
 from pgsnap.model import (
     LSN,
     BackupStart,
     BackupState,
     BackupStop,
     Layout,
+    RecoveryAction,
     ServerFacts,
     Volume,
     VolumeRole,
 )
+from pgsnap.operations import (
+    Operation,
+    OperationContext,
+    Outputs,
+    Ref,
+    Resume,
+    Target,
+    default_operations,
+)
+from pgsnap.operations.catalog import required_wal_files
+from pgsnap.operations.db import Verify
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
-from tests.unit.test_planner_backup import ARCHIVER
+from tests.unit.test_planner_backup import ARCHIVER, directory_volumes, paths_of
 
 MB = 1 << 20
 NOW = dt.datetime(2026, 11, 30, 12, tzinfo=dt.UTC)
+STOP_LSN = LSN(4 * MB + 0x100)
 
 
 class FakeSession:
@@ -47,7 +68,7 @@ class FakeSession:
     def stop(self):
         self.db.in_backup = False
         self.db.log.append("stop")
-        return BackupStop(LSN(4 * MB + 0x100), "START WAL LOCATION: 0/300028\n", "", NOW, 1)
+        return BackupStop(STOP_LSN, "START WAL LOCATION: 0/300028\n", "", NOW, 1)
 
     def close(self):
         if self.db.in_backup:
@@ -62,18 +83,24 @@ class FakeSession:
 
 
 class FakeDb:
-    """Enough of a DatabaseAdapter for the executor's backup path."""
+    """Enough of a DatabaseAdapter for the executor's backup path and verify."""
 
     def __init__(self):
         self.in_backup = False
         self.log = []
+        self.host = Host()
+        self.replay_lsn: LSN | None = None
+        self.in_recovery = False
+        self.running = True
+        self.timeline = 1
 
     def describe(self):
         return ServerFacts(
             version_num=150018, system_identifier="1", data_directory="/pg/data",
-            wal_directory="/pg/wal", wal_segment_size=MB, timeline=1, checkpoint_lsn="0/1",
-            redo_lsn="0/1", current_lsn="0/1", in_recovery=False,
-            settings={"wal_level": "replica"},
+            wal_directory="/pg/wal", wal_segment_size=MB, timeline=self.timeline,
+            checkpoint_lsn="0/1", redo_lsn="0/1", current_lsn="0/1",
+            in_recovery=self.in_recovery, settings={"wal_level": "replica"},
+            replay_lsn=self.replay_lsn,
         )
 
     def archiver_status(self):
@@ -82,18 +109,24 @@ class FakeDb:
     def backup_session(self):
         return FakeSession(self)
 
+    def is_running(self):
+        return self.running
+
 
 class FakeArchive:
-    """A WAL archive whose files appear when the test says so."""
+    """A WAL archive whose files appear when the test says so (or when first asked)."""
 
     def __init__(self, names=()):
         self.names = set(names)
         self.location = "/archive"
+        self.arrive = None  # called on every probe, before answering
 
     def list_names(self):
         return tuple(sorted(self.names))
 
     def exists(self, name):
+        if self.arrive is not None:
+            self.arrive()
         return name in self.names
 
     def read_text(self, name):
@@ -109,68 +142,189 @@ class FakeArchive:
         return "cp /archive/%f %p"
 
 
-@pytest.fixture
-def world():
-    backend = MockBackend()
+@attrs.define
+class World:
+    backend: MockBackend
+    layout: Layout
+    db: FakeDb
+    catalog: Any
+    archive: FakeArchive
+    ex: Executor
+    events: list
+
+    def archive_backup_wal(self, *, skip=()):
+        record = self.catalog.get("b-1")
+        stop, backup_file = required_wal_files(record)
+        assert stop == segment_name(1, 4, MB)
+        names = {segment_name(1, 3, MB), segment_name(1, 4, MB), backup_file}
+        self.archive.names |= names - set(skip)
+
+    def wal_arrives(self, **kw):
+        def arrive():
+            if "b-1" in {r.id for r in self.catalog.list()}:
+                record = self.catalog.get("b-1")
+                if record.stop_lsn is not None:
+                    self.archive_backup_wal(**kw)
+
+        self.archive.arrive = arrive
+
+
+def make_world(tmp_path=None, *, catalog=None, backend=None):
+    backend = backend or MockBackend()
     data = backend.add_volume("data")
     wal = backend.add_volume("wal")
     layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
                      Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
     events = []
     db = FakeDb()
-    catalog = MemoryCatalog()
+    catalog = catalog if catalog is not None else MemoryCatalog()
     archive = FakeArchive()
     ex = Executor(adapter=db, backend=backend, catalog=catalog, archive=archive, layout=layout,
-                  on_event=events.append, sleep=lambda s: None)
-    return attrs.make_class("World", ["backend", "layout", "db", "catalog", "archive", "ex",
-                                      "events"])(backend, layout, db, catalog, archive, ex, events)
+                  on_event=events.append, sleep=lambda s: None,
+                  journal_dir=None if tmp_path is None else tmp_path / "journal")
+    return World(backend, layout, db, catalog, archive, ex, events)
 
 
-def backup_plan(world, wal_timeout=0.05):
+@pytest.fixture
+def world():
+    return make_world()
+
+
+@pytest.fixture
+def jworld(tmp_path):
+    """A world whose executor keeps journals on disk."""
+    return make_world(tmp_path)
+
+
+def backup_plan(world, wal_timeout=0.05, backup_id="b-1"):
     facts = BackupFacts(
         server=world.db.describe(), archiver=ARCHIVER, layout=world.layout,
         volumes=world.backend.list_volumes(), capabilities=world.backend.capabilities,
-        catalog=(), archive_location="/archive", archive_timelines=(1,),
+        catalog=(), archive_location="/archive", archive_timelines=(1,), host="db1",
+        volume_facts=directory_volumes(world.layout), paths=paths_of(world.db.describe()),
     )
-    return plan_backup(facts, BackupRequest("b-1", "test", wal_timeout=wal_timeout))
+    return plan_backup(facts, BackupRequest(backup_id, "test", wal_timeout=wal_timeout))
 
 
-def archive_backup_wal(world):
-    record = world.catalog.get("b-1")
-    stop, backup_file = required_wal_files(record)
-    world.archive.names |= {segment_name(1, 3, MB), segment_name(1, 4, MB), backup_file}
-    assert stop == segment_name(1, 4, MB)
+# --------------------------------------------------------------------------- test operations
+
+SCRIPT: dict[str, Any] = {}
+"""What the test operations do: step id -> exception to raise (or a callable)."""
+RAN: list[str] = []
+UNDONE: list[str] = []
+
+
+@attrs.frozen
+class Count(Operation):
+    name: ClassVar[str] = "test.count"
+    target: ClassVar[Target] = Target.HOST
+    compensation: ClassVar[str | None] = "test.undo"
+
+    tag: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        action = SCRIPT.get(self.tag)
+        if isinstance(action, BaseException):
+            raise action
+        if callable(action):
+            action(ctx)
+        RAN.append(self.tag)
+        return {"n": len(RAN)}
+
+
+@attrs.frozen
+class Undo(Operation):
+    name: ClassVar[str] = "test.undo"
+    target: ClassVar[Target] = Target.HOST
+
+    tag: str
+    seen: str | Ref | None = None
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        UNDONE.append(self.tag)
+        if self.seen is not None:
+            UNDONE.append(f"saw {ctx.resolve(self.seen)}")
+        action = SCRIPT.get(f"undo-{self.tag}")
+        if isinstance(action, BaseException):
+            raise action
+        return {}
+
+
+@attrs.frozen
+class Barrier(Count):
+    name: ClassVar[str] = "test.barrier"
+    compensation: ClassVar[str | None] = None
+    barrier: ClassVar[bool] = True
+
+
+@attrs.frozen
+class NeedsProcess(Count):
+    """Like the backup stop: it needs what only the process that began the run had."""
+
+    name: ClassVar[str] = "test.needs_process"
+    compensation: ClassVar[str | None] = None
+    resume: ClassVar[Resume] = Resume.ABORT
+
+
+@pytest.fixture(autouse=True)
+def test_operations() -> Iterator[None]:
+    registry = default_operations()
+    for cls in (Count, Undo, Barrier, NeedsProcess):
+        registry.register(cls.name, cls, replace=True)
+    SCRIPT.clear()
+    RAN.clear()
+    UNDONE.clear()
+    yield
+    for cls in (Count, Undo, Barrier, NeedsProcess):
+        registry.unregister(cls.name)
+
+
+def counting_plan(n=4, *, kind="recovery", barrier_at=None, needs_process_at=None, fp="fp"):
+    steps = []
+    for i in range(n):
+        tag = f"s{i}"
+        if i == barrier_at:
+            steps.append(Step.of(tag, Barrier(tag), description=f"step {i}", reason="test"))
+        elif i == needs_process_at:
+            steps.append(Step.of(tag, NeedsProcess(tag), description=f"step {i}", reason="t"))
+        else:
+            steps.append(Step.of(tag, Count(tag), description=f"step {i}", reason="test",
+                                 undo=Undo(tag, seen=Ref(tag, "n"))))
+    return Plan(kind, tuple(steps), fp)
+
+
+def kinds(world):
+    return [(e.kind, e.step_id) for e in world.events]
+
+
+# --------------------------------------------------------------------------- backups
 
 
 def test_backup_success_records_everything(world):
-    plan = backup_plan(world)
-    world.ex.register("archive.wait_for_wal", _arrive_then(world))
-    result = world.ex.run(plan)
+    world.wal_arrives()
+    result = world.ex.run(backup_plan(world))
     rec = world.catalog.get("b-1")
     assert rec.state is BackupState.DONE
     assert rec.labelfile == "START WAL LOCATION: 0/300028\n"
     assert set(rec.snapshots) == {v.id for v in world.layout.snapshotted}
+    assert rec.snapshot_group_id
     assert rec.backup_mode_seconds is not None
     assert rec.total_seconds is not None
     assert world.db.log == ["start", "stop"]
-    assert [e.kind for e in world.events].count(EventKind.FINISHED) == 5
-    assert set(result.seconds) >= {s.id for s in plan.steps}
-
-
-def _arrive_then(world):
-    from pgsnap.executor import _h_wait_for_wal
-
-    def handler(ctx, step, params):
-        archive_backup_wal(world)
-        return _h_wait_for_wal(ctx, step, params)
-
-    return handler
+    assert [k for k, _ in kinds(world)].count(EventKind.FINISHED) == 7
+    assert set(result.seconds) >= {s.id for s in result.plan.steps}
 
 
 def test_snapshot_failure_leaves_no_backup_mode_no_snapshot_and_a_failed_record(world):
-    world.backend.inject_fault("create_snapshot_group", error=errors.BackendUnavailable("array down"))
-    with pytest.raises(errors.BackendUnavailable):
+    world.backend.inject_fault("create_snapshot_group",
+                               error=errors.BackendUnavailable("array down"))
+    with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
+    err = info.value
+    assert isinstance(err.cause, errors.BackendUnavailable)
+    assert err.step_id == "snapshot"
+    assert err.completed == ("backup-start", "record-start")
+    assert err.compensated == ("record-start", "backup-start")  # in the order they ran
     assert world.db.log == ["start", "abort"]
     assert not world.db.in_backup
     assert world.backend.list_snapshots() == ()
@@ -181,252 +335,432 @@ def test_snapshot_failure_leaves_no_backup_mode_no_snapshot_and_a_failed_record(
 
 
 def test_wal_timeout_deletes_the_snapshots_and_names_the_missing_files(world):
-    with pytest.raises(errors.ArchiveError) as info:
+    with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
+    assert isinstance(info.value.cause, errors.ArchiveError)
     stop, backup_file = required_wal_files(world.catalog.get("b-1"))
-    assert info.value.missing == (stop, backup_file)
+    assert info.value.cause.missing == (stop, backup_file)
     assert world.backend.list_snapshots() == ()
     rec = world.catalog.get("b-1")
     assert rec.state is BackupState.FAILED
     assert rec.labelfile  # the label was kept the moment backup mode ended
-    kinds = [(e.kind, e.step_id) for e in world.events]
-    assert (EventKind.COMPENSATED, "snapshot") in kinds
+    assert (EventKind.COMPENSATED, "snapshot") in kinds(world)
 
 
 def test_undeletable_snapshots_are_recorded_as_orphans(world):
     world.backend.inject_fault("delete_snapshot_group")
-    with pytest.raises(errors.ArchiveError):
+    with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
     rec = world.catalog.get("b-1")
     assert rec.state is BackupState.FAILED
-    assert set(rec.orphaned_snapshots) == {s.id for s in world.backend.list_snapshots()}
-    assert len(rec.orphaned_snapshots) == 2
+    left = {s.id for s in world.backend.list_snapshots()}
+    assert set(rec.orphaned_snapshots) == left and len(left) == 2
+    assert set(info.value.leftovers) == left
+    assert info.value.compensation_failures and "snapshot" in info.value.compensation_failures[0]
+    assert "left behind" in str(info.value)
 
 
-def test_dry_run_touches_nothing(world):
-    result = world.ex.run(backup_plan(world), dry_run=True)
-    assert result.dry_run
-    assert world.db.log == []
-    assert world.catalog.list() == ()
-    assert {e.kind for e in world.events} == {EventKind.PLANNED}
-
-
-def test_unknown_action_is_refused_before_anything_runs(world):
-    plan = Plan("custom", (Step("x", "nobody.knows", "x", "x"),), "fp")
-    with pytest.raises(errors.ExecutionError, match=r"nobody\.knows"):
-        world.ex.run(plan)
-
-
-def test_stale_plan_refused(world):
-    def stale(plan):
-        raise errors.StalePlanError("facts changed")
-
-    world.ex.check_fresh = stale
-    with pytest.raises(errors.StalePlanError):
+def test_a_segment_lost_between_start_and_stop_fails_the_backup(world):
+    world.wal_arrives(skip={segment_name(1, 3, MB)})
+    with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
-    assert world.db.log == []
+    assert info.value.cause.missing == (segment_name(1, 3, MB),)
+    assert world.catalog.get("b-1").state is BackupState.FAILED
+    assert world.backend.list_snapshots() == ()
 
 
-def _counting_plan():
-    steps = [Step(f"s{i}", "test.count", f"step {i}", "test",
-                  compensation="test.undo") for i in range(4)]
-    return Plan("recovery", tuple(steps), "fp-count")
+def test_a_backup_is_done_only_once_its_snapshots_are_confirmed(world):
+    """The storage loses the group (a policy rotated it out) before the backup is DONE."""
+
+    def arrive_and_lose():
+        world.archive.arrive = None
+        world.archive_backup_wal()
+        world.backend.delete_snapshot_group(world.catalog.get("b-1").snapshot_group_id)
+
+    def arm():
+        record = world.catalog.list()[0] if world.catalog.list() else None
+        if record is not None and record.stop_lsn is not None:
+            arrive_and_lose()
+
+    world.archive.arrive = arm
+    with pytest.raises(errors.ExecutionError, match="no longer on the storage") as info:
+        world.ex.run(backup_plan(world))
+    assert info.value.step_id == "done"
+    assert world.catalog.get("b-1").state is BackupState.FAILED
 
 
-def test_journal_resume_skips_done_steps(world, tmp_path):
-    ran, undone = [], []
-    world.ex.journal_dir = tmp_path
-    crash = {"at": "s2"}
+def test_dry_run_touches_nothing(jworld):
+    result = jworld.ex.run(backup_plan(jworld), dry_run=True)
+    assert result.dry_run
+    assert jworld.db.log == []
+    assert jworld.catalog.list() == ()
+    assert {e.kind for e in jworld.events} == {EventKind.PLANNED}
+    assert not (jworld.ex.journal_dir and jworld.ex.journal_dir.exists()
+                and any(jworld.ex.journal_dir.iterdir()))
 
-    def count(ctx, step, params):
-        if step.id == crash["at"]:
-            raise KeyboardInterrupt  # the process is interrupted here
-        ran.append(step.id)
-        return {"n": len(ran)}
 
-    world.ex.register("test.count", count)
-    world.ex.register("test.undo", lambda ctx, step, p: undone.append(step.id) or {})
+# --------------------------------------------------------------------------- section 1 defects
+
+
+def test_a_failed_backup_run_again_is_refused_and_never_done(jworld):
+    """Defect: a run whose WAL wait timed out (snapshots deleted, FAILED) ran again to DONE."""
+    plan = backup_plan(jworld)
+    with pytest.raises(errors.ExecutionError):
+        jworld.ex.run(plan)
+    assert jworld.catalog.get("b-1").state is BackupState.FAILED
+    jworld.wal_arrives()  # the WAL would now be there
+    with pytest.raises(errors.PlanAlreadyRunError) as info:
+        jworld.ex.run(plan)
+    assert info.value.state == "compensated"
+    assert jworld.catalog.get("b-1").state is BackupState.FAILED
+    assert jworld.backend.list_snapshots() == ()
+    assert jworld.db.log == ["start", "stop"]  # nothing ran the second time
+
+
+def test_the_same_backup_id_never_overwrites_a_record_even_without_a_journal(world):
+    world.wal_arrives()
+    world.ex.run(backup_plan(world))
+    done = world.catalog.get("b-1")
+    with pytest.raises(errors.ExecutionError, match="already holds a backup"):
+        world.ex.run(backup_plan(world))
+    assert world.catalog.get("b-1") == done
+    assert {s.id for s in world.backend.list_snapshots()} == set(done.snapshots.values())
+    assert world.db.log == ["start", "stop", "start", "abort"]
+
+
+def test_plans_differing_only_in_an_action_have_their_own_journals(jworld):
+    """Defect: a 'pause' plan resumed an interrupted 'promote' journal and promoted."""
+    promote = counting_plan(fp="same-facts")
+    pause = attrs.evolve(promote, request={"action": "pause"})
+    assert promote.fingerprint == pause.fingerprint and promote.id != pause.id
+    SCRIPT["s2"] = KeyboardInterrupt()
     with pytest.raises(KeyboardInterrupt):
-        world.ex.run(_counting_plan())
-    assert ran == ["s0", "s1"]
-    assert undone == []  # an interruption is not a failure: nothing is undone
-    journal = json.loads((tmp_path / "recovery-fp-count.json").read_text())
-    assert journal["steps"]["s1"]["state"] == "done"
-    crash["at"] = None
-    result = world.ex.run(_counting_plan())
-    assert result.resumed
-    assert ran == ["s0", "s1", "s2", "s3"]
-    assert result.outputs["s0"] == {"n": 1}  # outputs restored from the journal
-    assert [e.step_id for e in world.events if e.kind is EventKind.SKIPPED] == ["s0", "s1"]
-    # once done, a new run of the same plan starts afresh
-    world.ex.run(_counting_plan())
-    assert ran[-4:] == ["s0", "s1", "s2", "s3"]
+        jworld.ex.run(promote)
+    assert jworld.ex.interrupted() == (promote,)
+    SCRIPT.clear()
+    result = jworld.ex.run(pause)
+    assert not result.resumed  # a fresh run of its own: nothing skipped
+    assert EventKind.SKIPPED not in {e.kind for e in jworld.events[-8:]}
+    assert jworld.ex.interrupted() == (promote,)  # the other run is left as it was
+    directory = jworld.ex.journal_dir
+    assert journal_path(directory, "recovery", promote.id) != journal_path(
+        directory, "recovery", pause.id)
+    view = read_journal(journal_path(directory, "recovery", promote.id))
+    assert view.plan_id == promote.id and view.state is RunState.RUNNING
 
 
-def test_failure_compensates_in_reverse_and_every_compensation_runs(world, tmp_path):
-    undone = []
+def test_looking_for_interrupted_plans_never_takes_a_journal_lock(jworld, monkeypatch):
+    """Defect: the check took the plan's lock, so a run starting meanwhile failed.
 
-    def count(ctx, step, params):
-        if step.id == "s3":
-            raise errors.BackendError("boom")
-        return {}
+    The interleaving is injected: while the check talks to the kernel about the
+    journal, another process's run takes the lock. It must get it.
+    """
+    import pgsnap.journal as journal_module
 
-    def undo(ctx, step, params):
-        undone.append(step.id)
-        if step.id == "s1":
-            raise RuntimeError("undo failed")
-        return {}
+    plan = counting_plan()
+    SCRIPT["s1"] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        jworld.ex.run(plan)
+    path = journal_path(jworld.ex.journal_dir, plan.kind, plan.id)
+    real_fcntl = fcntl.fcntl
+    grabbed = []
 
-    world.ex.register("test.count", count)
-    world.ex.register("test.undo", undo)
-    with pytest.raises(errors.BackendError):
-        world.ex.run(_counting_plan())
-    assert undone == ["s2", "s1", "s0"]
-    kinds = [e.kind for e in world.events]
-    assert EventKind.COMPENSATION_FAILED in kinds
+    def interleaved(fd, cmd, arg=0):
+        answer = real_fcntl(fd, cmd, arg)
+        if cmd == fcntl.F_OFD_GETLK:  # mid-check: a concurrent run starts now
+            other = os.open(path, os.O_RDWR)
+            try:
+                grabbed.append(journal_module._try_lock(other))
+            finally:
+                os.close(other)
+        return answer
+
+    monkeypatch.setattr(journal_module.fcntl, "fcntl", interleaved)
+    assert jworld.ex.interrupted() == (plan,)
+    assert grabbed == [True]
+
+
+def test_a_plan_being_run_is_neither_interrupted_nor_runnable_twice(jworld):
+    """A run in progress holds its journal: others see it as running, not interrupted."""
+    plan = counting_plan()
+    seen: dict[str, Any] = {}
+
+    def meanwhile(ctx):
+        seen["interrupted"] = jworld.ex.interrupted()
+        with pytest.raises(errors.PlanLockedError) as info:
+            make_world(jworld.ex.journal_dir.parent).ex.run(plan)
+        seen["locked"] = info.value
+
+    SCRIPT["s2"] = meanwhile
+    jworld.ex.run(plan)
+    assert seen["interrupted"] == ()
+    assert seen["locked"].retryable and seen["locked"].step_id == ""
+
+
+def test_a_misspelled_compensation_is_refused_when_the_plan_is_built_or_loaded():
+    """Defect: a misspelled compensation surfaced only at rollback, as a swallowed failure."""
+    good = counting_plan(2)
+    bad_step = attrs.evolve(good.steps[0], compensation="test.undoo")
+    with pytest.raises(errors.InvalidPlanError, match=r"test\.undoo") as info:
+        Plan("recovery", (bad_step,), "fp")
+    assert info.value.step_id == "s0"
+    data = good.to_dict()
+    data["steps"][1]["compensation"] = "storage.delete_snapshot_grup"
+    del data["id"]
+    with pytest.raises(errors.InvalidPlanError, match="delete_snapshot_grup"):
+        Plan.from_dict(data)
+    wrong = attrs.evolve(good.steps[0], compensation="db.stop_server", compensation_params={})
+    with pytest.raises(errors.InvalidPlanError, match=r"undone by test\.undo"):
+        Plan("recovery", (wrong,), "fp")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"action": "nobody.knows"}, r"nobody\.knows"),
+        ({"params": {"tag": "s0", "typo": 1}}, "typo"),
+        ({"params": {}}, "needs parameter 'tag'"),
+        ({"params": {"tag": 7}}, "expected a string"),
+        ({"compensation_params": {"tag": "s0", "seen": {"$ref": ["s9", "n"]}}}, "s9"),
+    ],
+)
+def test_plans_that_cannot_run_are_refused_when_built(change, match):
+    step = attrs.evolve(counting_plan(1).steps[0], **change)
+    with pytest.raises(errors.InvalidPlanError, match=match):
+        Plan("recovery", (step,), "fp")
+
+
+def test_old_and_edited_plans_are_refused_when_loaded():
+    plan = counting_plan(2)
+    data = plan.to_dict()
+    with pytest.raises(errors.FormatError, match="older pgsnap"):
+        Plan.from_dict({**data, "format_version": "1.0"})
+    edited = {**data, "summary": {"backup": "another"}}
+    with pytest.raises(errors.FormatError, match="does not match its id"):
+        Plan.from_dict(edited)
+    assert Plan.from_dict({k: v for k, v in edited.items() if k != "id"}).id != plan.id
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+def test_verify_checks_how_far_recovery_replayed(world):
+    """Defect: verify's description promised a min_replay_lsn check it never made."""
+    world.db.in_recovery, world.db.timeline = False, 2
+    verify = Verify(action=RecoveryAction.PROMOTE, min_replay_lsn=STOP_LSN, min_timeline=2)
+    plan = Plan("recovery", (Step.of("verify", verify, description="v", reason="r"),), "fp")
+    world.db.replay_lsn = STOP_LSN - 8
+    with pytest.raises(errors.ExecutionError, match="replayed only to") as info:
+        world.ex.run(plan)
+    assert info.value.step_id == "verify"
+    world.db.replay_lsn = STOP_LSN
+    result = world.ex.run(plan)
+    assert result.outputs["verify"]["replay_checked"] is True
+    # After a shutdown the wait step's outcome says how far replay went.
+    world.db.running = False
+    shutdown = Verify(action=RecoveryAction.SHUTDOWN, min_replay_lsn=STOP_LSN, wait_step="w")
+    steps = (Step.of("w", Count("w"), description="w", reason="r"),
+             Step.of("v", shutdown, description="v", reason="r"))
+    SCRIPT["w"] = lambda ctx: None
+    result = world.ex.run(Plan("recovery", steps, "fp2"))
+    assert result.outputs["v"]["replay_checked"] is False  # unknown: said, not passed off
+
+
+# --------------------------------------------------------------------------- undo and resume
+
+
+def test_failure_undoes_in_reverse_and_every_compensation_runs(jworld):
+    SCRIPT["s3"] = errors.BackendError("boom")
+    SCRIPT["undo-s1"] = RuntimeError("undo failed")
+    plan = counting_plan()
+    with pytest.raises(errors.ExecutionError) as info:
+        jworld.ex.run(plan)
+    assert [u for u in UNDONE if not u.startswith("saw")] == ["s2", "s1", "s0"]
+    assert "saw 3" in UNDONE  # a compensation sees the outputs of the step it undoes
+    err = info.value
+    assert err.step_id == "s3" and isinstance(err.cause, errors.BackendError)
+    assert err.completed == ("s0", "s1", "s2")
+    assert err.compensated == ("s2", "s0")
+    assert err.compensation_failures == ("s1: RuntimeError: undo failed",)
+    assert (EventKind.COMPENSATION_FAILED, "s1") in kinds(jworld)
+    view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view.state is RunState.FAILED
+    assert view.steps["s2"].state is StepState.COMPENSATED  # compensated steps: their own state
+    assert view.steps["s1"].state is StepState.COMPENSATION_FAILED
+    assert view.steps["s3"].state is StepState.FAILED
+    with pytest.raises(errors.PlanAlreadyRunError):
+        jworld.ex.run(plan)
+
+
+def test_nothing_is_undone_past_the_point_of_no_return(jworld):
+    SCRIPT["s3"] = errors.DatabaseError("recovery failed")
+    plan = counting_plan(4, barrier_at=2)
+    assert plan.point_of_no_return == "s2"
+    assert "point of no return" in plan.explain()
+    with pytest.raises(errors.ExecutionError, match="point of no return") as info:
+        jworld.ex.run(plan)
+    assert UNDONE == []
+    assert info.value.past_point_of_no_return
+    view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view.state is RunState.FAILED
+
+
+def test_a_failure_before_the_barrier_is_undone(jworld):
+    SCRIPT["s1"] = errors.BackendError("boom")
+    with pytest.raises(errors.ExecutionError) as info:
+        jworld.ex.run(counting_plan(4, barrier_at=2))
+    assert not info.value.past_point_of_no_return
+    assert [u for u in UNDONE if not u.startswith("saw")] == ["s0"]
 
 
 def test_foreign_exceptions_are_wrapped(world):
-    world.ex.register("test.count", lambda ctx, step, p: 1 / 0)
-    world.ex.register("test.undo", lambda ctx, step, p: {})
+    SCRIPT["s0"] = ZeroDivisionError("division by zero")
     with pytest.raises(errors.ExecutionError) as info:
-        world.ex.run(_counting_plan())
+        world.ex.run(counting_plan())
     assert info.value.step_id == "s0"
+    assert info.value.cause is None
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
 
 def test_broken_event_callback_does_not_break_a_run(world):
     world.ex.on_event = lambda e: 1 / 0
-    world.ex.register("test.count", lambda ctx, step, p: {})
-    world.ex.register("test.undo", lambda ctx, step, p: {})
-    assert world.ex.run(_counting_plan()).outputs
+    assert world.ex.run(counting_plan()).outputs
 
 
-def test_a_segment_lost_between_start_and_stop_fails_the_backup(world):
-    from pgsnap.executor import _h_wait_for_wal
+def test_journal_resume_skips_done_steps_and_a_done_run_is_not_run_again(jworld):
+    SCRIPT["s2"] = KeyboardInterrupt()
+    plan = counting_plan()
+    with pytest.raises(KeyboardInterrupt):
+        jworld.ex.run(plan)
+    assert RAN == ["s0", "s1"]
+    assert UNDONE == []  # an interruption is not a failure: nothing is undone
+    view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view.steps["s1"].state is StepState.DONE
+    assert view.steps["s2"].state is StepState.RUNNING
+    SCRIPT.clear()
+    result = jworld.ex.run(plan)
+    assert result.resumed
+    assert RAN == ["s0", "s1", "s2", "s3"]
+    assert result.outputs["s0"] == {"n": 1}  # outputs restored from the journal
+    assert [s for k, s in kinds(jworld) if k is EventKind.SKIPPED] == ["s0", "s1"]
+    with pytest.raises(errors.PlanAlreadyRunError) as info:
+        jworld.ex.run(plan)
+    assert info.value.state == "done"
 
-    def arrive_without_start_segment(ctx, step, params):
-        archive_backup_wal(world)
-        world.archive.names.discard(segment_name(1, 3, MB))
-        return _h_wait_for_wal(ctx, step, params)
 
-    world.ex.register("archive.wait_for_wal", arrive_without_start_segment)
-    with pytest.raises(errors.ArchiveError) as info:
-        world.ex.run(backup_plan(world))
-    assert info.value.missing == (segment_name(1, 3, MB),)
-    assert world.catalog.get("b-1").state is BackupState.FAILED
-    assert world.backend.list_snapshots() == ()
+def test_ctrl_c_before_a_step_that_cannot_resume_undoes_at_once(jworld):
+    SCRIPT["s1"] = KeyboardInterrupt()
+    plan = counting_plan(4, needs_process_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        jworld.ex.run(plan)
+    assert [u for u in UNDONE if not u.startswith("saw")] == ["s0"]
+    assert jworld.ex.interrupted() == ()
+
+
+def test_stale_plan_refused_and_no_journal_left(jworld):
+    def stale(plan):
+        raise errors.StalePlanError("facts changed")
+
+    jworld.ex.check_fresh = stale
+    with pytest.raises(errors.StalePlanError):
+        jworld.ex.run(backup_plan(jworld))
+    assert jworld.db.log == []
+    assert list(jworld.ex.journal_dir.iterdir()) == []
+
+
+def test_outputs_must_be_plain_data(world):
+    SCRIPT["s0"] = lambda ctx: None
+
+    @attrs.frozen
+    class Bad(Count):
+        name: ClassVar[str] = "test.bad"
+
+        def run(self, ctx):
+            return {"when": NOW}
+
+    default_operations().register("test.bad", Bad, replace=True)
+    try:
+        plan = Plan("recovery", (Step.of("b", Bad("b"), description="b", reason="r"),), "f")
+        with pytest.raises(errors.ExecutionError, match="not plain JSON"):
+            world.ex.run(plan)
+    finally:
+        default_operations().unregister("test.bad")
 
 
 # --------------------------------------------------------------------------- interrupted backups
 
 
-def test_ctrl_c_before_backup_stop_cleans_up_at_once(world, tmp_path):
-    world.ex.journal_dir = tmp_path
+def test_ctrl_c_before_backup_stop_cleans_up_at_once(jworld):
+    jworld.db.backup_session = lambda: InterruptingSession(jworld.db)
+    with pytest.raises(KeyboardInterrupt):
+        jworld.ex.run(backup_plan(jworld))
+    assert not jworld.db.in_backup
+    assert jworld.backend.list_snapshots() == ()
+    assert jworld.catalog.get("b-1").state is BackupState.FAILED
+    assert jworld.ex.interrupted() == ()
 
-    def interrupt(ctx, step, params):
+
+class InterruptingSession(FakeSession):
+    def stop(self):
         raise KeyboardInterrupt
 
-    world.ex.register("db.backup_stop", interrupt)
-    with pytest.raises(KeyboardInterrupt):
-        world.ex.run(backup_plan(world))
-    assert not world.db.in_backup
-    assert world.backend.list_snapshots() == ()
-    assert world.catalog.get("b-1").state is BackupState.FAILED
-    assert world.ex.interrupted() == ()
 
+def test_backup_interrupted_while_waiting_for_wal_resumes(jworld):
+    plan = backup_plan(jworld)
 
-def test_backup_interrupted_while_waiting_for_wal_resumes(world, tmp_path):
-    from pgsnap.executor import _h_wait_for_wal
-
-    world.ex.journal_dir = tmp_path
-    plan = backup_plan(world)
-
-    def interrupt(ctx, step, params):
+    def interrupt():
         raise KeyboardInterrupt
 
-    world.ex.register("archive.wait_for_wal", interrupt)
+    jworld.archive.arrive = interrupt
     with pytest.raises(KeyboardInterrupt):
-        world.ex.run(plan)
-    assert world.catalog.get("b-1").state is BackupState.WAITING_FOR_WAL
-    assert world.ex.interrupted() == (plan,)
-
-    def arrive(ctx, step, params):
-        archive_backup_wal(world)
-        return _h_wait_for_wal(ctx, step, params)
-
-    world.ex.register("archive.wait_for_wal", arrive)
-    result = world.ex.run(world.ex.interrupted()[0])
+        jworld.ex.run(plan)
+    assert jworld.catalog.get("b-1").state is BackupState.WAITING_FOR_WAL
+    assert jworld.ex.interrupted() == (plan,)
+    jworld.wal_arrives()
+    result = jworld.ex.run(jworld.ex.interrupted()[0])
     assert result.resumed
-    assert world.catalog.get("b-1").state is BackupState.DONE
-    assert len(world.backend.list_snapshots()) == 2
-    assert world.ex.interrupted() == ()
+    assert jworld.catalog.get("b-1").state is BackupState.DONE
+    assert len(jworld.backend.list_snapshots()) == 2
+    assert jworld.ex.interrupted() == ()
 
 
-def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path):
+def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path, monkeypatch):
     """The process dies right after the storage made the group, before the journal knew."""
-    import os
-
-    from pgsnap.catalog import DirectoryCatalog
-    from pgsnap.executor import _h_snapshot_group
+    from pgsnap.operations.storage import SnapshotGroup
 
     state = tmp_path / "mock.json"
     backend = MockBackend(state_file=state, root=tmp_path / "snaps")
-    data, wal = backend.add_volume("data"), backend.add_volume("wal")
-    layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
-                     Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
-    db, catalog = FakeDb(), DirectoryCatalog(tmp_path / "catalog")
+    world = make_world(tmp_path, catalog=DirectoryCatalog(tmp_path / "catalog"), backend=backend)
+    plan = backup_plan(world)
+    real_run = SnapshotGroup.run
 
-    def executor(backend):
-        return Executor(adapter=db, backend=backend, catalog=catalog, archive=FakeArchive(),
-                        layout=layout, journal_dir=tmp_path / "journal", sleep=lambda s: None)
-
-    ex = executor(backend)
-    facts = BackupFacts(server=db.describe(), archiver=ARCHIVER, layout=layout,
-                        volumes=backend.list_volumes(), capabilities=backend.capabilities,
-                        catalog=(), archive_location="/archive", archive_timelines=(1,))
-    plan = plan_backup(facts, BackupRequest("b-1", "test"))
-
-    def snapshot_then_die(ctx, step, params):
-        ctx.backend.create_snapshot_group(list(params["volume_ids"]), str(params["name"]))
+    def snapshot_then_die(self, ctx):
+        real_run(self, ctx)
         os._exit(0)  # killed: no journal entry, no catalog update
 
-    ex.register("storage.snapshot_group", snapshot_then_die)
+    monkeypatch.setattr(SnapshotGroup, "run", snapshot_then_die)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child dies inside
         try:
-            ex.run(plan)
+            world.ex.run(plan)
         finally:
             os._exit(1)
     os.waitpid(pid, 0)
+    monkeypatch.setattr(SnapshotGroup, "run", real_run)
 
     survivor = MockBackend(state_file=state)  # a new process's view of the storage
     assert len(survivor.list_snapshots()) == 2
-    assert catalog.get("b-1").snapshots == {}  # the catalog never heard of them
-    ex = executor(survivor)
-    ex.register("storage.snapshot_group", _h_snapshot_group)
+    assert world.catalog.get("b-1").snapshots == {}  # the catalog never heard of them
+    ex = attrs.evolve(world, backend=survivor).ex
+    ex.backend = survivor
     (pending,) = ex.interrupted()
-    with pytest.raises(errors.ExecutionError, match="cleaned up"):
+    assert pending == plan
+    with pytest.raises(errors.ExecutionError, match="cannot run in another process") as info:
         ex.run(pending)
+    assert info.value.step_id == "backup-stop"
     assert survivor.list_snapshots() == ()
-    assert catalog.get("b-1").state is BackupState.FAILED
-
-
-def test_one_process_at_a_time_per_plan(world, tmp_path):
-    import fcntl
-    import os
-
-    world.ex.journal_dir = tmp_path
-    plan = backup_plan(world)
-    lock = tmp_path / f"backup-{plan.fingerprint[:20]}.json.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        with pytest.raises(errors.ExecutionError, match="another process"):
-            world.ex.run(plan)
-    finally:
-        os.close(fd)
-    assert world.db.log == []
+    record = world.catalog.get("b-1")
+    assert record.state is BackupState.FAILED
+    assert "interrupted" in record.failure_reason
+    assert (EventKind.ADOPTED, "snapshot") in kinds(world)
 
 
 def test_backup_list_renders_for_notebooks():
