@@ -894,7 +894,7 @@ def check_format_version(
     version = data.get("format_version")
     if not isinstance(version, str) or not re.fullmatch(r"\d+\.\d+", version):
         raise FormatError(f"{where} has no valid format_version (got {version!r})")
-    major = ours.split(".")[0]
+    major = ours.split(".", maxsplit=1)[0]
     if version.split(".")[0] != major:
         raise FormatError(
             f"{where} has format version {version}; this pgsnap reads {major}.x",

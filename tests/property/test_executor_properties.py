@@ -50,7 +50,7 @@ from pgsnap.operations import (
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
-from tests.unit.test_executor import ARCHIVER, FakeArchive, FakeDb, MB
+from tests.unit.test_executor import ARCHIVER, MB, FakeArchive, FakeDb
 from tests.unit.test_planner_backup import directory_volumes, paths_of
 
 LOG_NAME = "events.jsonl"
@@ -230,7 +230,7 @@ class ExecutorMachine(RuleBasedStateMachine):
                 self.executor(plan.id, kill=(at, when)).run(plan)
             except errors.PlanAlreadyRunError:
                 code = 3
-            except BaseException:  # noqa: BLE001 - the child reports by exit status only
+            except BaseException:  # the child reports by exit status only
                 code = 4
             finally:
                 os._exit(code)
