@@ -7,19 +7,55 @@ demo and the end-to-end tests with a real PostgreSQL server run against.
 Volumes come in two kinds:
 
 - **in memory** (:meth:`MockBackend.add_volume` without ``path``): the content
-  is a dict of blobs (:meth:`~MockBackend.write_blob` / :meth:`~MockBackend.read_blob`);
-- **directory-backed** (``path=``, needs ``Capability.DIRECTORY_VOLUMES``): the
-  volume is a host directory. A snapshot is a full copy of the tree (owners,
-  modes, symlinks and times kept) under ``root/snapshots/<id>`` (mode 0700);
-  restoring empties the directory (never following a symlink out of it) and
-  copies the snapshot back, keeping the directory itself, its owner and mode.
+  is a dict of blobs (:meth:`~MockBackend.write_blob` / :meth:`~MockBackend.read_blob`).
+  :meth:`~MockBackend.locate` gives a device ``/dev/pgsnap-mock/<id>`` that
+  never exists on any host: in-memory volumes are for unit tests;
+- **directory-backed** (``path=``): the volume is a host directory. A snapshot
+  is a full copy of the tree (owners, modes, symlinks and times kept) under
+  ``root/snapshots/<id>`` (mode 0700); restoring empties the directory (never
+  following a symlink out of it) and copies the snapshot back, keeping the
+  directory itself, its owner and mode.
 
-With ``state_file=``, the state (volumes, snapshots and where their copies
-live, groups, policies, id counters) is kept in a JSON file: read at
+Two modes decide how a host reaches a directory-backed volume and what a
+restore asks of it (:meth:`~MockBackend.locate`,
+:meth:`~MockBackend.restore_profile`):
+
+- **directories** (the default): the host uses the directory itself
+  (:meth:`~pgsnap.model.Location.directory`); nothing is done on the host
+  before a restore, which copies the snapshot back in place and keeps it;
+- **block** (``block=True``, needs ``MAPPING``): each directory-backed volume
+  is a simulated block device whose content lives in its directory (the
+  "LUN": the host must not use it directly; :attr:`StorageVolume.path
+  <pgsnap.model.StorageVolume.path>` is then None and ``extra["lun"]`` names
+  it). :meth:`~MockBackend.locate` gives the device ``root/dev/<id>``, which
+  exists only while the volume is attached to at least one host
+  (:meth:`~MockBackend.attach` makes it a symlink to the LUN,
+  :meth:`~MockBackend.detach` of the last host removes it). A restore needs
+  the volume detached first (``RestoreProfile(before=DETACH)``): restoring an
+  attached volume fails. :meth:`~MockBackend.simulated_host` gives a
+  :class:`~pgsnap.host.Host` that mounts these devices (see
+  :mod:`pgsnap.backends.mock_host`); detaching a mounted volume fails, as a
+  storage array refuses to unmap a volume in use.
+
+With ``async_restore=True`` a restore completes later
+(``RestoreProfile.completes_later``): :meth:`~MockBackend.restore_volume`
+leaves the volume *restoring* (its content is already copied) and
+:meth:`~MockBackend.attach`, :meth:`~MockBackend.create_snapshot_group` and
+another restore of it are refused until :meth:`~MockBackend.wait_for_restore`
+completes it. Without it, ``wait_for_restore`` returns at once.
+
+With ``state_file=``, the state (the mode, volumes and whether they are
+restoring, snapshots and where their copies live, groups, policies, id
+counters, the simulated host's mount table) is kept in a JSON file: read at
 construction and before every call, written atomically (mode 0600) after
 every change, under an ``fcntl`` lock, so successive ``pgsnap`` commands (and
-concurrent processes) share one mock. ``volumes=`` declares volumes (added
-once, by id), e.g. from a TOML configuration.
+concurrent processes) share one mock. The mode is fixed when the file is
+created; a backend constructed with another mode over it is refused. The
+file format is versioned (``{"format": "pgsnap-mock-state", "version": 2}``);
+a version 1 file (before block mode) is migrated when read (directories mode,
+nothing restoring, nothing mounted) and written back as version 2 with the
+next change. ``volumes=`` declares volumes (added once, by id), e.g. from a
+TOML configuration.
 
 Ids are deterministic: ``vol-0001``, ``snap-0001``, ``cg-0001``, ``pol-0001``
 (clones are volumes). Capabilities can be reduced to imitate a simpler storage:
@@ -54,7 +90,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path, PurePosixPath
 from types import TracebackType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -62,12 +98,18 @@ from pgsnap.errors import (
     BackendError,
     BackendUnavailable,
     ConfigurationError,
+    MountBusyError,
+    MountError,
     PgsnapError,
     SnapshotNotFound,
     UnsupportedCapability,
     VolumeNotFound,
 )
 from pgsnap.model import (
+    Location,
+    Mount,
+    RestorePreparation,
+    RestoreProfile,
     Snapshot,
     SnapshotGroup,
     SnapshotPolicy,
@@ -77,7 +119,10 @@ from pgsnap.model import (
 )
 from pgsnap.protocols import STORAGE_BACKEND_METHODS, Capability
 
-__all__ = ["DEFAULT_VOLUME_SIZE", "FAULT_POINTS", "MockBackend"]
+if TYPE_CHECKING:
+    from pgsnap.host import Host
+
+__all__ = ["DEFAULT_VOLUME_SIZE", "FAULT_POINTS", "MEMORY_DEVICE_DIR", "MockBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +139,9 @@ volume inside :meth:`~MockBackend.create_snapshot_group` (and
 :meth:`~MockBackend.ex_run_policy`), called once per volume, to fail a group
 half-way through.
 """
+
+MEMORY_DEVICE_DIR: Final = "/dev/pgsnap-mock"
+"""Where :meth:`MockBackend.locate` puts in-memory volumes' devices (they never exist)."""
 
 _NAME: Final = "mock"
 _ONE_TICK: Final = dt.timedelta(microseconds=1)
@@ -115,15 +163,24 @@ class _Volume:
     blobs: dict[str, bytes] = attrs.Factory(dict)
     hosts: set[str] = attrs.Factory(set)
     extra: dict[str, str] = attrs.Factory(dict)
+    restoring: str | None = None
+    """The snapshot a restore that completes later is copying from (``async_restore``)."""
 
-    def record(self) -> StorageVolume:
+    def record(self, *, block: bool) -> StorageVolume:
+        extra = dict(self.extra)
+        path = None if self.path is None else str(self.path)
+        if block and self.path is not None:
+            extra.update(kind="block", lun=str(self.path))
+            path = None  # the LUN is not for the host: it mounts the device
+        if self.restoring is not None:
+            extra["restoring"] = self.restoring
         return StorageVolume(
             id=self.id,
             name=self.name,
             size_bytes=self.size_bytes,
-            path=None if self.path is None else str(self.path),
+            path=path,
             mapped_hosts=tuple(sorted(self.hosts)),
-            extra=self.extra,
+            extra=extra,
         )
 
 
@@ -164,6 +221,23 @@ class _Policy:
         return SnapshotPolicy(
             id=self.id, name=self.name, volume_ids=self.volume_ids, paused=self.paused
         )
+
+
+@attrs.define
+class _SimMount:
+    """A block volume mounted on a simulated host (:mod:`pgsnap.backends.mock_host`).
+
+    The mount point ``target`` (absolute, symlinks not resolved) is a symlink
+    to the volume's directory while mounted; ``mode``, ``uid`` and ``gid`` are
+    those of the empty directory it replaced, given back on unmount.
+    """
+
+    host: str
+    volume_id: str
+    target: str
+    mode: int
+    uid: int
+    gid: int
 
 
 @attrs.define
@@ -245,6 +319,14 @@ def _overlaps(a: Path, b: Path) -> bool:
     return a == b or a in b.parents or b in a.parents
 
 
+def _mount_point(path: str, mode: int, uid: int, gid: int) -> None:
+    """Create the empty directory a simulated mount replaced, with its mode and owner."""
+    os.mkdir(path, 0o700)
+    if (uid, gid) != (os.geteuid(), os.getegid()):
+        os.chown(path, uid, gid)  # before chmod: chown clears set-id bits
+    os.chmod(path, mode)
+
+
 def _blob_path(root: Path, key: str) -> Path:
     rel = PurePosixPath(key)
     if not key or rel.is_absolute() or ".." in rel.parts or rel == PurePosixPath("."):
@@ -259,7 +341,8 @@ def _blob_path(root: Path, key: str) -> Path:
 # --------------------------------------------------------------------------- configuration
 
 _STATE_FORMAT: Final = "pgsnap-mock-state"
-_STATE_VERSION: Final = 1
+_STATE_VERSION: Final = 2
+"""Version 2 added the mode (block, async_restore), restoring volumes and the mount table."""
 _WRITE_HINT: Final = "check the permissions and free space of the state file's directory"
 _CORRUPT_HINT: Final = (
     "restore the file from a copy, or move it away to start with an empty mock "
@@ -346,6 +429,31 @@ def _encode_blobs(blobs: Mapping[str, bytes]) -> dict[str, str]:
     return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(blobs.items())}
 
 
+def _option_bool(value: object, name: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ConfigurationError(
+        f"{name} must be true or false, not {value!r}",
+        hint=f"e.g. {name} = true in the [storage.options] table",
+        option=name,
+    )
+
+
+def _safe_volume_id(volume_id: str) -> bool:
+    """True when ``volume_id`` can name a device node (one path component)."""
+    return volume_id not in ("", ".", "..") and "/" not in volume_id and "\0" not in volume_id
+
+
+def _within(path: Path, base: Path) -> bool:
+    """True when ``path`` is ``base`` or below it, by path components."""
+    return path == base or base in path.parents
+
+
+def _mode_text(block: bool, async_restore: bool) -> str:
+    kind = "block mode" if block else "directories mode"
+    return f"{kind} with asynchronous restores" if async_restore else kind
+
+
 def _decode_blobs(value: object, where: str) -> dict[str, bytes]:
     found = _dict(value, where)
     try:
@@ -391,24 +499,54 @@ def _bool(value: object, where: str) -> bool:
     return value
 
 
-_State = tuple[
-    dict[str, "_Volume"],
-    dict[str, "_Snap"],
-    dict[str, "_Group"],
-    dict[str, "_Policy"],
-    dict[str, int],
-]
+@attrs.define
+class _State:
+    """Everything a state file holds."""
+
+    mode: tuple[bool, bool]
+    """``(block, async_restore)``."""
+    volumes: dict[str, _Volume]
+    snaps: dict[str, _Snap]
+    groups: dict[str, _Group]
+    policies: dict[str, _Policy]
+    counters: dict[str, int]
+    mounts: list[_SimMount]
+
+
+def _migrate_v1(top: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 state as version 2: directories mode, nothing restoring, nothing mounted."""
+    log.info("mock: migrating a version 1 state file to version %d", _STATE_VERSION)
+    volumes = [
+        {**v, "restoring": None} if isinstance(v, dict) else v
+        for v in _list(top.get("volumes", []), "volumes")
+    ]
+    return {
+        **top,
+        "version": _STATE_VERSION,
+        "mode": {"block": False, "async_restore": False},
+        "volumes": volumes,
+        "mounts": [],
+    }
 
 
 def _decode_state(data: object) -> _State:
-    """The state in a state file's JSON; ``ValueError``/``TypeError``/``KeyError`` if malformed."""
+    """The state in a state file's JSON; ``ValueError``/``TypeError``/``KeyError`` if malformed.
+
+    A version 1 state is migrated (see :func:`_migrate_v1`).
+    """
     top = _dict(data, "state")
     if top.get("format") != _STATE_FORMAT:
         raise ValueError(f"not a mock state file (format {top.get('format')!r})")
+    if top.get("version") == 1:
+        top = _migrate_v1(top)
     if top.get("version") != _STATE_VERSION:
         raise ValueError(
-            f"state version {top.get('version')!r}; this pgsnap reads version {_STATE_VERSION}"
+            f"state version {top.get('version')!r}; this pgsnap reads versions 1 "
+            f"(migrated) and {_STATE_VERSION}"
         )
+    mode = _dict(top["mode"], "mode")
+    block = _bool(mode["block"], "mode.block")
+    async_restore = _bool(mode["async_restore"], "mode.async_restore")
     counters = {
         _str(k, "counters"): _int(v, f"counters.{k}")
         for k, v in _dict(top["counters"], "counters").items()
@@ -429,6 +567,7 @@ def _decode_state(data: object) -> _State:
                 str(k): _str(x, f"volumes[{i}].extra")
                 for k, x in _dict(v["extra"], "extra").items()
             },
+            restoring=_opt_str(v["restoring"], f"volumes[{i}].restoring"),
         )
     snaps: dict[str, _Snap] = {}
     for i, raw in enumerate(_list(top["snapshots"], "snapshots")):
@@ -480,7 +619,21 @@ def _decode_state(data: object) -> _State:
         sgid = snap.record.group_id
         if sgid is not None and sgid in groups and snap.record.id not in groups[sgid].snapshot_ids:
             raise ValueError(f"snapshot {snap.record.id} is not listed in its group {sgid}")
-    return volumes, snaps, groups, policies, counters
+    mounts: list[_SimMount] = []
+    for i, raw in enumerate(_list(top["mounts"], "mounts")):
+        m = _dict(raw, f"mounts[{i}]")
+        mount = _SimMount(
+            host=_str(m["host"], f"mounts[{i}].host"),
+            volume_id=_str(m["volume_id"], f"mounts[{i}].volume_id"),
+            target=_str(m["target"], f"mounts[{i}].target"),
+            mode=_int(m["mode"], f"mounts[{i}].mode"),
+            uid=_int(m["uid"], f"mounts[{i}].uid"),
+            gid=_int(m["gid"], f"mounts[{i}].gid"),
+        )
+        if mount.volume_id not in volumes:
+            raise ValueError(f"mounts[{i}] names unknown volume {mount.volume_id}")
+        mounts.append(mount)
+    return _State((block, async_restore), volumes, snaps, groups, policies, counters, mounts)
 
 
 # --------------------------------------------------------------------------- the backend
@@ -504,6 +657,12 @@ class MockBackend:
     (only ``id`` required; no ``path``: in memory) added unless their id
     exists, in which case the path must match. ``capabilities`` may also be
     given as values (``"clones"``).
+
+    ``block=True`` makes directory-backed volumes simulated block devices
+    (needs ``MAPPING``); ``async_restore=True`` makes restores complete later
+    (see the module docstring). Both default to False, or, with a
+    ``state_file`` that exists, to the mode it was created with; a different
+    explicit value is a :class:`~pgsnap.errors.ConfigurationError`.
     """
 
     def __init__(
@@ -515,8 +674,18 @@ class MockBackend:
         sleep: Callable[[float], None] | None = None,
         state_file: str | os.PathLike[str] | None = None,
         volumes: Iterable[Mapping[str, Any]] | None = None,
+        block: bool | None = None,
+        async_restore: bool | None = None,
     ) -> None:
         self._caps = _capabilities(capabilities)
+        block_arg = _option_bool(block, "block")
+        async_arg = _option_bool(async_restore, "async_restore")
+        if block_arg:
+            self._check_block_capabilities()
+        self._block = False
+        self._async = False
+        self._mode_settled = False
+        self._file_mode: tuple[bool, bool] | None = None
         self._clock = clock or _utcnow
         self._sleep = sleep or time.sleep
         self._state_path = None if state_file is None else Path(os.path.abspath(state_file))
@@ -535,6 +704,7 @@ class MockBackend:
         self._groups: dict[str, _Group] = {}
         self._policies: dict[str, _Policy] = {}
         self._counters: dict[str, int] = {}
+        self._mounts: list[_SimMount] = []
         self._faults: list[_Fault] = []
         self._latency: dict[str, float] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -546,8 +716,10 @@ class MockBackend:
         specs = [_volume_spec(v, i) for i, v in enumerate(volumes or ())]
         if self._state_path is not None:
             self._state_path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
-            with self._reading():
-                pass  # loads the state file, if there is one
+            with self._writing():  # loads the state file, if there is one; pins the mode
+                self._settle_mode(block_arg, async_arg)
+        else:
+            self._settle_mode(block_arg, async_arg)
         if specs:
             with self._writing():
                 for spec in specs:
@@ -571,6 +743,16 @@ class MockBackend:
         with self._lock:
             return self._root_dir()
 
+    @property
+    def block(self) -> bool:
+        """True in block mode: directory-backed volumes are simulated block devices."""
+        return self._block
+
+    @property
+    def async_restore(self) -> bool:
+        """True when restores complete later (:meth:`wait_for_restore` completes them)."""
+        return self._async
+
     def __repr__(self) -> str:
         with self._lock:
             caps = (
@@ -578,10 +760,13 @@ class MockBackend:
                 if self._caps == frozenset(Capability)
                 else ",".join(sorted(c.value for c in self._caps)) or "none"
             )
+            mode = "block" if self._block else "directories"
+            if self._async:
+                mode += ",async_restore"
             return (
                 f"<MockBackend volumes={len(self._volumes)} snapshots={len(self._snaps)} "
                 f"groups={len(self._groups)} policies={len(self._policies)} "
-                f"capabilities={caps} root={self._root or self._root_arg}>"
+                f"capabilities={caps} mode={mode} root={self._root or self._root_arg}>"
             )
 
     def close(self) -> None:
@@ -655,9 +840,10 @@ class MockBackend:
     ) -> StorageVolume:
         """Create a volume: in memory, or backed by the existing directory ``path``.
 
-        ``path`` needs ``DIRECTORY_VOLUMES``; it may not overlap another
-        volume's directory or the snapshot ``root``. ``volume_id`` overrides
-        the generated ``vol-NNNN``.
+        ``path`` may not overlap another volume's directory or the snapshot
+        ``root``; in block mode it is the LUN of a simulated block device.
+        ``volume_id`` overrides the generated ``vol-NNNN`` (in block mode it
+        names the device node, so it may not contain ``/``).
         """
         if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 0:
             raise ConfigurationError(f"size_bytes must be an integer >= 0, got {size_bytes!r}")
@@ -668,9 +854,14 @@ class MockBackend:
                     hint="leave volume_id out to get a fresh vol-NNNN id",
                     volume_id=volume_id,
                 )
+            if volume_id is not None and self._block and not _safe_volume_id(volume_id):
+                raise ConfigurationError(
+                    f"volume id {volume_id!r} cannot name a device node",
+                    hint="in block mode a volume id is one path component: no '/', not '.' or '..'",
+                    volume_id=volume_id,
+                )
             directory: Path | None = None
             if path is not None:
-                self._require(Capability.DIRECTORY_VOLUMES, "directory-backed volumes")
                 directory = Path(os.path.abspath(path))
                 if not directory.is_dir():
                     raise ConfigurationError(
@@ -689,7 +880,7 @@ class MockBackend:
             )
             self._volumes[vid] = vol
             log.debug("mock: added volume %s (%s)", vid, directory or "in memory")
-            return vol.record()
+            return vol.record(block=self._block)
 
     def write_blob(self, volume_id: str, key: str, data: bytes) -> None:
         """Set the content ``key`` of a volume (a file relative to a directory volume)."""
@@ -753,13 +944,13 @@ class MockBackend:
         """Every volume, sorted by id."""
         self._enter("list_volumes")
         with self._reading():
-            return tuple(self._volumes[v].record() for v in sorted(self._volumes))
+            return tuple(self._volumes[v].record(block=self._block) for v in sorted(self._volumes))
 
     def get_volume(self, volume_id: str) -> StorageVolume:
         """One volume; ``VolumeNotFound`` if it does not exist."""
         self._enter("get_volume", volume_id)
         with self._reading():
-            return self._volume(volume_id).record()
+            return self._volume(volume_id).record(block=self._block)
 
     def list_snapshots(self, volume_id: str | None = None) -> tuple[Snapshot, ...]:
         """Snapshots (of one volume, or all), oldest first (ties in creation order)."""
@@ -832,11 +1023,27 @@ class MockBackend:
         :class:`~pgsnap.errors.BackendError`: the storage cannot do it (a
         snapshot only restores onto its own volume), whatever the settings.
         A directory volume that was removed is recreated from the snapshot.
+        In block mode a volume still attached to a host is refused
+        (:class:`~pgsnap.errors.BackendError` naming the hosts): detach it
+        first. With ``async_restore`` the volume is left restoring until
+        :meth:`wait_for_restore`; a restore of a volume still restoring is refused.
         """
         self._enter("restore_volume", volume_id, snapshot_id)
         with self._writing():
             vol = self._volume(volume_id)
             snap = self._snap(snapshot_id)
+            self._refuse_restoring(vol, "restored again")
+            if self._block and vol.hosts:
+                hosts = ", ".join(sorted(vol.hosts))
+                raise BackendError(
+                    f"volume {volume_id!r} is attached to host(s) {hosts}: restoring an "
+                    "attached volume fails",
+                    hint=f"unmount it and detach it from {hosts} first "
+                    "(restore_profile() says so: before=DETACH)",
+                    backend=_NAME,
+                    volume_id=volume_id,
+                    hosts=tuple(sorted(vol.hosts)),
+                )
             if snap.record.volume_id != volume_id:
                 raise BackendError(
                     f"snapshot {snapshot_id!r} is of volume {snap.record.volume_id!r}, "
@@ -851,35 +1058,128 @@ class MockBackend:
             if vol.path is None:
                 assert snap.blobs is not None
                 vol.blobs = dict(snap.blobs)
-                return
-            with self._os_errors(f"restore of volume {volume_id!r}", volume_id=volume_id):
-                if vol.path.is_dir():
-                    _empty_dir(vol.path)
-                else:
-                    os.mkdir(vol.path, 0o700)
-                    _copy_into(snap.tree, vol.path)
-                    _copy_meta(os.lstat(snap.tree), vol.path)
-                    return
-                _copy_into(snap.tree, vol.path)
-            log.debug("mock: restored %s from %s", volume_id, snapshot_id)
+            else:
+                with self._os_errors(f"restore of volume {volume_id!r}", volume_id=volume_id):
+                    if vol.path.is_dir():
+                        _empty_dir(vol.path)
+                        _copy_into(snap.tree, vol.path)
+                    else:
+                        os.mkdir(vol.path, 0o700)
+                        _copy_into(snap.tree, vol.path)
+                        _copy_meta(os.lstat(snap.tree), vol.path)
+            if self._async:
+                vol.restoring = snapshot_id
+            log.debug(
+                "mock: restored %s from %s%s",
+                volume_id,
+                snapshot_id,
+                " (completes with wait_for_restore)" if self._async else "",
+            )
+
+    def restore_profile(self, volume_id: str) -> RestoreProfile:
+        """What a restore of the volume needs: nothing (directories mode) or a
+        detach (block mode); ``completes_later`` with ``async_restore``. The
+        snapshot is never consumed. ``VolumeNotFound`` for an unknown volume."""
+        self._enter("restore_profile", volume_id)
+        with self._reading():
+            self._volume(volume_id)
+            before = RestorePreparation.DETACH if self._block else RestorePreparation.NOTHING
+            return RestoreProfile(before=before, completes_later=self._async)
+
+    def wait_for_restore(self, volume_id: str, *, timeout: float) -> None:
+        """Complete a restore left restoring (``async_restore``); otherwise return at once.
+
+        The mock's restores complete as soon as they are waited for, whatever
+        ``timeout``; inject a fault to make one fail. ``VolumeNotFound`` for
+        an unknown volume.
+        """
+        self._enter("wait_for_restore", volume_id, timeout)
+        with self._writing():
+            vol = self._volume(volume_id)
+            if vol.restoring is not None:
+                log.debug("mock: restore of %s from %s completed", volume_id, vol.restoring)
+                vol.restoring = None
 
     # ------------------------------------------------------------------ protocol: hosts
 
-    def map_volume(self, volume_id: str, host: str) -> None:
-        """Make the volume visible to ``host`` (needs ``MAPPING``); idempotent."""
-        self._enter("map_volume", volume_id, host)
-        with self._writing():
-            self._require(Capability.MAPPING, "mapping volumes to hosts")
-            vol = self._volume(volume_id)
-            vol.hosts.add(self._check_host(host))
+    def locate(self, volume_id: str) -> Location:
+        """How a host finds the volume (pure lookup; ``VolumeNotFound`` if unknown).
 
-    def unmap_volume(self, volume_id: str, host: str) -> None:
-        """Hide the volume from ``host`` (needs ``MAPPING``); idempotent."""
-        self._enter("unmap_volume", volume_id, host)
-        with self._writing():
-            self._require(Capability.MAPPING, "mapping volumes to hosts")
+        A directory-backed volume is its directory, or in block mode the
+        device ``root/dev/<id>`` (present only while attached); an in-memory
+        volume is the device ``/dev/pgsnap-mock/<id>``, which never exists.
+        """
+        self._enter("locate", volume_id)
+        with self._reading():
             vol = self._volume(volume_id)
-            vol.hosts.discard(self._check_host(host))
+            if vol.path is None:
+                return Location.device(f"{MEMORY_DEVICE_DIR}/{vol.id}")
+            if self._block:
+                return Location.device(str(self._device_path(vol.id)))
+            return Location.directory(str(vol.path))
+
+    def attach(self, volume_id: str, host: str) -> None:
+        """Make the volume visible to ``host`` (needs ``MAPPING``); idempotent.
+
+        In block mode the volume's device node appears (a symlink to its
+        LUN). A volume still restoring is refused until :meth:`wait_for_restore`.
+        """
+        self._enter("attach", volume_id, host)
+        with self._writing():
+            self._require(Capability.MAPPING, "attaching volumes to hosts")
+            vol = self._volume(volume_id)
+            host = self._check_host(host)
+            self._refuse_restoring(vol, "attached")
+            vol.hosts.add(host)
+            if self._block and vol.path is not None:
+                device = self._device_path(vol.id)
+                with self._os_errors(f"attach of volume {volume_id!r}", volume_id=volume_id):
+                    device.parent.mkdir(mode=0o700, exist_ok=True)
+                    if not os.path.lexists(device):
+                        os.symlink(vol.path, device)
+                log.debug("mock: device %s -> %s", device, vol.path)
+
+    def detach(self, volume_id: str, host: str) -> None:
+        """Hide the volume from ``host`` (needs ``MAPPING``); idempotent.
+
+        In block mode the device node goes away with the last host, and a
+        volume mounted on ``host`` (by :meth:`simulated_host`) is refused with
+        :class:`~pgsnap.errors.BackendError`: unmount it first.
+        """
+        self._enter("detach", volume_id, host)
+        with self._writing():
+            self._require(Capability.MAPPING, "detaching volumes from hosts")
+            vol = self._volume(volume_id)
+            host = self._check_host(host)
+            for mount in self._mounts:
+                if mount.volume_id == vol.id and mount.host == host:
+                    raise BackendError(
+                        f"volume {volume_id!r} is in use: mounted on {mount.target} on host "
+                        f"{host!r}; the storage refuses to detach it",
+                        hint=f"unmount {mount.target} first",
+                        backend=_NAME,
+                        volume_id=volume_id,
+                        host=host,
+                        target=mount.target,
+                    )
+            vol.hosts.discard(host)
+            if self._block and vol.path is not None and not vol.hosts:
+                device = self._device_path(vol.id)
+                with self._os_errors(f"detach of volume {volume_id!r}", volume_id=volume_id):
+                    if os.path.lexists(device):
+                        os.unlink(device)
+
+    def simulated_host(self, base: Host | None = None) -> Host:
+        """A :class:`~pgsnap.host.Host` that mounts this mock's block devices.
+
+        It behaves as ``base`` (default: this machine, ``Host()``) except for
+        mounts and devices of this mock, which it simulates (see
+        :mod:`pgsnap.backends.mock_host`). Its name (``base.name``) is the
+        host name to :meth:`attach` volumes to.
+        """
+        from pgsnap.backends.mock_host import MockHost  # noqa: PLC0415 - pgsnap.host on demand
+
+        return MockHost(self, base)
 
     # ------------------------------------------------------------------ protocol: clones
 
@@ -917,7 +1217,7 @@ class MockBackend:
                 vol.extra = {"kind": "directory", **extra}
             self._volumes[vid] = vol
             log.debug("mock: cloned %s into %s", snapshot_id, vid)
-            return vol.record()
+            return vol.record(block=self._block)
 
     # ------------------------------------------------------------------ protocol: policies
 
@@ -1025,7 +1325,8 @@ class MockBackend:
                 try:
                     yield
                 except BaseException:
-                    if write:
+                    # A construction refused before its mode was settled writes nothing.
+                    if write and self._mode_settled:
                         try:  # the state in memory is what happened: keep it
                             self._save_state(path)
                         except PgsnapError as exc:
@@ -1045,6 +1346,7 @@ class MockBackend:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             self._state_text = None
+            self._file_mode = None
             return
         except (OSError, UnicodeDecodeError) as exc:
             raise _state_error(path, f"cannot be read: {exc}") from exc
@@ -1054,7 +1356,16 @@ class MockBackend:
         except (ValueError, KeyError, TypeError, AttributeError, PgsnapError) as exc:
             detail = exc.message if isinstance(exc, PgsnapError) else f"{type(exc).__name__}: {exc}"
             raise _state_error(path, f"is corrupt ({detail})") from exc
-        self._volumes, self._snaps, self._groups, self._policies, self._counters = state
+        if self._mode_settled and state.mode != (self._block, self._async):
+            raise _state_error(
+                path,
+                f"is now in {_mode_text(*state.mode)}, but this backend was created in "
+                f"{_mode_text(self._block, self._async)}",
+                hint="another process replaced the state file: create the backend again",
+            )
+        self._file_mode = state.mode
+        self._volumes, self._snaps, self._groups = state.volumes, state.snaps, state.groups
+        self._policies, self._counters, self._mounts = state.policies, state.counters, state.mounts
         self._state_text = text
 
     def _save_state(self, path: Path) -> None:
@@ -1092,6 +1403,7 @@ class MockBackend:
         return {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
+            "mode": {"block": self._block, "async_restore": self._async},
             "root": None if root is None else str(root),
             "counters": dict(sorted(self._counters.items())),
             "volumes": [
@@ -1103,8 +1415,20 @@ class MockBackend:
                     "hosts": sorted(v.hosts),
                     "extra": dict(v.extra),
                     "blobs": _encode_blobs(v.blobs),
+                    "restoring": v.restoring,
                 }
                 for v in self._volumes.values()
+            ],
+            "mounts": [
+                {
+                    "host": m.host,
+                    "volume_id": m.volume_id,
+                    "target": m.target,
+                    "mode": m.mode,
+                    "uid": m.uid,
+                    "gid": m.gid,
+                }
+                for m in self._mounts
             ],
             "snapshots": [
                 {
@@ -1158,6 +1482,255 @@ class MockBackend:
                 backend=_NAME,
                 volume_id=spec.id,
             )
+
+    # ------------------------------------------------------------------ the simulated host
+
+    # These serve pgsnap.backends.mock_host.MockHost: the mount table is part of the
+    # mock's state (persisted with it), and a mount changes it under the same lock.
+
+    def _sim_claims(self, path: str) -> str | None:
+        """The volume id a mock device path names (maybe unknown); None: not a mock device.
+
+        Mock devices: ``root/dev/<id>``, ``/dev/pgsnap-mock/<id>``, and in block
+        mode a volume's LUN (what a device resolves to).
+        """
+        with self._reading():
+            where = Path(os.path.abspath(path))
+            root = self._root or self._root_arg
+            if where.parent == Path(MEMORY_DEVICE_DIR) or (
+                root is not None and where.parent == root / "dev"
+            ):
+                return where.name
+            if self._block:
+                for vol in self._volumes.values():
+                    if vol.path == where:
+                        return vol.id
+            return None
+
+    def _sim_visible(self, volume_id: str, host: str) -> _Volume | None:
+        """The block volume whose device ``host`` sees now (caller holds the lock)."""
+        vol = self._volumes.get(volume_id)
+        if not self._block or vol is None or vol.path is None or host not in vol.hosts:
+            return None
+        return vol if os.path.lexists(self._device_path(vol.id)) else None
+
+    def _sim_device(self, host: str, path: str) -> str | None:
+        """The resolved path of mock device ``path`` when ``host`` sees it, else None."""
+        with self._reading():
+            vid = self._sim_claims(path)
+            vol = None if vid is None else self._sim_visible(vid, host)
+            if vol is None:
+                return None
+            return os.path.realpath(self._device_path(vol.id))
+
+    def _sim_record(self, mount: _SimMount) -> Mount:
+        return Mount(
+            source=str(self._device_path(mount.volume_id)),
+            target=mount.target,
+            fstype="mockfs",
+            options=("rw",),
+        )
+
+    def _sim_mounts(self, host: str) -> tuple[Mount, ...]:
+        """The simulated mounts of ``host``, in the order they were mounted."""
+        with self._reading():
+            return tuple(self._sim_record(m) for m in self._mounts if m.host == host)
+
+    def _sim_mount_of(self, host: str, path: str) -> Mount | None:
+        """The simulated mount of ``host`` holding ``path``: at or under its mount point
+        (symlinks not resolved), or under its volume's directory (a resolved path)."""
+        where = Path(os.path.abspath(path))
+        with self._reading():
+            best: tuple[int, _SimMount] | None = None
+            for mount in self._mounts:
+                if mount.host != host:
+                    continue
+                vol = self._volumes[mount.volume_id]
+                assert vol.path is not None
+                for base in {Path(mount.target), vol.path, Path(os.path.realpath(vol.path))}:
+                    if _within(where, base) and (best is None or len(base.parts) > best[0]):
+                        best = (len(base.parts), mount)
+            return None if best is None else self._sim_record(best[1])
+
+    def _sim_mount(self, host: str, where: str, source: str, target: str) -> None:
+        """Mount mock device ``source`` on ``target`` for ``host`` (``where``: its description)."""
+        with self._writing():
+            vid = self._sim_claims(source)
+            vol = None if vid is None else self._sim_visible(vid, host)
+            if vol is None or vid is None:
+                raise MountError(
+                    f"cannot mount {source} on {target}: no such device "
+                    f"(the volume is not attached to host {host!r})",
+                    hint="attach the volume to this host and wait for its device first",
+                    target=target,
+                    host=where,
+                    device=source,
+                )
+            assert vol.path is not None
+            point = os.path.abspath(target)
+            for mount in self._mounts:
+                if mount.target == point:
+                    if mount.volume_id == vol.id and mount.host == host:
+                        log.debug("mock host: %s already mounted on %s", source, point)
+                        return
+                    raise MountError(
+                        f"cannot mount {source} on {point}: "
+                        f"{self._device_path(mount.volume_id)} is already mounted there",
+                        hint="unmount it first",
+                        target=point,
+                        host=where,
+                        device=source,
+                    )
+                if mount.volume_id == vol.id:
+                    raise MountError(
+                        f"cannot mount {source} on {point}: it is already mounted on "
+                        f"{mount.target} (the simulation mounts a device once)",
+                        hint=f"unmount {mount.target} first",
+                        target=point,
+                        host=where,
+                        device=source,
+                    )
+            try:
+                st = os.lstat(point)
+            except FileNotFoundError:
+                raise MountError(
+                    f"cannot mount {source} on {point}: mount point does not exist",
+                    hint="create the mount point directory first",
+                    target=point,
+                    host=where,
+                ) from None
+            except OSError as exc:
+                raise MountError(
+                    f"cannot mount {source} on {point}: {exc.strerror or exc}",
+                    target=point,
+                    host=where,
+                ) from exc
+            if not stat.S_ISDIR(st.st_mode):
+                raise MountError(
+                    f"cannot mount {source} on {point}: mount point is not a directory",
+                    hint="mount on an empty directory",
+                    target=point,
+                    host=where,
+                )
+            if not vol.path.is_dir():
+                raise MountError(
+                    f"cannot mount {source} on {point}: wrong fs type, bad superblock "
+                    f"(the volume's directory {vol.path} is missing)",
+                    hint="restore the volume from a snapshot",
+                    target=point,
+                    host=where,
+                )
+            try:
+                os.rmdir(point)  # only an empty directory: the simulation cannot hide content
+            except OSError as exc:
+                raise MountError(
+                    f"cannot mount {source} on {point}: mount point is not empty "
+                    f"({exc.strerror or exc}; the simulation replaces it by a symlink)",
+                    hint="mount on an empty directory",
+                    target=point,
+                    host=where,
+                ) from exc
+            try:
+                os.symlink(vol.path, point)
+            except OSError as exc:
+                with suppress(OSError):
+                    _mount_point(point, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+                raise MountError(
+                    f"cannot mount {source} on {point}: {exc.strerror or exc}",
+                    target=point,
+                    host=where,
+                ) from exc
+            self._mounts.append(
+                _SimMount(host, vol.id, point, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+            )
+            log.debug("mock host %s: mounted %s on %s", host, source, point)
+
+    def _sim_unmount(
+        self, host: str, where: str, target: str, holders: Callable[[str], Sequence[str]]
+    ) -> bool:
+        """Unmount the simulated mount of ``host`` at ``target``; False when there is none.
+
+        ``holders(path)`` names the processes using the volume's directory:
+        any of them makes it a :class:`~pgsnap.errors.MountBusyError`.
+        """
+        point = os.path.abspath(target)
+        with self._writing():
+            found = [m for m in self._mounts if m.target == point and m.host == host]
+            if not found:
+                return False
+            mount = found[0]
+            nested = [
+                m.target
+                for m in self._mounts
+                if m is not mount and _within(Path(m.target), Path(point))
+            ]
+            if nested:
+                raise MountBusyError(
+                    f"cannot unmount {point}: target is busy "
+                    f"(mounted under it: {', '.join(nested)})",
+                    hint="unmount those first",
+                    target=point,
+                    host=where,
+                )
+            vol = self._volumes[mount.volume_id]
+            assert vol.path is not None
+            users = tuple(holders(os.path.realpath(vol.path)))
+            if users:
+                raise MountBusyError(
+                    f"cannot unmount {point}: target is busy; used by {'; '.join(users)}",
+                    hint="stop those processes (the PostgreSQL server first), then unmount",
+                    target=point,
+                    holders=users,
+                    host=where,
+                )
+            try:
+                if os.path.islink(point):
+                    os.unlink(point)
+                if not os.path.lexists(point):
+                    _mount_point(point, mount.mode, mount.uid, mount.gid)
+                else:
+                    log.warning("mock host: %s was replaced behind the simulation's back", point)
+            except OSError as exc:
+                raise MountError(
+                    f"cannot unmount {point}: {exc.strerror or exc}",
+                    target=point,
+                    host=where,
+                ) from exc
+            self._mounts.remove(mount)
+            log.debug("mock host %s: unmounted %s", host, point)
+            return True
+
+    # ------------------------------------------------------------------ internals: mode
+
+    def _check_block_capabilities(self) -> None:
+        if Capability.MAPPING not in self._caps:
+            raise ConfigurationError(
+                "the mock's block mode needs Capability.MAPPING: its devices exist "
+                "only while attached to a host",
+                hint="grant MAPPING in capabilities, or leave block mode off",
+                backend=_NAME,
+            )
+
+    def _settle_mode(self, block: bool | None, async_restore: bool | None) -> None:
+        """Fix the mode: the state file's if it has one (explicit values must agree)."""
+        if self._file_mode is None:
+            self._block, self._async = bool(block), bool(async_restore)
+        else:
+            have = dict(zip(("block", "async_restore"), self._file_mode, strict=True))
+            for name, wanted in (("block", block), ("async_restore", async_restore)):
+                if wanted is not None and wanted != have[name]:
+                    raise ConfigurationError(
+                        f"the mock's state file {str(self._state_path)!r} was created with "
+                        f"{name} = {str(have[name]).lower()}, not {str(wanted).lower()}",
+                        hint=f"leave {name} out (or set it to {str(have[name]).lower()}), "
+                        "or start from a new state_file",
+                        backend=_NAME,
+                        option=name,
+                    )
+            self._block, self._async = self._file_mode
+        if self._block:
+            self._check_block_capabilities()
+        self._mode_settled = True
 
     # ------------------------------------------------------------------ internals: calls
 
@@ -1267,6 +1840,27 @@ class MockBackend:
                 policy_id=policy_id,
             )
         return policy
+
+    def _refuse_restoring(self, vol: _Volume, what: str) -> None:
+        if vol.restoring is not None:
+            raise BackendError(
+                f"volume {vol.id!r} is being restored from {vol.restoring!r} and cannot be "
+                f"{what} until the restore completes",
+                hint=f"wait_for_restore({vol.id!r}) first",
+                backend=_NAME,
+                volume_id=vol.id,
+                snapshot_id=vol.restoring,
+            )
+
+    def _device_path(self, volume_id: str) -> Path:
+        """The block-mode device node of a volume: ``root/dev/<id>`` (caller holds the lock)."""
+        if not _safe_volume_id(volume_id):
+            raise ConfigurationError(
+                f"volume id {volume_id!r} cannot name a device node",
+                hint="in block mode a volume id is one path component",
+                volume_id=volume_id,
+            )
+        return self._root_dir() / "dev" / volume_id
 
     def _check_host(self, host: str) -> str:
         if not isinstance(host, str) or not host.strip():
@@ -1407,6 +2001,8 @@ class MockBackend:
                 volume_ids=tuple(dupes),
             )
         vols = [self._volume(v) for v in ids]
+        for vol in vols:
+            self._refuse_restoring(vol, "snapshotted")
         counters = dict(self._counters)
         consistent = Capability.CONSISTENCY_GROUPS in self._caps
         instant = self._now() if consistent else None

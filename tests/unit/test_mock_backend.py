@@ -12,6 +12,7 @@ import pwd
 import shutil
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pgsnap.errors import (
     UnsupportedCapability,
     VolumeNotFound,
 )
+from pgsnap.model import Location, LocationKind, RestorePreparation, RestoreProfile
 from pgsnap.protocols import Capability
 
 T0 = dt.datetime(2025, 1, 1, 12, 0, tzinfo=dt.UTC)
@@ -238,13 +240,15 @@ def test_call_log_records_names_and_arguments(backend: MockBackend) -> None:
     v1, v2 = two_volumes(backend)
     group = backend.create_snapshot_group([v1, v2], "b1")
     backend.restore_volume(v1, group.for_volume(v1).id)
-    backend.map_volume(v1, "db1")
+    backend.attach(v1, "db1")
+    backend.wait_for_restore(v1, timeout=5.0)
     assert backend.calls == [
         ("create_snapshot_group", ((v1, v2), "b1", False)),
         ("snapshot_volume", (v1,)),
         ("snapshot_volume", (v2,)),
         ("restore_volume", (v1, "snap-0001")),
-        ("map_volume", (v1, "db1")),
+        ("attach", (v1, "db1")),
+        ("wait_for_restore", (v1, 5.0)),
     ]
 
 
@@ -293,15 +297,15 @@ def test_ungranted_capabilities_raise() -> None:
     vid = backend.add_volume("data").id
     snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
     with pytest.raises(UnsupportedCapability) as info:
-        backend.map_volume(vid, "db1")
+        backend.attach(vid, "db1")
     assert info.value.details["capability"] == "mapping"
+    with pytest.raises(UnsupportedCapability):
+        backend.detach(vid, "db1")
     assert pickle.loads(pickle.dumps(info.value)).details["capability"] == "mapping"
     with pytest.raises(UnsupportedCapability):
         backend.clone_snapshot(snap.id, "dev")
     with pytest.raises(UnsupportedCapability):
         backend.create_snapshot_group([vid], "s", secure=True)
-    with pytest.raises(UnsupportedCapability):
-        backend.add_volume("dir", path=Path("/tmp"))
     with pytest.raises(UnsupportedCapability):
         backend.add_policy("p", [vid])
     assert backend.list_policies() == ()
@@ -309,17 +313,21 @@ def test_ungranted_capabilities_raise() -> None:
         backend.pause_policy("pol-0001")
 
 
-def test_mapping_is_idempotent(backend: MockBackend) -> None:
+def test_attach_detach_are_idempotent(backend: MockBackend) -> None:
     vid = backend.add_volume("data").id
-    backend.map_volume(vid, "db2")
-    backend.map_volume(vid, "db1")
-    backend.map_volume(vid, "db1")
+    backend.attach(vid, "db2")
+    backend.attach(vid, "db1")
+    backend.attach(vid, "db1")
     assert backend.get_volume(vid).mapped_hosts == ("db1", "db2")
-    backend.unmap_volume(vid, "db1")
-    backend.unmap_volume(vid, "db1")
+    backend.detach(vid, "db1")
+    backend.detach(vid, "db1")
     assert backend.get_volume(vid).mapped_hosts == ("db2",)
     with pytest.raises(ConfigurationError):
-        backend.map_volume(vid, " ")
+        backend.attach(vid, " ")
+    for call in (backend.attach, backend.detach):
+        with pytest.raises(VolumeNotFound) as info:
+            call("vol-9999", "db1")
+        assert info.value.volume_id == "vol-9999"
 
 
 # --------------------------------------------------------------------------- secure snapshots
@@ -626,7 +634,7 @@ def test_state_survives_a_new_instance(tmp_path: Path, fake: FakeTime) -> None:
     group = first.create_snapshot_group([mem, data], "b1", secure=True)
     first.write_blob(mem, "marker", b"v2")
     (volume / "PG_VERSION").write_text("16\n")
-    first.map_volume(data, "host-a")
+    first.attach(data, "host-a")
     policy = first.add_policy("nightly", [mem], retain=2)
     first.pause_policy(policy.id)
     clone = first.clone_snapshot(group.for_volume(data).id, "dev")
@@ -739,7 +747,7 @@ def test_volumes_option_errors(tmp_path: Path, spec: Any, match: str) -> None:
     [
         ("{not json", "is corrupt"),
         ('{"format": "something-else", "version": 1}', "not a mock state file"),
-        ('{"format": "pgsnap-mock-state", "version": 99}', "state version 99"),
+        ('{"format": "pgsnap-mock-state", "version": 99}', "state version 99; this pgsnap reads"),
         ('{"format": "pgsnap-mock-state", "version": 1}', "KeyError"),
         (
             '{"format": "pgsnap-mock-state", "version": 1, "root": null, "counters": {},'
@@ -828,3 +836,377 @@ def test_concurrent_processes_do_not_lose_or_corrupt_state(tmp_path: Path) -> No
         vid = next(v.id for v in backend.list_volumes() if v.name == f"w{w}")
         assert backend.read_blob(vid, "n") == str(rounds - 1).encode()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mock.json", "mock.json.lock"]
+
+
+# --------------------------------------------------------------------------- locate and restore profiles
+
+
+def test_locate_directories_mode(tmp_path: Path) -> None:
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    backend = MockBackend(root=tmp_path / "root")
+    directory = backend.add_volume("data", path=volume).id
+    memory = backend.add_volume("mem").id
+    assert backend.locate(directory) == Location.directory(str(volume))
+    assert backend.locate(memory) == Location.device(f"/dev/pgsnap-mock/{memory}")
+    assert not Path(backend.locate(memory).path).exists()
+    with pytest.raises(VolumeNotFound) as info:
+        backend.locate("vol-9999")
+    assert info.value.volume_id == "vol-9999"
+    assert backend.restore_profile(directory) == RestoreProfile()
+    assert backend.restore_profile(memory) == RestoreProfile()
+    assert not backend.restore_profile(directory).completes_later
+    with pytest.raises(VolumeNotFound):
+        backend.restore_profile("vol-9999")
+
+
+def test_new_protocol_methods_are_fault_points(backend: MockBackend) -> None:
+    for method in ("attach", "detach", "locate", "restore_profile", "wait_for_restore"):
+        assert method in FAULT_POINTS
+    assert "map_volume" not in FAULT_POINTS
+    vid = backend.add_volume("data").id
+    backend.inject_fault("locate")
+    with pytest.raises(BackendUnavailable):
+        backend.locate(vid)
+    backend.inject_fault("restore_profile")
+    with pytest.raises(BackendUnavailable):
+        backend.restore_profile(vid)
+    assert backend.locate(vid).kind is LocationKind.BLOCK_DEVICE
+
+
+def test_wait_for_restore_returns_at_once_without_async(backend: MockBackend) -> None:
+    vid = backend.add_volume("data").id
+    backend.wait_for_restore(vid, timeout=0)  # nothing restored: nothing to wait for
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    backend.restore_volume(vid, snap.id)
+    assert "restoring" not in backend.get_volume(vid).extra
+    backend.wait_for_restore(vid, timeout=0)
+    with pytest.raises(VolumeNotFound):
+        backend.wait_for_restore("vol-9999", timeout=0)
+
+
+# --------------------------------------------------------------------------- block mode
+
+
+def _block(tmp_path: Path, **options: Any) -> tuple[MockBackend, str, Path]:
+    """A block-mode mock with one directory volume (its LUN holds PG_VERSION)."""
+    lun = tmp_path / "lun-data"
+    lun.mkdir()
+    (lun / "PG_VERSION").write_text("15\n")
+    backend = MockBackend(root=tmp_path / "root", block=True, **options)
+    return backend, backend.add_volume("data", path=lun).id, lun
+
+
+def test_block_mode_needs_mapping(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="MAPPING"):
+        MockBackend(block=True, capabilities=[Capability.CLONES])
+    with pytest.raises(ConfigurationError, match="block must be true or false"):
+        MockBackend(block="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="async_restore"):
+        MockBackend(async_restore=1)  # type: ignore[arg-type]
+    assert not (tmp_path / "state.json").exists()
+    with pytest.raises(ConfigurationError, match="MAPPING"):
+        MockBackend(block=True, capabilities=(), state_file=tmp_path / "state.json")
+    assert not (tmp_path / "state.json").exists()  # a refused construction writes nothing
+
+
+def test_block_volume_is_a_device_that_exists_while_attached(tmp_path: Path) -> None:
+    backend, vid, lun = _block(tmp_path)
+    assert backend.block
+    assert "mode=block" in repr(backend)
+    device = tmp_path / "root" / "dev" / vid
+    assert backend.locate(vid) == Location.device(str(device))
+    record = backend.get_volume(vid)
+    assert record.path is None  # the LUN is not for the host
+    assert record.extra["kind"] == "block"
+    assert record.extra["lun"] == str(lun)
+    assert not os.path.lexists(device)
+    backend.attach(vid, "db1")
+    assert os.readlink(device) == str(lun)
+    assert (device / "PG_VERSION").read_text() == "15\n"
+    backend.attach(vid, "db1")  # idempotent
+    backend.attach(vid, "db2")
+    backend.detach(vid, "db1")
+    assert os.path.lexists(device)  # db2 still sees it
+    backend.detach(vid, "db2")
+    assert not os.path.lexists(device)
+    backend.detach(vid, "db2")  # idempotent
+    assert backend.restore_profile(vid) == RestoreProfile(before=RestorePreparation.DETACH)
+    # In-memory volumes in block mode: a device that never exists, restored detached too.
+    mem = backend.add_volume("mem").id
+    assert backend.locate(mem) == Location.device(f"/dev/pgsnap-mock/{mem}")
+    backend.attach(mem, "db1")
+    assert not os.path.lexists(f"/dev/pgsnap-mock/{mem}")
+    assert backend.restore_profile(mem).detaches
+
+
+def test_block_restore_of_an_attached_volume_fails(tmp_path: Path) -> None:
+    backend, vid, lun = _block(tmp_path)
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    (lun / "PG_VERSION").write_text("16\n")
+    backend.attach(vid, "db2")
+    backend.attach(vid, "db1")
+    with pytest.raises(BackendError, match="attached to host\\(s\\) db1, db2") as info:
+        backend.restore_volume(vid, snap.id)
+    err = info.value
+    assert not isinstance(err, LookupError)
+    assert err.hint is not None
+    assert "detach" in err.hint
+    assert err.details["hosts"] == ("db1", "db2")
+    assert pickle.loads(pickle.dumps(err)).details == err.details
+    assert (lun / "PG_VERSION").read_text() == "16\n"  # untouched
+    backend.detach(vid, "db1")
+    with pytest.raises(BackendError, match="db2"):
+        backend.restore_volume(vid, snap.id)
+    backend.detach(vid, "db2")
+    backend.restore_volume(vid, snap.id)
+    assert (lun / "PG_VERSION").read_text() == "15\n"
+    backend.attach(vid, "db1")
+    assert (tmp_path / "root" / "dev" / vid / "PG_VERSION").read_text() == "15\n"
+
+
+def test_block_mode_volume_ids_name_device_nodes(tmp_path: Path) -> None:
+    backend, _, _ = _block(tmp_path)
+    (tmp_path / "other").mkdir()
+    for bad in ("a/b", "..", "."):
+        with pytest.raises(ConfigurationError, match="cannot name a device node"):
+            backend.add_volume("x", path=tmp_path / "other", volume_id=bad)
+    assert backend.add_volume("x", path=tmp_path / "other", volume_id="vol-x").id == "vol-x"
+
+
+def test_block_clones_are_block_devices(tmp_path: Path) -> None:
+    backend, vid, _ = _block(tmp_path)
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    clone = backend.clone_snapshot(snap.id, "dev")
+    assert clone.path is None
+    assert clone.extra["kind"] == "block"
+    assert backend.locate(clone.id).path == str(tmp_path / "root" / "dev" / clone.id)
+    backend.attach(clone.id, "db1")
+    assert (Path(backend.locate(clone.id).path) / "PG_VERSION").read_text() == "15\n"
+
+
+# --------------------------------------------------------------------------- restores that complete later
+
+
+def test_async_restore_is_restoring_until_waited_for(tmp_path: Path) -> None:
+    backend, vid, lun = _block(tmp_path, async_restore=True)
+    assert backend.async_restore
+    assert backend.restore_profile(vid) == RestoreProfile(
+        before=RestorePreparation.DETACH, completes_later=True
+    )
+    snap = backend.create_snapshot_group([vid], "b1").snapshots[0]
+    (lun / "PG_VERSION").write_text("16\n")
+    backend.restore_volume(vid, snap.id)
+    assert backend.get_volume(vid).extra["restoring"] == snap.id
+    refused: list[Callable[[], object]] = [
+        lambda: backend.attach(vid, "db1"),
+        lambda: backend.create_snapshot_group([vid], "b2"),
+        lambda: backend.restore_volume(vid, snap.id),
+    ]
+    for call in refused:
+        with pytest.raises(BackendError, match="being restored") as info:
+            call()
+        assert info.value.hint is not None
+        assert "wait_for_restore" in info.value.hint
+        assert not isinstance(info.value, LookupError)
+    assert backend.get_volume(vid).mapped_hosts == ()
+    assert len(backend.list_snapshots()) == 1
+    # A failed wait leaves it restoring; a successful one completes it.
+    backend.inject_fault("wait_for_restore")
+    with pytest.raises(BackendUnavailable):
+        backend.wait_for_restore(vid, timeout=10)
+    assert "restoring" in backend.get_volume(vid).extra
+    backend.wait_for_restore(vid, timeout=10)
+    assert "restoring" not in backend.get_volume(vid).extra
+    backend.wait_for_restore(vid, timeout=10)
+    backend.attach(vid, "db1")
+    assert (tmp_path / "root" / "dev" / vid / "PG_VERSION").read_text() == "15\n"
+    assert len(backend.create_snapshot_group([vid], "b2").snapshots) == 1
+    with pytest.raises(VolumeNotFound):
+        backend.wait_for_restore("vol-9999", timeout=1)
+
+
+def test_async_restore_without_block_mode(backend: MockBackend) -> None:
+    mock = MockBackend(async_restore=True)
+    vid = mock.add_volume("data").id
+    mock.write_blob(vid, "k", b"v1")
+    snap = mock.create_snapshot_group([vid], "b1").snapshots[0]
+    mock.write_blob(vid, "k", b"v2")
+    assert mock.restore_profile(vid) == RestoreProfile(completes_later=True)
+    mock.restore_volume(vid, snap.id)
+    assert mock.read_blob(vid, "k") == b"v1"  # content copied already
+    with pytest.raises(BackendError, match="being restored"):
+        mock.attach(vid, "db1")
+    mock.wait_for_restore(vid, timeout=1)
+    mock.attach(vid, "db1")
+
+
+# --------------------------------------------------------------------------- the mode in the state file
+
+
+def test_mode_is_persisted_and_fixed(tmp_path: Path) -> None:
+    import json
+
+    state = tmp_path / "mock.json"
+    lun = tmp_path / "lun"
+    lun.mkdir()
+    first = MockBackend(state_file=state, block=True, async_restore=True)
+    assert state.exists()  # the mode is pinned at once
+    vid = first.add_volume("data", path=lun).id
+    snap = first.create_snapshot_group([vid], "b1").snapshots[0]
+    first.restore_volume(vid, snap.id)
+    # Left out: the state file's mode.
+    second = MockBackend(state_file=state)
+    assert (second.block, second.async_restore) == (True, True)
+    assert second.get_volume(vid).extra["restoring"] == snap.id  # restoring persists
+    with pytest.raises(BackendError, match="being restored"):
+        second.attach(vid, "db1")
+    second.wait_for_restore(vid, timeout=1)
+    first.attach(vid, "db1")  # the first instance sees the completed restore
+    assert os.readlink(tmp_path / "mock.json.d" / "dev" / vid) == str(lun)
+    # Given and different: refused, naming the option.
+    with pytest.raises(ConfigurationError, match="created with block = true") as info:
+        MockBackend(state_file=state, block=False)
+    assert info.value.details["option"] == "block"
+    assert info.value.hint is not None
+    assert "new state_file" in info.value.hint
+    with pytest.raises(ConfigurationError, match="async_restore = true, not false"):
+        MockBackend(state_file=state, async_restore=False)
+    # A refused construction leaves the state file as it was.
+    assert json.loads(state.read_text())["mode"] == {"block": True, "async_restore": True}
+    # A state file in block mode needs MAPPING, whoever opens it.
+    with pytest.raises(ConfigurationError, match="MAPPING"):
+        MockBackend(state_file=state, capabilities=["clones"])
+    # Through the registry, as a TOML [storage.options] table gives it.
+    from pgsnap.backends import BackendRegistry
+
+    made = BackendRegistry(plugins=False).create(
+        "mock", state_file=str(state), block=True, async_restore=True
+    )
+    assert made.locate(vid).kind is LocationKind.BLOCK_DEVICE
+
+
+def test_mode_switched_behind_a_backend_is_a_clear_error(tmp_path: Path) -> None:
+    state = tmp_path / "mock.json"
+    backend = MockBackend(state_file=state)
+    vid = backend.add_volume("data").id
+    state.unlink()
+    MockBackend(state_file=state, block=True)  # another process starts over in block mode
+    with pytest.raises(BackendError, match="now in block mode") as info:
+        backend.get_volume(vid)
+    assert info.value.details["state_file"] == str(state)
+
+
+_V1_STATE = {
+    "format": "pgsnap-mock-state",
+    "version": 1,
+    "root": None,
+    "counters": {"vol": 1, "snap": 1, "cg": 1},
+    "volumes": [
+        {
+            "id": "vol-0001",
+            "name": "data",
+            "size_bytes": 5,
+            "path": None,
+            "hosts": ["db1"],
+            "extra": {"kind": "memory"},
+            "blobs": {"k": "djE="},
+        }
+    ],
+    "snapshots": [
+        {
+            "record": {
+                "format_version": "1.0",
+                "type": "Snapshot",
+                "id": "snap-0001",
+                "volume_id": "vol-0001",
+                "name": "b1",
+                "created_at": "2025-01-01T12:00:00+00:00",
+                "group_id": "cg-0001",
+                "secure": False,
+                "extra": {},
+            },
+            "seq": 1,
+            "home": None,
+            "policy_id": None,
+            "blobs": {"k": "djA="},
+        }
+    ],
+    "groups": [
+        {
+            "id": "cg-0001",
+            "name": "b1",
+            "created_at": "2025-01-01T12:00:00+00:00",
+            "snapshot_ids": ["snap-0001"],
+            "policy_id": None,
+        }
+    ],
+    "policies": [],
+}
+
+
+def test_version_1_state_file_is_migrated(tmp_path: Path) -> None:
+    import json
+
+    state = tmp_path / "mock.json"
+    state.write_text(json.dumps(_V1_STATE))
+    backend = MockBackend(state_file=state)
+    assert (backend.block, backend.async_restore) == (False, False)
+    assert backend.get_volume("vol-0001").mapped_hosts == ("db1",)
+    assert backend.read_blob("vol-0001", "k") == b"v1"
+    backend.restore_volume("vol-0001", "snap-0001")
+    assert backend.read_blob("vol-0001", "k") == b"v0"
+    saved = json.loads(state.read_text())
+    assert saved["version"] == 2
+    assert saved["mode"] == {"block": False, "async_restore": False}
+    assert saved["mounts"] == []
+    assert saved["volumes"][0]["restoring"] is None
+    assert backend.create_snapshot_group(["vol-0001"], "b2").id == "cg-0002"
+    # A version 1 state was never in block mode: asking for it is refused.
+    state.write_text(json.dumps(_V1_STATE))
+    with pytest.raises(ConfigurationError, match="created with block = false"):
+        MockBackend(state_file=state, block=True)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ('{"format": "pgsnap-mock-state", "version": 2}', "KeyError"),
+        (
+            '{"format": "pgsnap-mock-state", "version": 2, "mode": {"block": "yes",'
+            ' "async_restore": false}}',
+            "mode.block",
+        ),
+        (
+            '{"format": "pgsnap-mock-state", "version": 2, "mode": {"block": false,'
+            ' "async_restore": false}, "root": null, "counters": {}, "volumes": [],'
+            ' "snapshots": [], "groups": [], "policies": [], "mounts": [{"host": "h",'
+            ' "volume_id": "vol-0009", "target": "/mnt", "mode": 493, "uid": 0, "gid": 0}]}',
+            "unknown volume vol-0009",
+        ),
+    ],
+)
+def test_corrupt_version_2_state_is_a_clear_backend_error(
+    tmp_path: Path, content: str, match: str
+) -> None:
+    state = tmp_path / "mock.json"
+    state.write_text(content)
+    with pytest.raises(BackendError, match=match):
+        MockBackend(state_file=state)
+    assert state.read_text() == content
+
+
+def test_simulated_host_is_a_host_named_like_its_base() -> None:
+    from pgsnap.backends.mock_host import MockHost
+    from pgsnap.host import Host, LocalRunner
+
+    backend = MockBackend(block=True)
+    base = Host(LocalRunner(), name="db1")
+    host = backend.simulated_host(base)
+    assert isinstance(host, MockHost)
+    assert isinstance(host, Host)
+    assert host.name == "db1"
+    assert host.runner is base.runner
+    assert host.backend is backend
+    assert "db1" in repr(host)
+    assert isinstance(backend.simulated_host(), MockHost)
