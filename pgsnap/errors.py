@@ -54,7 +54,10 @@ processes). Errors caused by bad input also subclass the matching built-in, so
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from pgsnap.model import LSN
 
 __all__ = [
     "ArchiveError",
@@ -216,27 +219,23 @@ class WalGapError(PlanningError):
     """WAL segments are missing between the backup and the target.
 
     ``missing``: the missing segment (or ``.history``) names, in order;
-    ``reachable_lsn``: the last LSN that can be reached without a gap (text).
+    ``reachable_lsn``: the last LSN that can be reached without a gap.
     """
 
     missing: tuple[str, ...]
-    reachable_lsn: str | None
+    reachable_lsn: LSN | None
 
     def __init__(
         self,
         message: str,
         *,
         missing: Sequence[str] = (),
-        reachable_lsn: object = None,
+        reachable_lsn: LSN | None = None,
         hint: str | None = None,
         **details: Any,
     ) -> None:
         super().__init__(
-            message,
-            hint=hint,
-            missing=tuple(missing),
-            reachable_lsn=None if reachable_lsn is None else str(reachable_lsn),
-            **details,
+            message, hint=hint, missing=tuple(missing), reachable_lsn=reachable_lsn, **details
         )
 
 

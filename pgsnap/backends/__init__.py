@@ -91,7 +91,7 @@ class BackendRegistry(PluginRegistry["StorageBackend"]):
         group: str = ENTRY_POINT_GROUP,
     ) -> None:
         super().__init__(
-            kind="backend",
+            kind="storage backend",
             group=group,
             builtins=BUILTIN_BACKENDS if builtins is None else builtins,
             check=_check_backend_class,

@@ -318,7 +318,7 @@ def _check_wal(
                 f"recoverable up to {result.reachable_lsn}"
                 + _time_suffix(facts, result.reachable_lsn),
                 hint="choose an earlier target, or wait for the archiver to catch up",
-                reachable_lsn=str(result.reachable_lsn),
+                reachable_lsn=result.reachable_lsn,
                 missing=result.missing,
             )
         raise WalGapError(
@@ -327,7 +327,7 @@ def _check_wal(
             hint="restore the missing segments into the archive, or choose a target before "
             f"{result.reachable_lsn}",
             missing=result.missing,
-            reachable_lsn=str(result.reachable_lsn),
+            reachable_lsn=result.reachable_lsn,
         )
     if reach < backup.stop_lsn:
         raise WalGapError(
@@ -336,7 +336,7 @@ def _check_wal(
             f"{', '.join(full.missing[:5])})",
             hint="choose another backup or restore the missing segments",
             missing=full.missing,
-            reachable_lsn=str(reach),
+            reachable_lsn=reach,
         )
     return full
 
@@ -378,7 +378,7 @@ def _check_target_reachable(
                     f"reachable WAL ({when}, up to {reach}); PostgreSQL would end recovery "
                     "before reaching it",
                     hint="choose an earlier time, or 'latest' to replay everything",
-                    reachable_lsn=str(reach),
+                    reachable_lsn=reach,
                 )
         elif ev is None:
             warnings.append(
@@ -417,7 +417,7 @@ def _check_target_reachable(
                 f"target {target} is past the end of the valid WAL on timeline "
                 f"{wal.reachable_timeline}: recoverable up to {reach}" + _time_suffix(facts, reach),
                 hint="choose an earlier target, or 'latest' to replay everything",
-                reachable_lsn=str(reach),
+                reachable_lsn=reach,
             )
     return warnings
 

@@ -13,11 +13,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
+import attrs
 import pytest
 
 import pgsnap
 from pgsnap.cli import EXIT_CODES, main
+from pgsnap.operations import Operation, OperationContext, Outputs, Target, default_operations
 
 SECRET = "s3cr3t-Pa55w0rd-do-not-print"
 
@@ -312,7 +315,7 @@ def test_recover_without_backups_is_refused_before_asking(run: Run, config: Path
 
 
 class _FailingCluster:
-    """Plans fine; its execution fails with a pgsnap error that is not an ExecutionError."""
+    """Plans fine; a step of its execution fails with an error of any pgsnap class."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -325,7 +328,10 @@ class _FailingCluster:
         return _Plan()
 
     def execute(self, *_args: object, **_kwargs: object) -> object:
-        raise self.error
+        from pgsnap.errors import ExecutionError
+
+        raise ExecutionError(f"step restore failed: {self.error}", step_id="restore",
+                             cause=self.error)
 
 
 @pytest.mark.parametrize(
@@ -338,8 +344,9 @@ class _FailingCluster:
 def test_a_failed_execution_exits_1(
     run: Run, config: Path, monkeypatch: pytest.MonkeyPatch, error: str
 ) -> None:
-    # The executor runs compensations and re-raises the step's own error: whatever its
-    # class (ConfigurationError would mean 2, a PlanningError 3), execution failed: 1.
+    # The executor runs compensations and raises an ExecutionError whose cause is the step's
+    # own error: whatever its class (ConfigurationError would mean 2, a PlanningError 3),
+    # execution failed: 1.
     from pgsnap import cli
     from pgsnap.errors import ConfigurationError, UnsupportedCapability
 
@@ -351,7 +358,7 @@ def test_a_failed_execution_exits_1(
     monkeypatch.setattr(cli, "load_cluster", lambda _path: _FailingCluster(exc))
     code, _, err = run("recover", "-c", str(config), "--yes")
     assert code == 1
-    assert err.startswith("pgsnap: failed: ")
+    assert err.startswith("pgsnap: failed: step restore failed: ")
 
 
 # --------------------------------------------------------------------------- cli.py bugs
@@ -410,12 +417,26 @@ def test_resume_shows_an_interrupted_plan_and_waits_for_yes(run: Run, config: Pa
     from pgsnap.plan import Plan, Step
 
     cluster = load_cluster(config)
-    plan = Plan("recovery", (Step("custom", "test.never", "a custom step", "test"),), "fp-x")
-    journal = cluster.executor()
-    journal.register("test.never", lambda ctx, step, p: (_ for _ in ()).throw(KeyboardInterrupt))
-    with pytest.raises(KeyboardInterrupt):
-        journal.run(plan)
-    code, out, err = run("resume", "-c", str(config))
+    default_operations().register(Interrupt.name, Interrupt, replace=True)
+    try:
+        plan = Plan("recovery", (Step.of("custom", Interrupt(), description="a custom step",
+                                         reason="test"),), "fp-x")
+        with pytest.raises(KeyboardInterrupt):
+            cluster.executor().run(plan)
+        code, out, err = run("resume", "-c", str(config))
+    finally:
+        default_operations().unregister(Interrupt.name)
     assert code == 2
     assert "a custom step" in out
     assert "--yes" in err
+
+
+@attrs.frozen
+class Interrupt(Operation):
+    """A step interrupted by Ctrl-C: its run stays resumable."""
+
+    name: ClassVar[str] = "test.interrupt"
+    target: ClassVar[Target] = Target.HOST
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        raise KeyboardInterrupt

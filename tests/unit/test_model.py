@@ -156,7 +156,7 @@ def test_unknown_keys_ignored_and_major_version_refused():
     data["added_in_1_7"] = {"anything": [1, 2]}
     assert from_dict(BackupRecord, data) == _record()
     data["format_version"] = "2.0"
-    with pytest.raises(errors.FormatError, match="upgrade pgsnap"):
+    with pytest.raises(errors.FormatError, match="use the pgsnap version that wrote it"):
         from_dict(BackupRecord, data)
     with pytest.raises(errors.FormatError):
         from_json(BackupRecord, "[]")

@@ -172,8 +172,8 @@ def test_register_class_and_string(
 @pytest.mark.parametrize(
     ("name", "target", "match"),
     [
-        ("Bad Name", "x:Y", "invalid backend name"),
-        ("ok", "no_colon", "invalid backend target"),
+        ("Bad Name", "x:Y", "invalid storage backend name"),
+        ("ok", "no_colon", "invalid storage backend target"),
         ("ok", MockBackend(), "must be a class"),
     ],
 )
