@@ -115,3 +115,23 @@ def pg_server(request: pytest.FixtureRequest, pg_bindir: Path) -> Iterator[PgSer
     yield factory
     rep = getattr(request.node, "rep_call", None)
     factory.cleanup(show_logs=rep is not None and rep.failed)
+
+
+@pytest.fixture(scope="session")
+def sshd_server() -> Iterator[Any]:
+    """A throwaway sshd on 127.0.0.1 for the session (:class:`~pgsnap.testing.sshd.SshServer`).
+
+    ``sshd_server.runner()`` gives an :class:`~pgsnap.host.SshRunner` logged in
+    with the server's own key. A missing sshd skips the test, unless
+    ``PGSNAP_REQUIRE_POSTGRES=1`` (CI), which makes it a failure.
+    """
+    from pgsnap.testing.sshd import DEFAULT_SSHD, SshServer
+
+    if not DEFAULT_SSHD.is_file():
+        _unavailable(f"no sshd at {DEFAULT_SSHD}: apt-get install -y openssh-server")
+    try:
+        server = SshServer.start()
+    except PgsnapError as exc:
+        _unavailable(f"cannot start sshd: {exc}")
+    yield server
+    server.stop()
