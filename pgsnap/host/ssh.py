@@ -165,7 +165,11 @@ class SshRunner:
     :class:`~pgsnap.host.LocalRunner` command does. A command that outlives
     ``timeout`` raises :class:`~pgsnap.errors.CommandTimeout`; the local ssh
     is killed, and the remote command ends when it next writes to its closed
-    output. No password parameter exists: authentication is by key only.
+    output. ssh's own diagnostics go to a log file of each call (``-E``), so
+    a result's ``stderr`` is the remote command's alone and a remote command
+    is never mistaken for a connection failure (nor run twice). Commands are
+    logged at DEBUG (never their standard input). No password parameter
+    exists: authentication is by key only.
     """
 
     def __init__(
