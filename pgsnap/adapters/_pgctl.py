@@ -1,27 +1,22 @@
 """Host-side helpers of the PostgreSQL adapter: processes and files of a data directory.
 
-Everything here runs on the database host: finding the server binaries,
-running ``pg_ctl`` as the data directory's owner (``runuser`` when pgsnap
-runs as root; the server itself never runs as root), checking the
-postmaster, writing files atomically with the owner's uid/gid, and cleaning
-a restored data directory. No psycopg here.
+Everything here acts on the database host through a :class:`~pgsnap.host.Host`
+(this machine, or another over ssh): finding the server binaries, running
+``pg_ctl`` as the data directory's owner (the server itself never runs as
+root), checking the postmaster, writing files atomically with the owner's
+uid/gid, and cleaning a restored data directory. No psycopg here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import pwd
-import shlex
-import shutil
-import subprocess
-import tempfile
+import posixpath
 from collections.abc import Sequence
 
 import attrs
 
-from pgsnap.errors import ConfigurationError, DatabaseError
+from pgsnap.errors import CommandError, ConfigurationError, HostError, HostFileNotFound
+from pgsnap.host import CommandResult, FileKind, Host
 
 __all__ = [
     "Owner",
@@ -56,21 +51,22 @@ class Owner:
     gid: int
     name: str
 
+    @property
+    def chown(self) -> str:
+        """``uid:gid``, as :meth:`Host.write_atomic` takes an owner."""
+        return f"{self.uid}:{self.gid}"
 
-def owner_of(path: str, os_user: str | None = None) -> Owner:
+
+def owner_of(host: Host, path: str, os_user: str | None = None) -> Owner:
     """The owner of ``path``; ``ConfigurationError`` if it is root or differs from ``os_user``."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError as exc:
+    info = host.stat(path)
+    if info is None:
         raise ConfigurationError(
-            f"data directory {path} does not exist",
+            f"data directory {path} does not exist on {host.description}",
             hint="restore the data volume first, or pass the right data_directory",
             path=path,
-        ) from exc
-    try:
-        name = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        name = str(st.st_uid)
+        )
+    name = info.owner
     if os_user is not None and os_user != name:
         raise ConfigurationError(
             f"data directory {path} belongs to {name!r}, not to os_user {os_user!r}",
@@ -78,70 +74,49 @@ def owner_of(path: str, os_user: str | None = None) -> Owner:
             "or pass that user as os_user",
             path=path,
         )
-    if st.st_uid == 0:
+    if info.uid == 0:
         raise ConfigurationError(
             f"data directory {path} belongs to root; PostgreSQL refuses to run as root",
             hint="chown -R the data directory (and pg_wal, tablespaces) to the "
             "server's OS user, e.g. postgres",
             path=path,
         )
-    return Owner(st.st_uid, st.st_gid, name)
-
-
-def _as_owner_prefix(owner: Owner) -> list[str]:
-    euid = os.geteuid()
-    if euid == owner.uid:
-        return []
-    if euid != 0:
-        raise ConfigurationError(
-            f"cannot run server commands as {owner.name!r} from uid {euid}",
-            hint="run pgsnap as the data directory's owner, or as root",
-        )
-    if shutil.which("runuser"):
-        return ["runuser", "-u", owner.name, "--"]
-    return ["setpriv", f"--reuid={owner.uid}", f"--regid={owner.gid}", "--init-groups", "--"]
+    return Owner(info.uid, info.gid, name)
 
 
 def run_as(
-    owner: Owner | None, argv: Sequence[str], *, timeout: float
-) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (as ``owner`` unless None) and return the finished process.
+    host: Host, owner: Owner | None, argv: Sequence[str], *, timeout: float
+) -> CommandResult:
+    """Run ``argv`` on the host (as ``owner`` unless None) and return the finished command.
 
-    ``DatabaseError`` when it cannot be run or does not finish in ``timeout``.
+    A non-zero exit is the caller's to judge; a program that cannot be
+    started is exit status 127; :class:`~pgsnap.errors.CommandTimeout` when it
+    does not finish in ``timeout``.
     """
-    full = [*(_as_owner_prefix(owner) if owner is not None else []), *argv]
-    _log.debug("running %s", shlex.join(full))
-    try:
-        return subprocess.run(
-            full,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-        )
-    except FileNotFoundError as exc:
-        raise ConfigurationError(
-            f"cannot run {full[0]}: not found", hint="check bindir / PATH"
-        ) from exc
-    except subprocess.TimeoutExpired as exc:
-        raise DatabaseError(
-            f"{shlex.join(argv)} did not finish within {timeout:.0f} s", sqlstate=None
-        ) from exc
+    return host.run(
+        list(argv), user=None if owner is None else owner.name, timeout=timeout, check=False
+    )
 
 
-def read_pg_version(data_dir: str) -> int | None:
+def read_pg_version(host: Host, data_dir: str) -> int | None:
     """The major version in ``PG_VERSION`` (e.g. 15), or None if unreadable."""
     try:
-        with open(os.path.join(data_dir, "PG_VERSION"), encoding="ascii") as f:
-            return int(f.read().strip().split(".")[0])
-    except (OSError, ValueError):
+        return int(host.read_text(posixpath.join(data_dir, "PG_VERSION")).strip().split(".")[0])
+    except (HostError, ValueError):
         return None
 
 
-def find_bindir(major: int | None) -> str:
-    """A directory holding ``pg_ctl`` for ``major`` (Debian, RHEL layouts, then PATH)."""
+_FIND_BINDIR = r"""
+for d in "$@"; do
+    if [ -x "$d/pg_ctl" ]; then printf '%s' "$d"; exit 0; fi
+done
+p=$(command -v pg_ctl) || exit 1
+dirname -- "$(readlink -f -- "$p")"
+"""
+
+
+def find_bindir(host: Host, major: int | None) -> str:
+    """A directory holding ``pg_ctl`` for ``major`` on the host (Debian, RHEL layouts, PATH)."""
     candidates: list[str] = []
     if major is not None:
         candidates += [
@@ -149,152 +124,130 @@ def find_bindir(major: int | None) -> str:
             f"/usr/pgsql-{major}/bin",
             f"/opt/postgresql/{major}/bin",
         ]
-    found = shutil.which("pg_ctl")
-    if found:
-        candidates.append(os.path.dirname(os.path.realpath(found)))
-    for cand in candidates:
-        if os.access(os.path.join(cand, "pg_ctl"), os.X_OK):
-            return cand
+    result = host.run(["sh", "-c", _FIND_BINDIR, "sh", *candidates], check=False)
+    found = result.text.strip()
+    if result.ok and found:
+        return found
     raise ConfigurationError(
-        f"cannot find pg_ctl for PostgreSQL {major or '(unknown version)'}",
+        f"cannot find pg_ctl for PostgreSQL {major or '(unknown version)'} on {host.description}",
         hint="pass bindir= (the directory holding pg_ctl and postgres)",
     )
 
 
-def postmaster_pid(data_dir: str) -> int | None:
+# Reads postmaster.pid and, if its process lives, prints (NUL-separated) the pid,
+# the process state letter, its working directory, its command name and the
+# data directory resolved: one round trip per check. Exit 3: no file or no
+# such process; exit 4: the file cannot be read or holds no pid.
+_POSTMASTER = r"""
+f="$1/postmaster.pid"
+[ -e "$f" ] || exit 3
+IFS= read -r pid < "$f" || exit 4
+case "$pid" in ''|*[!0-9]*) exit 4;; esac
+[ "$pid" -gt 0 ] && [ -d "/proc/$pid" ] || exit 3
+state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$pid/status" 2>/dev/null)
+cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null)
+comm=$(cat "/proc/$pid/comm" 2>/dev/null)
+printf '%s\0%s\0%s\0%s\0%s\0' "$pid" "$state" "$cwd" "$comm" "$(readlink -f -- "$1")"
+"""
+
+
+def postmaster_pid(host: Host, data_dir: str) -> int | None:
     """The pid of a live postmaster on ``data_dir`` (from ``postmaster.pid``), else None.
 
+    A ``postmaster.pid`` restored from a snapshot names the process that ran
+    when the snapshot was taken; that pid may since belong to anything, or be
+    a zombie. The postmaster's working directory is its data directory, so
+    that decides (``/proc``); where it cannot be read, the command name does,
+    and where nothing can be read the answer is "alive" (the safe one).
     ``ConfigurationError`` when ``postmaster.pid`` exists but cannot be read.
     """
-    path = os.path.join(data_dir, "postmaster.pid")
-    try:
-        with open(path, encoding="ascii") as f:
-            first = f.readline().strip()
-        pid = int(first)
-    except PermissionError as exc:
+    result = host.run(["sh", "-c", _POSTMASTER, "sh", data_dir], check=False)
+    if result.returncode == 3:
+        return None
+    if result.returncode == 4 and "Permission denied" in result.error_text:
         raise ConfigurationError(
-            f"cannot read {path}: permission denied",
+            f"cannot read {data_dir}/postmaster.pid on {host.description}: permission denied",
             hint="run pgsnap as root or as the data directory's owner",
-            path=path,
-        ) from exc
-    except (OSError, ValueError):
+            path=f"{data_dir}/postmaster.pid",
+        )
+    if result.returncode == 4:
         return None
-    if pid <= 0:
-        return None
+    if not result.ok:
+        raise result.error(what=f"checking the postmaster of {data_dir}", host=host.description)
+    fields = result.stdout.decode("utf-8", "surrogateescape").split("\0")
+    pid, state, cwd, comm, real_dir = (fields + [""] * 5)[:5]
+    if state == "Z":
+        return None  # a zombie: dead, its parent just has not reaped it
+    if cwd:
+        return int(pid) if cwd == real_dir else None
+    if comm:
+        return int(pid) if comm.startswith(("postgres", "postmaster")) else None
+    return int(pid)
+
+
+def atomic_write(host: Host, path: str, data: bytes, *, owner: Owner, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` on the host (temp file, fsync, owner, rename, fsync dir)."""
+    host.write_atomic(path, data, mode=mode, owner=owner.chown)
+
+
+def _entries(host: Host, directory: str) -> list[str]:
+    """The paths inside ``directory`` (none when it does not exist)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return pid if _is_postmaster_of(pid, data_dir) else None
+        return [posixpath.join(directory, n) for n in host.list_dir(directory)]
+    except HostFileNotFound:
+        return []
 
 
-def _is_postmaster_of(pid: int, data_dir: str) -> bool:
-    """Whether process ``pid`` is a postmaster working in ``data_dir``.
-
-    A ``postmaster.pid`` restored from a snapshot names the process that ran
-    when the snapshot was taken; that pid may since belong to anything. The
-    postmaster's working directory is its data directory, so compare that
-    (Linux ``/proc``); where it cannot be read, fall back to the command name,
-    and where nothing can be read, assume it is alive (the safe answer).
-    """
-    proc = f"/proc/{pid}"
-    try:
-        with open(f"{proc}/stat", encoding="ascii", errors="replace") as fh:
-            if fh.read().rsplit(")", 1)[-1].split()[:1] == ["Z"]:
-                return False  # a zombie: dead, its parent just has not reaped it
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        return os.path.realpath(os.readlink(f"{proc}/cwd")) == os.path.realpath(data_dir)
-    except FileNotFoundError:
-        return False  # the process is gone
-    except OSError:
-        pass
-    try:
-        with open(f"{proc}/cmdline", "rb") as fh:
-            argv0 = fh.read().split(b"\0", 1)[0]
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return os.path.basename(argv0).startswith((b"postgres", b"postmaster"))
+def _kinds(host: Host, directory: str) -> list[tuple[str, str]]:
+    """``(kind letter, name)`` of each entry of ``directory`` in one command
+    (``d`` directory, ``f`` file, ``l`` symbolic link...; links are not followed)."""
+    result = host.run(
+        ["find", directory, "-mindepth", "1", "-maxdepth", "1", "-printf", r"%y %f\0"],
+        timeout=300.0,
+    )
+    records = result.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1]
+    return [(r[:1], r[2:]) for r in records]
 
 
-def atomic_write(path: str, data: bytes, *, owner: Owner, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data``: temp file, fsync, chown/chmod, rename, fsync dir."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".pgsnap-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            os.fchmod(f.fileno(), mode)
-            if os.geteuid() == 0:
-                os.fchown(f.fileno(), owner.uid, owner.gid)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def _remove(path: str, removed: list[str]) -> None:
-    if os.path.islink(path) or not os.path.isdir(path):
-        os.unlink(path)
-    else:
-        shutil.rmtree(path)
-    removed.append(path)
-
-
-def _empty_dir(path: str, removed: list[str], *, keep: Sequence[str] = ()) -> None:
-    if not os.path.isdir(path):
-        return
-    for name in sorted(os.listdir(path)):
-        if name in keep:
-            continue
-        _remove(os.path.join(path, name), removed)
-
-
-def clean_data_directory(data_dir: str, *, clear_wal: bool, major: int | None) -> tuple[str, ...]:
+def clean_data_directory(
+    host: Host, data_dir: str, *, clear_wal: bool, major: int | None
+) -> tuple[str, ...]:
     """Remove what must not survive into a restored cluster; return the removed paths.
 
     The server must be stopped (the caller checks). See
     :meth:`pgsnap.adapters.postgres.PostgresAdapter.prepare_data_directory`.
     """
-    removed: list[str] = []
-    for name in ("postmaster.pid", "postmaster.opts"):
-        path = os.path.join(data_dir, name)
-        if os.path.lexists(path):
-            _remove(path, removed)
-    _empty_dir(os.path.join(data_dir, "pg_replslot"), removed)
+    present = set(host.list_dir(data_dir))
+    doomed = [posixpath.join(data_dir, n) for n in ("postmaster.pid", "postmaster.opts")]
+    doomed = [p for p in doomed if posixpath.basename(p) in present]
+    doomed += _entries(host, posixpath.join(data_dir, "pg_replslot"))
     for name in _TRANSIENT_DIRS:
-        _empty_dir(os.path.join(data_dir, name), removed)
+        if name in present:
+            doomed += _entries(host, posixpath.join(data_dir, name))
     if clear_wal:
-        wal = os.path.join(data_dir, "pg_wal")
-        if not os.path.isdir(wal):  # missing, or a dangling symlink
+        wal = posixpath.join(data_dir, "pg_wal")
+        info = host.stat(wal)
+        if info is None or info.kind is not FileKind.DIRECTORY:  # missing, or dangling link
             raise ConfigurationError(
                 f"{wal} is missing or points nowhere (is the WAL volume mounted?)",
                 hint="restore or mount the WAL volume before preparing the data directory",
                 path=wal,
             )
-        real = os.path.realpath(wal)
+        real = host.realpath(wal)
         keep_dirs = {"archive_status"} | ({"summaries"} if (major or 0) >= 17 else set())
-        for name in sorted(os.listdir(real)):
-            path = os.path.join(real, name)
-            if name in keep_dirs and os.path.isdir(path) and not os.path.islink(path):
-                _empty_dir(path, removed)
-            elif os.path.isdir(path) and not os.path.islink(path):
-                _log.warning("leaving unknown directory %s in pg_wal", path)
+        for kind, name in _kinds(host, real):
+            path = posixpath.join(real, name)
+            if kind == "d":
+                if name in keep_dirs:
+                    doomed += _entries(host, path)
+                else:
+                    _log.warning("leaving unknown directory %s in pg_wal", path)
             else:
-                _remove(path, removed)
-    return tuple(removed)
+                doomed.append(path)
+    if doomed:
+        try:
+            host.remove(doomed, recursive=True)
+        except CommandError:
+            _log.exception("could not clean %s", data_dir)
+            raise
+    return tuple(doomed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import posixpath
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
@@ -35,7 +35,10 @@ from pgsnap.errors import (
     BackupModeError,
     ConfigurationError,
     DatabaseError,
+    HostError,
+    HostFileNotFound,
 )
+from pgsnap.host import Host
 from pgsnap.model import (
     LSN,
     ArchiverStatus,
@@ -64,7 +67,7 @@ _LOST_HINT: Final = (
     "direct (no transaction pooler), and check network timeouts and "
     "idle_session_timeout / tcp keepalives between pgsnap and the server"
 )
-_DEFAULT_LOG: Final = os.path.join("log", "pgsnap-server.log")
+_DEFAULT_LOG: Final = "log/pgsnap-server.log"
 
 
 def _str_tuple(lines: Iterable[str]) -> tuple[str, ...]:
@@ -283,9 +286,10 @@ class PostgresBackupSession:
 
 
 class _LogFollower:
-    """Reads a server log from an offset onwards, following the logging collector."""
+    """Reads a server log on the host from an offset onwards, following the logging collector."""
 
-    def __init__(self, path: str, offset: int, data_dir: str | None) -> None:
+    def __init__(self, host: Host, path: str, offset: int, data_dir: str | None) -> None:
+        self.host = host
         self.path = path
         self.offset = offset
         self.data_dir = data_dir
@@ -296,19 +300,19 @@ class _LogFollower:
         if data_dir is not None:
             current = self._collector_file()
             if current is not None:
-                self._collector_start[current] = _size(current)
+                self._collector_start[current] = _size(host, current)
 
     def _collector_file(self) -> str | None:
         if self.data_dir is None:
             return None
         try:
-            with open(os.path.join(self.data_dir, "current_logfiles"), encoding="utf-8") as f:
-                for line in f:
-                    kind, _, name = line.strip().partition(" ")
-                    if kind == "stderr" and name:
-                        return name if os.path.isabs(name) else os.path.join(self.data_dir, name)
-        except OSError:
+            text = self.host.read_text(posixpath.join(self.data_dir, "current_logfiles"))
+        except HostError:
             return None
+        for line in text.splitlines():
+            kind, _, name = line.strip().partition(" ")
+            if kind == "stderr" and name:
+                return name if posixpath.isabs(name) else posixpath.join(self.data_dir, name)
         return None
 
     def read_new(self) -> list[str]:
@@ -330,10 +334,8 @@ class _LogFollower:
 
     def _read(self) -> list[str]:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
+            data = self.host.read_bytes(self.path, offset=self.offset)
+        except HostError:
             return []
         self.offset += len(data)
         data = self._partial + data
@@ -341,43 +343,29 @@ class _LogFollower:
         return [c.decode("utf-8", "replace") for c in complete]
 
 
-def _size(path: str) -> int:
+def _size(host: Host, path: str) -> int:
     try:
-        return os.path.getsize(path)
-    except OSError:
+        info = host.stat(path)
+    except HostError:
         return 0
+    return 0 if info is None else info.size
 
 
-_STARTUP_MARK = b"starting PostgreSQL "
+_STARTUP_MARK = "starting PostgreSQL "
 
 
-def last_startup_offset(path: str, *, chunk: int = 1 << 20) -> int:
+def last_startup_offset(host: Host, path: str) -> int:
     """Offset of the line where the server last started (``starting PostgreSQL ...``).
 
     Lets a new process (resuming an interrupted recovery) read the log of the
     server start an earlier process made. 0 when the log has no such line.
     """
-    try:
-        with open(path, "rb") as f:
-            end = f.seek(0, os.SEEK_END)
-            pos = end
-            carry = b""
-            while pos > 0:
-                step = min(chunk, pos)
-                pos -= step
-                f.seek(pos)
-                data = f.read(step) + carry
-                at = data.rfind(_STARTUP_MARK)
-                if at >= 0:
-                    mark = pos + at
-                    # The line starts after the newline before the mark (the log prefix).
-                    back = max(0, mark - 4096)
-                    f.seek(back)
-                    return back + f.read(mark - back).rfind(b"\n") + 1
-                carry = data[: len(_STARTUP_MARK)]
-    except OSError:
-        return 0
-    return 0
+    result = host.run(["grep", "-a", "-b", "-F", "--", _STARTUP_MARK, path], check=False)
+    if not result.ok:
+        return 0  # no such line (1), or no such file (2)
+    last = result.stdout.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    offset, _, _ = last.partition(b":")
+    return int(offset) if offset.isdigit() else 0
 
 
 # --------------------------------------------------------------------------- adapter
@@ -393,7 +381,10 @@ class PostgresAdapter:
     owner, who runs the server (default: the owner). ``log_file`` is where
     the server's stderr goes (``pg_ctl -l``; default
     ``<data_directory>/log/pgsnap-server.log``); with ``control="systemd"``
-    it is the log to read (if any).
+    it is the log to read (if any). ``host`` is the database host the server
+    runs on (default: this machine): every command, file and process of the
+    server goes through it, so the same adapter drives a remote host over ssh
+    (``Host(SshRunner(...))``) while SQL goes over libpq.
     """
 
     def __init__(
@@ -408,6 +399,7 @@ class PostgresAdapter:
         control: Literal["pg_ctl", "systemd"] = "pg_ctl",
         systemd_unit: str | None = None,
         connect_timeout: float = 10,
+        host: Host | None = None,
     ) -> None:
         params, parse_failed = self._parse(conninfo)
         if parse_failed:
@@ -430,7 +422,13 @@ class PostgresAdapter:
                 "control='systemd' needs systemd_unit",
                 hint="e.g. systemd_unit='postgresql@15-main'",
             )
-        self._data_directory = os.path.abspath(data_directory) if data_directory else None
+        self._host = host or Host()
+        self._data_directory = posixpath.normpath(data_directory) if data_directory else None
+        if self._data_directory is not None and not posixpath.isabs(self._data_directory):
+            raise ConfigurationError(
+                f"data_directory {data_directory!r} is not an absolute path",
+                hint="give the data directory's absolute path on the database host",
+            )
         self._learnt_data_directory: str | None = None
         self._config_file: str | None = None
         self._version_num: int | None = None
@@ -455,7 +453,15 @@ class PostgresAdapter:
 
     def __repr__(self) -> str:
         data = self.data_directory or "?"
-        return f"<PostgresAdapter {self._display or 'default'} data={data} control={self._control}>"
+        return (
+            f"<PostgresAdapter {self._display or 'default'} data={data} control={self._control} "
+            f"host={self._host.description}>"
+        )
+
+    @property
+    def host(self) -> Host:
+        """The database host: where the server's files, processes and mounts are."""
+        return self._host
 
     @property
     def data_directory(self) -> str | None:
@@ -468,13 +474,13 @@ class PostgresAdapter:
         if self._bindir:
             return self._bindir
         dd = self.data_directory
-        major = _pgctl.read_pg_version(dd) if dd else None
+        major = _pgctl.read_pg_version(self._host, dd) if dd else None
         if major is None and self._version_num is not None:
             major = self._version_num // 10000
         if major is None:
             return None
         try:
-            return _pgctl.find_bindir(major)
+            return _pgctl.find_bindir(self._host, major)
         except ConfigurationError:
             return None
 
@@ -540,10 +546,11 @@ class PostgresAdapter:
         """
         with self._connect() as conn:
             version = conn.info.server_version
-            data_dir, config_file, in_recovery, sysid = self._one(
+            data_dir, config_file, in_recovery, sysid, replay_lsn = self._one(
                 conn,
                 "SELECT current_setting('data_directory'), current_setting('config_file'), "
-                "pg_is_in_recovery(), (SELECT system_identifier::text FROM pg_control_system())",
+                "pg_is_in_recovery(), (SELECT system_identifier::text FROM pg_control_system()), "
+                "pg_last_wal_replay_lsn()::text",
             )
             ckpt_tli, ckpt_lsn, redo_lsn = self._one(
                 conn,
@@ -581,7 +588,7 @@ class PostgresAdapter:
             version_num=version,
             system_identifier=sysid,
             data_directory=data_dir,
-            wal_directory=os.path.realpath(os.path.join(data_dir, "pg_wal")),
+            wal_directory=self._host.realpath(posixpath.join(data_dir, "pg_wal")),
             wal_segment_size=_pgconf.bytes_from_setting(seg_setting, seg_unit),
             timeline=timeline,
             checkpoint_lsn=LSN.parse(ckpt_lsn),
@@ -590,12 +597,15 @@ class PostgresAdapter:
             in_recovery=bool(in_recovery),
             tablespaces=_tablespaces(spaces),
             settings={k: "" if v is None else str(v) for k, v in settings.items()},
+            replay_lsn=None if replay_lsn is None else LSN.parse(replay_lsn),
         )
 
     def _check_data_directory(self, reported: str) -> None:
         if self._data_directory is None:
             return
-        if os.path.realpath(reported) != os.path.realpath(self._data_directory):
+        if reported == self._data_directory:
+            return
+        if self._host.realpath(reported) != self._host.realpath(self._data_directory):
             raise ConfigurationError(
                 f"the server runs on data directory {reported}, "
                 f"not on {self._data_directory} as configured",
@@ -690,14 +700,16 @@ class PostgresAdapter:
         return dd
 
     def _owner(self, dd: str) -> _pgctl.Owner:
-        return _pgctl.owner_of(dd, self._os_user)
+        return _pgctl.owner_of(self._host, dd, self._os_user)
 
     def _pg_bin(self, dd: str, program: str) -> str:
-        bindir = self._bindir or _pgctl.find_bindir(_pgctl.read_pg_version(dd))
-        return os.path.join(bindir, program)
+        bindir = self._bindir or _pgctl.find_bindir(
+            self._host, _pgctl.read_pg_version(self._host, dd)
+        )
+        return posixpath.join(bindir, program)
 
     def _postmaster_alive(self, dd: str) -> bool:
-        return _pgctl.postmaster_pid(dd) is not None
+        return _pgctl.postmaster_pid(self._host, dd) is not None
 
     def is_running(self) -> bool:
         """True when the server accepts connections.
@@ -721,11 +733,11 @@ class PostgresAdapter:
 
     def _systemctl(self, *args: str, timeout: float) -> None:
         assert self._unit is not None
-        proc = _pgctl.run_as(None, ["systemctl", *args, self._unit], timeout=timeout)
+        proc = _pgctl.run_as(self._host, None, ["systemctl", *args, self._unit], timeout=timeout)
         if proc.returncode != 0:
             raise DatabaseError(
                 f"systemctl {' '.join(args)} {self._unit} failed ({proc.returncode}): "
-                f"{proc.stderr.strip()[-1000:]}",
+                f"{proc.error_text[-1000:]}",
                 hint=f"see journalctl -u {self._unit}",
                 sqlstate=None,
             )
@@ -757,10 +769,10 @@ class PostgresAdapter:
             "stop",
         ]
         _log.info("stopping server on %s", dd)
-        proc = _pgctl.run_as(owner, argv, timeout=timeout + 15)
+        proc = _pgctl.run_as(self._host, owner, argv, timeout=timeout + 15)
         if proc.returncode != 0 and self._postmaster_alive(dd):
             raise DatabaseError(
-                f"pg_ctl stop failed ({proc.returncode}): {(proc.stderr or proc.stdout).strip()}",
+                f"pg_ctl stop failed ({proc.returncode}): {proc.error_text or proc.text.strip()}",
                 hint="a server that does not stop in time may be finishing a checkpoint; "
                 "retry with a longer timeout",
                 sqlstate=None,
@@ -776,7 +788,7 @@ class PostgresAdapter:
             time.sleep(_POLL)
 
     def _log_path(self, dd: str) -> str:
-        return self._log_file or os.path.join(dd, _DEFAULT_LOG)
+        return self._log_file or posixpath.join(dd, _DEFAULT_LOG)
 
     def start_server(self, *, timeout: float = 120.0) -> None:
         """Start the server; return once the postmaster is up (it may still recover).
@@ -795,19 +807,23 @@ class PostgresAdapter:
             return
         log_path = self._log_path(dd)
         if self._control == "systemd":
-            self._follower = _LogFollower(log_path, _size(log_path), dd) if self._log_file else None
+            self._follower = (
+                _LogFollower(self._host, log_path, _size(self._host, log_path), dd)
+                if self._log_file
+                else None
+            )
             self._systemctl("start", "--no-block", timeout=60)
         else:
             owner = self._owner(dd)
             self._ensure_log_dir(log_path, owner)
-            self._follower = _LogFollower(log_path, _size(log_path), dd)
+            self._follower = _LogFollower(self._host, log_path, _size(self._host, log_path), dd)
             argv = [self._pg_bin(dd, "pg_ctl"), "-D", dd, "-l", log_path, "-W", "start"]
             _log.info("starting server on %s (log %s)", dd, log_path)
-            proc = _pgctl.run_as(owner, argv, timeout=60)
+            proc = _pgctl.run_as(self._host, owner, argv, timeout=60)
             if proc.returncode != 0:
                 raise DatabaseError(
                     f"pg_ctl start failed ({proc.returncode}): "
-                    f"{(proc.stderr or proc.stdout).strip()}",
+                    f"{proc.error_text or proc.text.strip()}",
                     hint=f"see the server log {log_path}",
                     sqlstate=None,
                     log_lines=self._log_tail(),
@@ -833,11 +849,9 @@ class PostgresAdapter:
             time.sleep(_POLL / 2)
 
     def _ensure_log_dir(self, log_path: str, owner: _pgctl.Owner) -> None:
-        directory = os.path.dirname(log_path)
-        if not os.path.isdir(directory):
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            if os.geteuid() == 0:
-                os.chown(directory, owner.uid, owner.gid)
+        directory = posixpath.dirname(log_path)
+        if not self._host.exists(directory):
+            self._host.make_dirs(directory, mode=0o700, owner=owner.chown)
 
     def _summary(self) -> _pglog.LogSummary:
         if self._follower is None:
@@ -879,7 +893,9 @@ class PostgresAdapter:
             # A new process (resuming an interrupted recovery) did not start the
             # server: read the log from the server's last start.
             path = self._log_path(dd)
-            self._follower = _LogFollower(path, last_startup_offset(path), dd)
+            self._follower = _LogFollower(
+                self._host, path, last_startup_offset(self._host, path), dd
+            )
         deadline = time.monotonic() + timeout
         interval = _POLL
         while True:
@@ -1010,14 +1026,15 @@ class PostgresAdapter:
     def _controldata(self, dd: str) -> dict[str, str]:
         try:
             program = self._pg_bin(dd, "pg_controldata")
-            if not os.access(program, os.X_OK):
-                return {}
-            proc = _pgctl.run_as(self._owner(dd), [program, "-D", dd], timeout=30)
-        except (ConfigurationError, DatabaseError, OSError):
+            proc = _pgctl.run_as(self._host, self._owner(dd), [program, "-D", dd], timeout=30)
+        except (ConfigurationError, DatabaseError, HostError):
             _log.debug("pg_controldata unavailable", exc_info=True)
             return {}
+        if not proc.ok:  # not installed (the npm builds have none), or it failed
+            _log.debug("pg_controldata: %s", proc.error_text)
+            return {}
         out: dict[str, str] = {}
-        for line in proc.stdout.splitlines():
+        for line in proc.text.splitlines():
             key, sep, value = line.partition(":")
             if sep:
                 out[key.strip()] = value.strip()
@@ -1046,35 +1063,35 @@ class PostgresAdapter:
         """
         dd = self._require_data_directory()
         self._refuse_running(dd, "write recovery settings")
-        if os.path.exists(os.path.join(dd, "standby.signal")):
+        if self._host.exists(posixpath.join(dd, "standby.signal")):
             raise ConfigurationError(
                 f"{dd}/standby.signal exists: the server would start as a standby, "
                 "ignoring the recovery target",
                 hint="remove standby.signal for a point-in-time recovery "
                 "(keep it only to build a standby)",
             )
-        if os.path.exists(os.path.join(dd, "recovery.conf")):
+        if self._host.exists(posixpath.join(dd, "recovery.conf")):
             raise ConfigurationError(
                 f"{dd}/recovery.conf exists; PostgreSQL 12+ refuses to start with it",
                 hint="move its settings to postgresql.auto.conf and delete it",
             )
         owner = self._owner(dd)
-        auto = os.path.join(dd, "postgresql.auto.conf")
+        auto = posixpath.join(dd, "postgresql.auto.conf")
         try:
-            new = _pgconf.rewrite_auto_conf(_read_text(auto), settings.lines())
+            new = _pgconf.rewrite_auto_conf(_read_text(self._host, auto), settings.lines())
         except ValueError as exc:
             raise ConfigurationError(
                 str(exc), hint="recovery settings cannot contain line breaks"
             ) from exc
-        _write_text(auto, new, owner)
-        conf = self._config_file or os.path.join(dd, "postgresql.conf")
-        if os.path.exists(conf):
-            text = _read_text(conf)
+        _write_text(self._host, auto, new, owner)
+        conf = self._config_file or posixpath.join(dd, "postgresql.conf")
+        if self._host.exists(conf):
+            text = _read_text(self._host, conf)
             disabled = _pgconf.disable_recovery_targets(text)
             if disabled != text:
                 _log.warning("disabling stale recovery_target* lines in %s", conf)
-                _write_text(conf, disabled, _file_owner(conf))
-        _pgctl.atomic_write(os.path.join(dd, "recovery.signal"), b"", owner=owner)
+                _write_text(self._host, conf, disabled, _file_owner(self._host, conf))
+        _pgctl.atomic_write(self._host, posixpath.join(dd, "recovery.signal"), b"", owner=owner)
         self._settings = settings
         _log.info("recovery settings written to %s: %s", dd, settings.target)
 
@@ -1086,15 +1103,13 @@ class PostgresAdapter:
         stay disabled (stale targets are never wanted back).
         """
         dd = self._require_data_directory()
-        auto = os.path.join(dd, "postgresql.auto.conf")
-        if os.path.exists(auto):
-            text = _read_text(auto)
+        auto = posixpath.join(dd, "postgresql.auto.conf")
+        if self._host.exists(auto):
+            text = _read_text(self._host, auto)
             cleared = _pgconf.clear_auto_conf(text)
             if cleared != text:
-                _write_text(auto, cleared, self._owner(dd))
-        signal = os.path.join(dd, "recovery.signal")
-        if os.path.exists(signal):
-            os.unlink(signal)
+                _write_text(self._host, auto, cleared, self._owner(dd))
+        self._host.remove([posixpath.join(dd, "recovery.signal")])
         _log.info("recovery settings cleared in %s", dd)
 
     def prepare_data_directory(self, *, clear_wal: bool) -> tuple[str, ...]:
@@ -1109,8 +1124,8 @@ class PostgresAdapter:
         """
         dd = self._require_data_directory()
         self._refuse_running(dd, "prepare the data directory")
-        major = _pgctl.read_pg_version(dd)
-        removed = _pgctl.clean_data_directory(dd, clear_wal=clear_wal, major=major)
+        major = _pgctl.read_pg_version(self._host, dd)
+        removed = _pgctl.clean_data_directory(self._host, dd, clear_wal=clear_wal, major=major)
         _log.info("prepared %s: removed %d entries", dd, len(removed))
         return removed
 
@@ -1131,35 +1146,34 @@ class PostgresAdapter:
         self._refuse_running(dd, "write backup_label")
         owner = self._owner(dd)
         _pgctl.atomic_write(
-            os.path.join(dd, "backup_label"), labelfile.encode("utf-8"), owner=owner
+            self._host, posixpath.join(dd, "backup_label"), labelfile.encode("utf-8"), owner=owner
         )
-        spcmap = os.path.join(dd, "tablespace_map")
+        spcmap = posixpath.join(dd, "tablespace_map")
         if spcmapfile:
-            _pgctl.atomic_write(spcmap, spcmapfile.encode("utf-8"), owner=owner)
-        elif os.path.lexists(spcmap):
+            _pgctl.atomic_write(self._host, spcmap, spcmapfile.encode("utf-8"), owner=owner)
+        elif self._host.stat(spcmap, follow=False) is not None:
             _log.warning("removing stale %s", spcmap)
-            os.unlink(spcmap)
+            self._host.remove([spcmap])
 
 
-def _read_text(path: str) -> str:
+def _read_text(host: Host, path: str) -> str:
     try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "surrogateescape")
-    except FileNotFoundError:
+        return host.read_text(path)
+    except HostFileNotFound:
         return ""
 
 
-def _file_owner(path: str) -> _pgctl.Owner:
-    st = os.stat(path)
-    return _pgctl.Owner(st.st_uid, st.st_gid, str(st.st_uid))
+def _file_owner(host: Host, path: str) -> _pgctl.Owner:
+    info = host.stat(path)
+    if info is None:
+        raise HostFileNotFound(f"{path} does not exist on {host.description}", path=path)
+    return _pgctl.Owner(info.uid, info.gid, info.owner)
 
 
-def _write_text(path: str, text: str, owner: _pgctl.Owner) -> None:
-    try:
-        mode = os.stat(path).st_mode & 0o777
-    except FileNotFoundError:
-        mode = 0o600
-    _pgctl.atomic_write(path, text.encode("utf-8", "surrogateescape"), owner=owner, mode=mode)
+def _write_text(host: Host, path: str, text: str, owner: _pgctl.Owner) -> None:
+    info = host.stat(path)
+    mode = 0o600 if info is None else info.mode & 0o777
+    _pgctl.atomic_write(host, path, text.encode("utf-8", "surrogateescape"), owner=owner, mode=mode)
 
 
 if TYPE_CHECKING:  # static proof that the classes fit the protocols

@@ -139,9 +139,9 @@ class Env:
         return {s.id for s in self.backend.list_snapshots()}
 
     def journals(self) -> list[str]:
-        """The journal files (not their lock files)."""
+        """The journal files."""
         d = self.journal_dir
-        return sorted(p.name for p in d.glob("*.json")) if d.exists() else []
+        return sorted(p.name for p in d.glob("*.journal")) if d.exists() else []
 
     def data_state(self) -> dict[str, Any]:
         """What a refused plan must leave as it was: the postmaster and the recovery files."""
@@ -216,7 +216,9 @@ def assert_not_in_backup_mode(env: Env) -> None:
             conn.execute("SELECT pg_stop_backup(false)")
 
 
-def make_env(factory: Any, bindir: Path | None = None, **settings: Any) -> Env:
+def make_env(
+    factory: Any, bindir: Path | None = None, *, block: bool = False, **settings: Any
+) -> Env:
     server: PgServer = factory(
         bindir,
         wal_segsize_mb=1,
@@ -225,7 +227,7 @@ def make_env(factory: Any, bindir: Path | None = None, **settings: Any) -> Env:
         settings={"archive_timeout": "60s", "autovacuum": False, **settings},
     )
     server.start()
-    cluster = mock_cluster(server)
+    cluster = mock_cluster(server, block=block)
     layout = cluster.layout
     archive = layout.by_role(VolumeRole.ARCHIVE)[0]
     assert layout.wal is not None
@@ -234,12 +236,20 @@ def make_env(factory: Any, bindir: Path | None = None, **settings: Any) -> Env:
 
 
 @pytest.fixture
-def e2e_env(pg_server: Any) -> Iterator[Callable[..., Env]]:
+def volume_mode() -> str:
+    """How the mock holds the volumes: ``directories``, or ``block`` (simulated devices,
+    mounted; a recovery unmounts, detaches, restores, attaches and mounts). A test
+    module parametrizes this fixture to run in both."""
+    return "directories"
+
+
+@pytest.fixture
+def e2e_env(pg_server: Any, volume_mode: str) -> Iterator[Callable[..., Env]]:
     """``e2e_env(bindir=None, **settings)``: a running cluster under pgsnap (see the module)."""
     made: list[Env] = []
 
     def build(bindir: Path | None = None, **settings: Any) -> Env:
-        env = make_env(pg_server, bindir, **settings)
+        env = make_env(pg_server, bindir, block=volume_mode == "block", **settings)
         made.append(env)
         return env
 

@@ -17,6 +17,8 @@ import pytest
 
 from pgsnap.errors import (
     BackendUnavailable,
+    ExecutionError,
+    PlanAlreadyRunError,
     NoBackupForTarget,
     PlanningError,
     TargetOutOfRange,
@@ -28,6 +30,12 @@ from pgsnap.model import LSN, BackupState, RecoveryTarget, VolumeRole
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
 
 pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture(params=["directories", "block"])
+def volume_mode(request: pytest.FixtureRequest) -> str:
+    """Every recovery here runs with directory volumes and with simulated block devices."""
+    return str(request.param)
 
 DATA = VolumeRole.DATA
 WAL = VolumeRole.WAL
@@ -57,6 +65,12 @@ def test_complete_recovery_keeps_unarchived_wal(e2e_env: Any) -> None:
     plan = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA])
     restored = [s.params["volume_id"] for s in plan.steps if s.id.startswith("restore-")]
     assert restored == [env.data_vol]  # the WAL volume is kept
+    host_steps = [s.id for s in plan.steps if s.id.endswith(f"-{env.data_vol}")]
+    if env.backend.block:  # the device goes away from the host and comes back
+        assert host_steps == [f"{a}-{env.data_vol}" for a in (
+            "unmount", "detach", "restore", "attach", "wait-device", "mount")]
+    else:
+        assert host_steps == [f"restore-{env.data_vol}"]
     result = env.cluster.execute(plan)
     assert not result.resumed
     assert env.batches() == env.expect(1, 2, 3)
@@ -269,8 +283,10 @@ def test_backup_aborted_by_a_storage_failure(e2e_env: Any, fault: str) -> None:
     env.write(1)
     # snapshot_volume fails the second volume: the first one's copy must go too.
     env.backend.inject_fault(fault, on_call=2 if fault == "snapshot_volume" else 1)
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(ExecutionError) as info:
         env.cluster.backup("e2e failing")
+    assert isinstance(info.value.cause, BackendUnavailable)
+    assert info.value.step_id == "snapshot"
     assert_not_in_backup_mode(env)
     assert "aborting backup due to backend exiting" in env.server.log_text()
     assert env.snapshot_ids() == set()
@@ -347,8 +363,11 @@ def test_interrupted_recovery_resumes_from_its_journal(
     assert started == ids[ids.index(kill_after) + 1 :]
     assert env.batches() == env.expect(1, 2)
     assert env.timeline() == 2
-    # The journal says done: running the plan again starts afresh, it does not resume.
+    # The run ended: the same plan is never run again (a new plan is a new run).
     assert env.journals().count(journal) == 1
+    with pytest.raises(PlanAlreadyRunError):
+        env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2)
 
 
 # --------------------------------------------------------------------------- the demo

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pgsnap.errors import BackendUnavailable
+from pgsnap.errors import BackendUnavailable, ExecutionError
 from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
 
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
@@ -72,7 +72,7 @@ def test_backup_aborted_by_a_storage_failure(e2e_env: Any, bindir: Path) -> None
     env.create_table()
     env.write(1)
     env.backend.inject_fault("create_snapshot_group")
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(ExecutionError) as info:
         env.cluster.backup("e2e failing")
     assert_not_in_backup_mode(env)
     assert env.snapshot_ids() == set()

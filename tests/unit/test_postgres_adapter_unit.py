@@ -24,6 +24,7 @@ from pgsnap.adapters._pgconf import (
 )
 from pgsnap.adapters.postgres import PostgresAdapter, _db_error, _LogFollower
 from pgsnap.errors import BackupFileError, ConfigurationError, DatabaseError
+from pgsnap.host import Host
 from pgsnap.model import RecoveryAction, RecoverySettings, RecoveryTarget
 
 AUTO = """\
@@ -384,7 +385,7 @@ def test_prepare_data_directory_offline(tmp_path):
 
 def test_prepare_keeps_wal_unless_asked(tmp_path):
     dd = _fake_data_dir(tmp_path)
-    removed = _pgctl.clean_data_directory(str(dd), clear_wal=False, major=17)
+    removed = _pgctl.clean_data_directory(Host(), str(dd), clear_wal=False, major=17)
     assert (tmp_path / "wal" / "000000010000000000000003").exists()
     assert str(dd / "postmaster.opts") in removed
 
@@ -444,7 +445,7 @@ def test_log_follower_follows_collector(tmp_path):
     (dd / "current_logfiles").write_text("stderr log/postgresql.log\n")
     stderr_log = dd / "pg.log"
     stderr_log.write_text("LOG:  before\n")
-    f = _LogFollower(str(stderr_log), stderr_log.stat().st_size, str(dd))
+    f = _LogFollower(Host(), str(stderr_log), stderr_log.stat().st_size, str(dd))
     with stderr_log.open("a") as out:
         out.write("LOG:  redirecting log output to logging collector process\n")
     with collector.open("a") as out:
@@ -461,9 +462,9 @@ def test_restored_postmaster_pid_of_another_process_is_not_a_live_server(tmp_pat
     from pgsnap.adapters._pgctl import postmaster_pid
 
     (tmp_path / "postmaster.pid").write_text(f"{os.getpid()}\n{tmp_path}\n")
-    assert postmaster_pid(str(tmp_path)) is None  # alive, but not working in tmp_path
+    assert postmaster_pid(Host(), str(tmp_path)) is None  # alive, but not working there
     monkeypatch.chdir(tmp_path)
-    assert postmaster_pid(str(tmp_path)) == os.getpid()
+    assert postmaster_pid(Host(), str(tmp_path)) == os.getpid()
 
 
 def test_last_startup_offset_finds_the_latest_start(tmp_path):
@@ -473,12 +474,12 @@ def test_last_startup_offset_finds_the_latest_start(tmp_path):
     first = b"2026-11-30 LOG:  starting PostgreSQL 15.18 on x86_64\nold run\n"
     second = b"2026-11-30 LOG:  starting PostgreSQL 15.18 on x86_64\nrecovery stopping\n"
     log.write_bytes(first + b"x" * 5000 + b"\n" + second)
-    assert log.read_bytes()[last_startup_offset(str(log)):] == second
-    # a mark split across read chunks is still found
-    assert last_startup_offset(str(log), chunk=7) == len(first) + 5001
+    host = Host()
+    assert log.read_bytes()[last_startup_offset(host, str(log)):] == second
+    assert last_startup_offset(host, str(log)) == len(first) + 5001
     log.write_bytes(b"no start here\n")
-    assert last_startup_offset(str(log)) == 0
-    assert last_startup_offset(str(tmp_path / "missing.log")) == 0
+    assert last_startup_offset(host, str(log)) == 0
+    assert last_startup_offset(host, str(tmp_path / "missing.log")) == 0
 
 
 def test_a_zombie_postmaster_is_not_a_live_server(tmp_path):
@@ -496,6 +497,6 @@ def test_a_zombie_postmaster_is_not_a_live_server(tmp_path):
                 break
         time.sleep(0.01)
     try:
-        assert postmaster_pid(str(tmp_path)) is None
+        assert postmaster_pid(Host(), str(tmp_path)) is None
     finally:
         child.wait()
