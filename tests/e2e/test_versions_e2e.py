@@ -74,6 +74,7 @@ def test_backup_aborted_by_a_storage_failure(e2e_env: Any, bindir: Path) -> None
     env.backend.inject_fault("create_snapshot_group")
     with pytest.raises(ExecutionError) as info:
         env.cluster.backup("e2e failing")
+    assert isinstance(info.value.cause, BackendUnavailable)
     assert_not_in_backup_mode(env)
     assert env.snapshot_ids() == set()
     (record,) = env.cluster.backups()
