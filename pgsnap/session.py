@@ -20,6 +20,7 @@ import datetime as dt
 import html
 import logging
 import os
+import posixpath
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,8 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.errors import ConfigurationError, PgsnapError, PlanningError, StalePlanError
+from pgsnap.errors import (
+    ConfigurationError,
+    HostFileNotFound,
+    PgsnapError,
+    PlanningError,
+    StalePlanError,
+)
 from pgsnap.executor import Event, ExecutionResult, Executor
+from pgsnap.host import FileKind, LocalRunner
 from pgsnap.model import (
     BackupRecord,
     BackupState,
@@ -59,7 +67,13 @@ from pgsnap.waldump import find_waldump, scan_wal
 if TYPE_CHECKING:
     from pgsnap.host import Host
 
-__all__ = ["BackupList", "CheckReport", "Cluster", "read_archive_system_identifier"]
+__all__ = [
+    "BackupList",
+    "CheckReport",
+    "Cluster",
+    "is_live_segment",
+    "read_archive_system_identifier",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,23 +100,19 @@ def read_archive_system_identifier(path: str | os.PathLike[str]) -> str | None:
 _SEGMENT_NAME_LEN = 24
 
 
-def is_live_local_segment(path: str | os.PathLike[str], name: str, segment_size: int) -> bool:
+def is_live_segment(name: str, head: bytes, segment_size: int) -> bool:
     """False for a segment file in pg_wal that holds no WAL of its name (yet).
 
     After a checkpoint PostgreSQL renames old segments to future names
     (``wal_recycle``) or creates zero-filled ones: such a file exists, but its
-    first page header still carries its old address (or nothing). Its name must
-    not count as WAL that replay can reach. Other files (history, ``.partial``,
-    ``.backup``) are kept as they are. The header: ``xlp_magic`` (2 bytes),
-    ``xlp_info`` (2), ``xlp_tli`` (4), ``xlp_pageaddr`` (8, little-endian).
+    first page header (``head``: its first 16 bytes) still carries its old
+    address (or nothing). Its name must not count as WAL that replay can
+    reach. Other files (history, ``.partial``, ``.backup``) count as they are.
+    The header: ``xlp_magic`` (2 bytes), ``xlp_info`` (2), ``xlp_tli`` (4),
+    ``xlp_pageaddr`` (8, little-endian).
     """
     if len(name) != _SEGMENT_NAME_LEN or any(c not in "0123456789ABCDEF" for c in name):
         return True
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(16)
-    except OSError:
-        return False
     if len(head) < 16:
         return False
     per_id = 0x100000000 // segment_size
@@ -297,12 +307,24 @@ class Cluster:
         except PgsnapError:
             return max(sizes) if sizes else DEFAULT_SEGMENT_SIZE
 
-    def _local_wal_dir(self) -> Path | None:
+    def _local_wal_dir(self) -> str | None:
+        """The surviving pg_wal on the host: the WAL volume's ``pg_wal`` or its root."""
         wal = self.layout.wal
         if wal is None:
             return None
-        root = Path(wal.mount_point)
-        return root / "pg_wal" if (root / "pg_wal").is_dir() else root
+        nested = posixpath.join(wal.mount_point, "pg_wal")
+        info = self.host.stat(nested)
+        if info is not None and info.kind is FileKind.DIRECTORY:
+            return nested
+        return wal.mount_point
+
+    def _surviving_segments(self, directory: str, segment_size: int) -> list[str] | None:
+        """The names in the surviving pg_wal that hold WAL (None: no such directory)."""
+        try:
+            heads = self.host.read_heads(directory, 16)
+        except HostFileNotFound:
+            return None
+        return [n for n, head in heads.items() if is_live_segment(n, head, segment_size)]
 
     def recovery_facts(self, request: RecoveryRequest | None = None) -> RecoveryFacts:
         """Observe what the recovery planner needs; scans WAL commit times when it can."""
@@ -313,12 +335,8 @@ class Cluster:
         index = ArchiveIndex.build(names, seg)
         merged = None
         local_dir = self._local_wal_dir()
-        if local_dir is not None and local_dir.is_dir():
-            local = [
-                e.name
-                for e in os.scandir(local_dir)
-                if e.is_file() and is_live_local_segment(e.path, e.name, seg)
-            ]
+        local = None if local_dir is None else self._surviving_segments(local_dir, seg)
+        if local is not None:
             merged = ArchiveIndex.build((*names, *local), seg)
         graph = self.archive.histories()
         server = None
@@ -347,7 +365,7 @@ class Cluster:
         return attrs.evolve(facts, events=events)
 
     def _scan_events(
-        self, facts: RecoveryFacts, request: RecoveryRequest, local_dir: Path | None
+        self, facts: RecoveryFacts, request: RecoveryRequest, local_dir: str | None
     ) -> WalEvents | None:
         usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
         if not usable:
@@ -400,8 +418,9 @@ class Cluster:
         if reach.reachable_lsn - start > limit:
             start = segment_start((reach.reachable_lsn.value - limit) // seg, seg)
         dirs: list[str] = [self.archive.location]
-        if keep_wal and local_dir is not None:
-            dirs.append(str(local_dir))
+        if keep_wal and local_dir is not None and isinstance(self.host.runner, LocalRunner):
+            # pg_waldump runs here: it reads a surviving pg_wal only on this machine.
+            dirs.append(local_dir)
         events = scan_wal(waldump, dirs, reach.path, start, reach.reachable_lsn)
         if start != oldest.start_lsn:
             events = attrs.evolve(events, complete=False)

@@ -291,6 +291,25 @@ class Host:
         names = (r[4:].decode("utf-8", "surrogateescape") for r in records[1:])
         return tuple(sorted(names))
 
+    def read_heads(self, directory: str, size: int) -> dict[str, bytes]:
+        """The first ``size`` bytes of every regular file in ``directory``, by name.
+
+        One round trip for the whole directory (a ``pg_wal`` of hundreds of
+        segments), symbolic links not followed. :class:`~pgsnap.errors.HostFileNotFound`
+        when the directory does not exist.
+        """
+        _check_path(directory)
+        if not 0 < size <= 65536:
+            raise InputError(f"read_heads reads 1 to 65536 bytes per file, not {size}")
+        result = self._script(_HEADS_SCRIPT, [_operand(directory), str(size)], timeout=300.0)
+        if not result.ok:
+            raise self._file_error(result, directory, what=f"reading the files of {directory}")
+        fields = result.stdout.split(b"\0")[:-1]
+        heads: dict[str, bytes] = {}
+        for name, hexed in zip(fields[::2], fields[1::2], strict=True):
+            heads[name.decode("utf-8", "surrogateescape")] = bytes.fromhex(hexed.decode())
+        return heads
+
     def write_atomic(
         self, path: str, data: bytes, *, mode: int = 0o600, owner: str | None = None
     ) -> None:
@@ -647,6 +666,20 @@ sync -- "$tmp"
 mv -f -T -- "$tmp" "$target"
 trap - EXIT
 sync -- "$dir"
+"""
+
+# read_heads: $1 directory, $2 byte count. For each regular file (links not
+# followed): its name NUL, its first bytes in hex NUL. Hex keeps the stream in
+# step whatever a file holds or however it changes meanwhile.
+_HEADS_SCRIPT: Final = r"""set -e
+[ -d "$1" ] || { ls -d -- "$1" >/dev/null; exit 2; }
+find -H "$1" -mindepth 1 -maxdepth 1 -type f -exec sh -c '
+  n=$1; shift
+  for f do
+    printf "%s\0" "${f##*/}"
+    head -c "$n" -- "$f" 2>/dev/null | od -An -v -tx1 | tr -d " \n"
+    printf "\0"
+  done' sh "$2" {} +
 """
 
 # make_dirs: $1 path, $2 mode (octal), $3 chown spec or "".

@@ -18,8 +18,8 @@ import pytest
 from pgsnap.errors import (
     BackendUnavailable,
     ExecutionError,
-    PlanAlreadyRunError,
     NoBackupForTarget,
+    PlanAlreadyRunError,
     PlanningError,
     TargetOutOfRange,
     WalGapError,

@@ -577,3 +577,33 @@ def test_processes_using_the_root_includes_this_process():
     # Every process's root directory is "/": this test process is among them.
     found = Host().processes_using("/")
     assert os.getpid() in {p.pid for p in found}
+
+
+def test_read_heads_reads_the_start_of_every_file_in_one_round_trip(tmp_path):
+    (tmp_path / "seg").write_bytes(bytes(range(256)) * 4)
+    (tmp_path / "short").write_bytes(b"ab")
+    (tmp_path / "empty").write_bytes(b"")
+    (tmp_path / "odd\nname \\x").write_bytes(b"\x00\xff\n\x00")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "seg")
+    calls = []
+    host = Host()
+    real_run = host.runner.run
+    host.runner.run = lambda *a, **kw: calls.append(a) or real_run(*a, **kw)  # type: ignore[method-assign]
+    heads = host.read_heads(str(tmp_path), 16)
+    assert len(calls) == 1
+    assert heads == {
+        "seg": bytes(range(16)),
+        "short": b"ab",
+        "empty": b"",
+        "odd\nname \\x": b"\x00\xff\n\x00",
+    }
+    with pytest.raises(HostFileNotFound):
+        host.read_heads(str(tmp_path / "missing"), 16)
+
+
+def test_read_heads_follows_a_directory_given_as_a_symbolic_link(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "seg").write_bytes(b"abcd")
+    (tmp_path / "mount").symlink_to(tmp_path / "real")
+    assert Host().read_heads(str(tmp_path / "mount"), 2) == {"seg": b"ab"}
