@@ -56,7 +56,8 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pgsnap.backends.mock import MockBackend
-from pgsnap.executor import Event, EventKind, required_wal_files
+from pgsnap.executor import Event, EventKind
+from pgsnap.operations.catalog import required_wal_files
 from pgsnap.protocols import Catalog, DatabaseAdapter, WalArchive
 from pgsnap.session import Cluster
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir

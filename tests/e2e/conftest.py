@@ -217,7 +217,12 @@ def assert_not_in_backup_mode(env: Env) -> None:
 
 
 def make_env(
-    factory: Any, bindir: Path | None = None, *, block: bool = False, **settings: Any
+    factory: Any,
+    bindir: Path | None = None,
+    *,
+    block: bool = False,
+    host: Any = None,
+    **settings: Any,
 ) -> Env:
     server: PgServer = factory(
         bindir,
@@ -227,7 +232,7 @@ def make_env(
         settings={"archive_timeout": "60s", "autovacuum": False, **settings},
     )
     server.start()
-    cluster = mock_cluster(server, block=block)
+    cluster = mock_cluster(server, block=block, host=host)
     layout = cluster.layout
     archive = layout.by_role(VolumeRole.ARCHIVE)[0]
     assert layout.wal is not None
