@@ -112,6 +112,43 @@ def _need(section: dict[str, Any], key: str, where: str) -> Any:
     return section[key]
 
 
+_HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
+
+
+def _host(section: dict[str, Any], rel: Any) -> Any:
+    """The database host of the ``[host]`` section: this machine, or one over ssh."""
+    from pgsnap.host import Host, SshRunner  # noqa: PLC0415
+
+    unknown = sorted(set(section) - set(_HOST_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"[host] has unknown key(s): {', '.join(unknown)}",
+            hint=f"[host] takes {', '.join(_HOST_KEYS)}",
+        )
+    name = section.get("name")
+    if "ssh" not in section:
+        extra = sorted(set(section) - {"name"})
+        if extra:
+            raise ConfigurationError(
+                f"[host] sets {', '.join(extra)} but no ssh destination",
+                hint='add ssh = "db1.example.com", or remove them to use this machine',
+            )
+        return Host(name=None if name is None else str(name))
+    port = section.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
+    runner = SshRunner(
+        str(section["ssh"]),
+        user=None if section.get("user") is None else str(section["user"]),
+        port=port,
+        identity_file=None if "identity_file" not in section else rel(section["identity_file"]),
+        known_hosts_file=None
+        if "known_hosts_file" not in section
+        else rel(section["known_hosts_file"]),
+    )
+    return Host(runner, name=None if name is None else str(name))
+
+
 def load_cluster(path: str | os.PathLike[str]) -> Any:
     """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
 
@@ -170,6 +207,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
             )
         )
     layout = Layout(tuple(vols))
+    host = _host(dict(conf.get("host", {})), rel)
     adapter = PostgresAdapter(
         _conninfo_without_password(str(db.get("conninfo", ""))),
         password=_read_password(db, base),
@@ -179,6 +217,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
         log_file=opt_rel(db.get("log_file")),
         control=db.get("control", "pg_ctl"),
         systemd_unit=db.get("systemd_unit"),
+        host=host,
     )
     if "backend" not in storage:
         raise ConfigurationError(

@@ -34,6 +34,7 @@ from pgsnap.errors import (
     PgsnapError,
     PlanningError,
     StalePlanError,
+    VolumeNotFound,
 )
 from pgsnap.executor import Event, ExecutionResult, Executor
 from pgsnap.host import FileKind, LocalRunner
@@ -264,8 +265,12 @@ class Cluster:
         mounts: tuple[Mount, ...] | None = None
         out = []
         for vol in self.layout.snapshotted:
-            location = self.backend.locate(vol.id)
-            profile = self.backend.restore_profile(vol.id)
+            try:
+                location = self.backend.locate(vol.id)
+                profile = self.backend.restore_profile(vol.id)
+            except VolumeNotFound:
+                continue  # not on the storage: the planners say so, with the fix
+
             resolved: str | None = None
             mount: Mount | None = None
             if location.kind is LocationKind.DIRECTORY:

@@ -29,6 +29,7 @@ import attrs
 from pgsnap.errors import (
     ConfigurationError,
     NoBackupForTarget,
+    PlanningError,
     TargetOutOfRange,
     TimelineError,
     WalGapError,
@@ -561,6 +562,15 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
 
     restore = _volumes_to_restore(facts, request)
     restore_ids = {v.id for v in restore}
+    observed = {v.volume_id for v in facts.volume_facts}
+    absent = [f"{v.id} ({v.role.value})" for v in restore if v.id not in observed]
+    if absent:
+        raise PlanningError(
+            f"volume(s) {', '.join(absent)} of the layout are not on the storage backend: "
+            "nothing to restore them into",
+            hint="fix the layout's volume ids (pgsnap check lists what the storage has)",
+            volumes=tuple(absent),
+        )
     policies = [
         p for p in facts.policies if not p.paused and restore_ids.intersection(p.volume_ids)
     ]

@@ -440,3 +440,31 @@ class Interrupt(Operation):
 
     def run(self, ctx: OperationContext) -> Outputs:
         raise KeyboardInterrupt
+
+
+def test_the_database_host_can_be_reached_over_ssh(tmp_path: Path) -> None:
+    from pgsnap.cli import load_cluster
+    from pgsnap.host import SshRunner
+
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + '\n[host]\nssh = "db1.example.com"\nuser = "root"\n'
+                    'port = 2222\nidentity_file = "keys/id"\nname = "sdc-db1"\n')
+    cluster = load_cluster(path)
+    assert isinstance(cluster.host.runner, SshRunner)
+    assert cluster.host.description == "ssh root@db1.example.com:2222"
+    assert cluster.host.name == "sdc-db1"
+    assert cluster.adapter.host is cluster.host
+
+
+@pytest.mark.parametrize(("section", "match"), [
+    ('ssh = "db1"\nidentityfile = "x"', "identityfile"),
+    ('user = "root"', "no ssh destination"),
+    ('ssh = "db1"\nport = "22"', "port must be a number"),
+])
+def test_bad_host_sections_are_usage_errors(run: Run, tmp_path: Path, section: str,
+                                            match: str) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + f"\n[host]\n{section}\n")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert match in err

@@ -309,9 +309,10 @@ def test_a_restore_that_consumes_the_snapshot_lists_the_backup_as_lost():
     assert not any("itself" in item for item in kept.lost)
 
 
-def test_facts_without_storage_facts_for_a_volume_are_refused():
-    with pytest.raises(errors.ConfigurationError, match="vol-data"):
+def test_a_volume_the_storage_does_not_have_is_refused_with_the_fix():
+    with pytest.raises(errors.PlanningError, match="vol-data") as info:
         plan_recovery(facts([B1], volume_facts=()), RecoveryRequest())
+    assert "layout" in info.value.hint
 
 
 def test_bad_requests():
