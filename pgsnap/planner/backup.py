@@ -100,8 +100,11 @@ def _coverage(facts: BackupFacts) -> list[Finding]:
     """
     out: list[Finding] = []
     err, warn = Severity.ERROR, Severity.WARNING
+    on_storage = {v.id for v in facts.volumes}
     for vol in facts.layout.snapshotted:
         vf = facts.volume(vol.id)
+        if vf is None and vol.id not in on_storage:
+            continue  # the "volume_missing" finding says so
         if vf is None:
             out.append(
                 Finding(
