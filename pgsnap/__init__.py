@@ -1,43 +1,289 @@
 """pgsnap: storage-snapshot backups and point-in-time recovery for PostgreSQL.
 
 Observe → plan (pure) → plan as data → execute. See the docs/ folder.
-Importing pgsnap is cheap: it imports neither requests nor psycopg; a backend
-or adapter loads its own dependencies when it is used.
+
+The working set is offered here, imported lazily on first use (``import
+pgsnap`` itself imports nothing more than this module; ``pgsnap.Cluster``
+imports the facade when first asked for)::
+
+    import pgsnap
+
+    cluster = pgsnap.Cluster(adapter=..., backend=pgsnap.create_backend("mock"), ...)
+    plan = cluster.plan_recovery(pgsnap.RecoveryTarget.time("2026-11-30 12:00+00:00"))
+
+Neither psycopg nor requests is imported until a backend or adapter that
+needs it is used.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-
-from pgsnap.errors import PgsnapError
-from pgsnap.model import (
-    LSN,
-    BackupRecord,
-    BackupState,
-    Layout,
-    RecoveryTarget,
-    Snapshot,
-    SnapshotGroup,
-    TargetKind,
-    Volume,
-    VolumeRole,
-)
+from typing import TYPE_CHECKING, Any, Final
 
 __version__ = "0.1.0"
 
+_ERRORS: Final = (
+    "ArchiveError",
+    "AuthenticationError",
+    "BackendError",
+    "BackendNotFound",
+    "BackendUnavailable",
+    "BackupFileError",
+    "BackupModeError",
+    "BackupNotFound",
+    "CatalogError",
+    "CatalogLockedError",
+    "CommandError",
+    "CommandTimeout",
+    "ConfigurationError",
+    "DatabaseError",
+    "DeviceNotFound",
+    "ExecutionError",
+    "FormatError",
+    "HistoryFileError",
+    "HostError",
+    "HostFileNotFound",
+    "HostUnreachable",
+    "InputError",
+    "InvalidPlanError",
+    "LSNError",
+    "MountBusyError",
+    "MountError",
+    "NoBackupForTarget",
+    "OperationNotFound",
+    "PgsnapError",
+    "PlanAlreadyRunError",
+    "PlanLockedError",
+    "PlanningError",
+    "PreflightError",
+    "SnapshotNotFound",
+    "StalePlanError",
+    "TargetError",
+    "TargetOutOfRange",
+    "TimeError",
+    "TimelineError",
+    "UnsupportedCapability",
+    "VolumeNotFound",
+    "WalGapError",
+    "WalNameError",
+)
+
+_WHERE: Final[dict[str, str]] = {
+    **dict.fromkeys(_ERRORS, "pgsnap.errors"),
+    **dict.fromkeys(
+        (
+            "LSN",
+            "BackupRecord",
+            "BackupState",
+            "Layout",
+            "Location",
+            "Mount",
+            "RecoveryAction",
+            "RecoveryTarget",
+            "RestorePreparation",
+            "RestoreProfile",
+            "Snapshot",
+            "SnapshotGroup",
+            "TargetKind",
+            "Volume",
+            "VolumeRole",
+        ),
+        "pgsnap.model",
+    ),
+    **dict.fromkeys(
+        ("Capability", "Catalog", "DatabaseAdapter", "Runner", "StorageBackend", "WalArchive"),
+        "pgsnap.protocols",
+    ),
+    "Plan": "pgsnap.plan",
+    "Step": "pgsnap.plan",
+    "BackupRequest": "pgsnap.planner.backup",
+    "RecoveryRequest": "pgsnap.planner.recovery",
+    "Cluster": "pgsnap.session",
+    "Executor": "pgsnap.executor",
+    "Host": "pgsnap.host",
+    "LocalRunner": "pgsnap.host",
+    "SshRunner": "pgsnap.host",
+    "Operation": "pgsnap.operations",
+    "register_operation": "pgsnap.operations",
+    "create_backend": "pgsnap.backends",
+    "register_backend": "pgsnap.backends",
+}
+
 __all__ = [
     "LSN",
+    "ArchiveError",
+    "AuthenticationError",
+    "BackendError",
+    "BackendNotFound",
+    "BackendUnavailable",
+    "BackupFileError",
+    "BackupModeError",
+    "BackupNotFound",
     "BackupRecord",
+    "BackupRequest",
     "BackupState",
+    "Capability",
+    "Catalog",
+    "CatalogError",
+    "CatalogLockedError",
+    "Cluster",
+    "CommandError",
+    "CommandTimeout",
+    "ConfigurationError",
+    "DatabaseAdapter",
+    "DatabaseError",
+    "DeviceNotFound",
+    "ExecutionError",
+    "Executor",
+    "FormatError",
+    "HistoryFileError",
+    "Host",
+    "HostError",
+    "HostFileNotFound",
+    "HostUnreachable",
+    "InputError",
+    "InvalidPlanError",
+    "LSNError",
     "Layout",
+    "LocalRunner",
+    "Location",
+    "Mount",
+    "MountBusyError",
+    "MountError",
+    "NoBackupForTarget",
+    "Operation",
+    "OperationNotFound",
     "PgsnapError",
+    "Plan",
+    "PlanAlreadyRunError",
+    "PlanLockedError",
+    "PlanningError",
+    "PreflightError",
+    "RecoveryAction",
+    "RecoveryRequest",
     "RecoveryTarget",
+    "RestorePreparation",
+    "RestoreProfile",
+    "Runner",
     "Snapshot",
     "SnapshotGroup",
+    "SnapshotNotFound",
+    "SshRunner",
+    "StalePlanError",
+    "Step",
+    "StorageBackend",
+    "TargetError",
     "TargetKind",
+    "TargetOutOfRange",
+    "TimeError",
+    "TimelineError",
+    "UnsupportedCapability",
     "Volume",
+    "VolumeNotFound",
     "VolumeRole",
+    "WalArchive",
+    "WalGapError",
+    "WalNameError",
     "__version__",
+    "create_backend",
+    "register_backend",
+    "register_operation",
 ]
+
+if TYPE_CHECKING:
+    from pgsnap.backends import create_backend, register_backend
+    from pgsnap.errors import (
+        ArchiveError,
+        AuthenticationError,
+        BackendError,
+        BackendNotFound,
+        BackendUnavailable,
+        BackupFileError,
+        BackupModeError,
+        BackupNotFound,
+        CatalogError,
+        CatalogLockedError,
+        CommandError,
+        CommandTimeout,
+        ConfigurationError,
+        DatabaseError,
+        DeviceNotFound,
+        ExecutionError,
+        FormatError,
+        HistoryFileError,
+        HostError,
+        HostFileNotFound,
+        HostUnreachable,
+        InputError,
+        InvalidPlanError,
+        LSNError,
+        MountBusyError,
+        MountError,
+        NoBackupForTarget,
+        OperationNotFound,
+        PgsnapError,
+        PlanAlreadyRunError,
+        PlanLockedError,
+        PlanningError,
+        PreflightError,
+        SnapshotNotFound,
+        StalePlanError,
+        TargetError,
+        TargetOutOfRange,
+        TimeError,
+        TimelineError,
+        UnsupportedCapability,
+        VolumeNotFound,
+        WalGapError,
+        WalNameError,
+    )
+    from pgsnap.executor import Executor
+    from pgsnap.host import Host, LocalRunner, SshRunner
+    from pgsnap.model import (
+        LSN,
+        BackupRecord,
+        BackupState,
+        Layout,
+        Location,
+        Mount,
+        RecoveryAction,
+        RecoveryTarget,
+        RestorePreparation,
+        RestoreProfile,
+        Snapshot,
+        SnapshotGroup,
+        TargetKind,
+        Volume,
+        VolumeRole,
+    )
+    from pgsnap.operations import Operation, register_operation
+    from pgsnap.plan import Plan, Step
+    from pgsnap.planner.backup import BackupRequest
+    from pgsnap.planner.recovery import RecoveryRequest
+    from pgsnap.protocols import (
+        Capability,
+        Catalog,
+        DatabaseAdapter,
+        Runner,
+        StorageBackend,
+        WalArchive,
+    )
+    from pgsnap.session import Cluster
+
+
+def __getattr__(name: str) -> Any:
+    """Import a name of the working set on first use (PEP 562)."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pgsnap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return list(__all__)
+
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

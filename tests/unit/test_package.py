@@ -74,3 +74,41 @@ def test_readme_example_names_exist():
     first_commands = [b.split("```", 1)[0].strip() for b in readme.split("```sh")[1:3]]
     assert first_commands[0].endswith("pgsnap demo")
     assert "pytest" in first_commands[1]
+
+
+def test_the_working_set_is_offered_lazily_by_import_pgsnap():
+    import pgsnap.errors
+
+    code = (
+        "import sys, pgsnap; before = sorted(m for m in sys.modules if m.startswith('pgsnap')); "
+        "c = pgsnap.Cluster; e = pgsnap.WalGapError; p = pgsnap.Plan; h = pgsnap.SshRunner; "
+        "print(before, 'pgsnap.session' in sys.modules, 'psycopg' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['pgsnap'] True False"
+    assert set(pgsnap.__all__) == {*pgsnap._WHERE, "__version__"}
+    assert set(pgsnap.errors.__all__) <= set(pgsnap.__all__)  # every error is offered
+    for name in pgsnap.__all__:
+        assert getattr(pgsnap, name) is not None
+    assert sorted(dir(pgsnap)) == sorted(pgsnap.__all__)
+
+
+def test_runtime_dependencies_are_what_the_runtime_imports():
+    """pyproject's dependencies are exactly the third-party modules pgsnap imports
+    (pgsnap.testing, which tests use, may import pytest as well)."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    declared = {d.split("[")[0].split(">")[0].split("=")[0].strip().lower()
+                for d in project["dependencies"]}
+    imported = set()
+    for path in PACKAGE.rglob("*.py"):
+        if "testing" in path.relative_to(PACKAGE).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+    third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "pgsnap"}
+    assert third_party == declared
