@@ -6,7 +6,9 @@ import bz2
 import gzip
 import os
 import pathlib
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -89,15 +91,36 @@ def test_not_a_directory(tmp_path):
         DirectoryWalArchive(f).list_names()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
 def test_unreadable_directory(tmp_path):
-    d = tmp_path / "locked"
-    d.mkdir(mode=0o000)
+    """As an unprivileged user (root reads everything: a forked child drops to postgres)."""
+    import pwd
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="pgsnap-unreadable-"))  # reachable by postgres
     try:
-        with pytest.raises(ArchiveError, match="permission denied"):
-            DirectoryWalArchive(d).list_names()
+        base.chmod(0o755)
+        d = base / "locked"
+        d.mkdir(mode=0o000)
+        d.chmod(0o000)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by exit status
+            code = 1
+            try:
+                if os.geteuid() == 0:
+                    user = pwd.getpwnam("postgres")
+                    os.setgid(user.pw_gid)
+                    os.setuid(user.pw_uid)
+                try:
+                    DirectoryWalArchive(d).list_names()
+                except ArchiveError as exc:
+                    code = 0 if "permission denied" in str(exc) and exc.hint else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     finally:
-        d.chmod(0o700)
+        (base / "locked").chmod(0o700)
+        shutil.rmtree(base)
 
 
 def test_vanishing_file_is_skipped(tmp_path, monkeypatch):
