@@ -89,7 +89,7 @@ class CliEnv:
 
     def journals(self) -> list[str]:
         directory = self.work / "journal"
-        return sorted(p.name for p in directory.glob("*.json")) if directory.exists() else []
+        return sorted(p.name for p in directory.glob("*.journal")) if directory.exists() else []
 
     def snapshot_ids(self) -> set[str]:
         with MockBackend(state_file=self.state_file, root=self.work / "snapshots") as backend:
@@ -172,7 +172,7 @@ def backed_up(env: CliEnv) -> dict[str, Any]:
     code, out, err = env.run("backup", "--label", "cli test")
     assert code == 0, err
     assert out.startswith("backup ") and " done: " in out
-    assert "[1/5] started" in err  # progress on stderr
+    assert "[1/7] started" in err  # progress on stderr
     (record,) = env.run_json("list")
     assert record["state"] == "done"
     assert record["label"] == "cli test"
@@ -265,7 +265,7 @@ def test_backup_plan_and_recover_to_a_time(cli_env: CliEnv) -> None:
     assert plan["request"]["target"]["kind"] == "time"
     code, out, _ = env.run("plan-recovery", "--time", target.isoformat())
     assert code == 0
-    assert out.startswith("Recovery plan (")
+    assert out.startswith("Recovery plan ")
 
     # A time before the backup: refused (3), naming the earliest reachable point.
     code, out, err = env.run("plan-recovery", "--time", before_backup.isoformat())
@@ -287,7 +287,7 @@ def test_backup_plan_and_recover_to_a_time(cli_env: CliEnv) -> None:
         mp.setattr(sys, "stdin", io.StringIO("yes\n"))
         code, out, err = env.run("recover", "--time", target.isoformat())
     assert code == 2
-    assert out.startswith("Recovery plan (")  # the plan is shown first
+    assert out.startswith("Recovery plan ")  # the plan is shown first
     assert "refusing to recover without confirmation: pass --yes" in err
     assert list(env.server.data_dir.iterdir()) == []
     assert not env.server.is_running()
