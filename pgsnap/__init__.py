@@ -3,7 +3,7 @@
 Observe → plan (pure) → plan as data → execute. See the docs/ folder.
 
 The working set is offered here, imported lazily on first use (``import
-pgsnap`` itself imports nothing more than this module; ``pgsnap.Cluster``
+pgsnap`` itself imports only this module and :mod:`pgsnap.errors`; ``pgsnap.Cluster``
 imports the facade when first asked for)::
 
     import pgsnap
@@ -21,56 +21,12 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from pgsnap import errors as _errors  # small and dependency-free: its names are listed here
+
 __version__ = "0.1.0"
 
-_ERRORS: Final = (
-    "ArchiveError",
-    "AuthenticationError",
-    "BackendError",
-    "BackendNotFound",
-    "BackendUnavailable",
-    "BackupFileError",
-    "BackupModeError",
-    "BackupNotFound",
-    "CatalogError",
-    "CatalogLockedError",
-    "CommandError",
-    "CommandTimeout",
-    "ConfigurationError",
-    "DatabaseError",
-    "DeviceNotFound",
-    "ExecutionError",
-    "FormatError",
-    "HistoryFileError",
-    "HostError",
-    "HostFileNotFound",
-    "HostUnreachable",
-    "InputError",
-    "InvalidPlanError",
-    "LSNError",
-    "MountBusyError",
-    "MountError",
-    "NoBackupForTarget",
-    "OperationNotFound",
-    "PgsnapError",
-    "PlanAlreadyRunError",
-    "PlanLockedError",
-    "PlanningError",
-    "PreflightError",
-    "SnapshotNotFound",
-    "StalePlanError",
-    "TargetError",
-    "TargetOutOfRange",
-    "TimeError",
-    "TimelineError",
-    "UnsupportedCapability",
-    "VolumeNotFound",
-    "WalGapError",
-    "WalNameError",
-)
-
 _WHERE: Final[dict[str, str]] = {
-    **dict.fromkeys(_ERRORS, "pgsnap.errors"),
+    **dict.fromkeys(_errors.__all__, "pgsnap.errors"),  # every error
     **dict.fromkeys(
         (
             "LSN",

@@ -85,7 +85,7 @@ def test_the_working_set_is_offered_lazily_by_import_pgsnap():
         "print(before, 'pgsnap.session' in sys.modules, 'psycopg' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['pgsnap'] True False"
+    assert out.stdout.strip() == "['pgsnap', 'pgsnap.errors'] True False"
     assert set(pgsnap.__all__) == {*pgsnap._WHERE, "__version__"}
     assert set(pgsnap.errors.__all__) <= set(pgsnap.__all__)  # every error is offered
     for name in pgsnap.__all__:
