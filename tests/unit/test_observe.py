@@ -1,6 +1,6 @@
-"""Pure parts of the Cluster facade's observation."""
+"""Pure parts of observation."""
 
-from pgsnap.session import is_live_segment
+from pgsnap.observe import is_live_segment
 
 MB = 1 << 20
 
