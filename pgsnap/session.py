@@ -262,6 +262,7 @@ class Cluster:
         backup_id: str | None = None,
         safety_snapshot: bool = True,
         recovery_timeout: float = 600.0,
+        server_timeout: float = 120.0,
     ) -> Plan:
         """Observe and return the recovery plan (or raise a PlanningError saying why not)."""
         request = RecoveryRequest(
@@ -272,6 +273,7 @@ class Cluster:
             backup_id=backup_id,
             safety_snapshot=safety_snapshot,
             recovery_timeout=recovery_timeout,
+            server_timeout=server_timeout,
         )
         return self._plan_recovery(request)
 

@@ -106,6 +106,9 @@ class RecoveryRequest:
     """Seconds to wait for a restore the storage completes in the background."""
     device_timeout: float = 120.0
     """Seconds to wait for a re-attached volume's device to appear on the host."""
+    server_timeout: float = 120.0
+    """Seconds to wait for the server to stop (a shutdown waits for the archiver, so a
+    slow archive_command needs more) and to start."""
 
     def __attrs_post_init__(self) -> None:
         t = self.timeline
@@ -593,7 +596,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     steps.append(
         Step.of(
             "stop-server",
-            StopServer(),
+            StopServer(timeout=request.server_timeout),
             description="stop the PostgreSQL server",
             reason="volumes cannot be restored under a running server (no-op if it is down)",
         )
@@ -662,7 +665,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     steps.append(
         Step.of(
             "start-server",
-            StartServer(),
+            StartServer(timeout=request.server_timeout),
             description="start PostgreSQL: it replays WAL from the backup's start to the target",
             reason="this is the recovery itself; from here on PostgreSQL writes to the restored "
             "volumes (and a new timeline to the archive), so nothing before it can be undone",
