@@ -67,6 +67,9 @@ _LOST_HINT: Final = (
     "direct (no transaction pooler), and check network timeouts and "
     "idle_session_timeout / tcp keepalives between pgsnap and the server"
 )
+_RECOVERY_NOT_IN_PROGRESS: Final = "55000"
+"""SQLSTATE of the pause-state functions once recovery has ended (object not in
+prerequisite state: "recovery is not in progress")."""
 _DEFAULT_LOG: Final = "log/pgsnap-server.log"
 
 
@@ -934,34 +937,25 @@ class PostgresAdapter:
         except DatabaseError:
             return None  # not accepting connections yet (or any more)
         try:
-            version = conn.info.server_version
-            try:
-                (in_recovery,) = self._one(conn, "SELECT pg_is_in_recovery()")
-                if not in_recovery:
-                    replay, walfile = self._one(
-                        conn,
-                        "SELECT pg_last_wal_replay_lsn()::text, "
-                        "pg_walfile_name(pg_current_wal_lsn())",
-                    )
-                    state: RecoveryState = "promoted"
-                    timeline = int(walfile[:8], 16)
-                else:
-                    (paused,) = self._one(conn, _pgconf.replay_pause_sql(version))
-                    if not paused:
-                        return None
-                    state = "paused"
-                    replay, timeline = self._one(
-                        conn,
-                        "SELECT pg_last_wal_replay_lsn()::text, greatest("
-                        "(SELECT min_recovery_end_timeline FROM pg_control_recovery()), "
-                        "(SELECT timeline_id FROM pg_control_checkpoint()))",
-                    )
-            except DatabaseError as exc:
-                if exc.sqlstate and exc.sqlstate.startswith(("08", "57P")):
-                    return None  # the server went away between two queries
-                raise
+            found = None
+            for _attempt in range(3):
+                try:
+                    found = self._server_state(conn)
+                    break
+                except DatabaseError as exc:
+                    if exc.sqlstate and exc.sqlstate.startswith(("08", "57P")):
+                        return None  # the server went away between two queries
+                    if exc.sqlstate != _RECOVERY_NOT_IN_PROGRESS:
+                        raise
+                    # Recovery ended between pg_is_in_recovery() and the question about
+                    # the pause: the server has just promoted. Ask again: a promotion
+                    # is success, never a failure to undo.
+                    _log.debug("recovery ended while its state was read; reading again")
         finally:
             conn.close()
+        if found is None:
+            return None
+        state, replay, timeline = found
         if state == "promoted":
             summary = self._settle_log(("archive recovery complete", "ready to accept"))
         lsn = (
@@ -976,6 +970,33 @@ class PostgresAdapter:
             replay_lsn=lsn,
             log_lines=summary.relevant,
         )
+
+    def _server_state(
+        self, conn: psycopg.Connection[Any]
+    ) -> tuple[RecoveryState, str | None, int] | None:
+        """(state, last replayed LSN, timeline) of a server that ended recovery, or None.
+
+        ``DatabaseError`` with SQLSTATE 55000 when recovery ends between the
+        queries (the caller asks again).
+        """
+        version = conn.info.server_version
+        (in_recovery,) = self._one(conn, "SELECT pg_is_in_recovery()")
+        if not in_recovery:
+            replay, walfile = self._one(
+                conn,
+                "SELECT pg_last_wal_replay_lsn()::text, pg_walfile_name(pg_current_wal_lsn())",
+            )
+            return "promoted", replay, int(walfile[:8], 16)
+        (paused,) = self._one(conn, _pgconf.replay_pause_sql(version))
+        if not paused:
+            return None
+        replay, timeline = self._one(
+            conn,
+            "SELECT pg_last_wal_replay_lsn()::text, greatest("
+            "(SELECT min_recovery_end_timeline FROM pg_control_recovery()), "
+            "(SELECT timeline_id FROM pg_control_checkpoint()))",
+        )
+        return "paused", replay, int(timeline)
 
     def _settle_log(self, wanted: Sequence[str], wait: float = 2.0) -> _pglog.LogSummary:
         """Re-read the log briefly until a line with one of ``wanted`` shows up."""

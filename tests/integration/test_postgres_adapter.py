@@ -372,3 +372,29 @@ def test_default_log_file_location(pg_server):
         assert Path(srv.data_dir, "log", "pgsnap-server.log").stat().st_size > 0
     finally:
         a.stop_server(timeout=30)
+
+
+def test_a_promotion_between_two_state_queries_is_success(pg_server):
+    """Issue 7 #1: the server promotes between pg_is_in_recovery() and the pause-state
+    query, which then fails with SQLSTATE 55000 ("recovery is not in progress"). That
+    interleaving is injected here; the answer must be "promoted", never a failure."""
+    server = pg_server()
+    server.start()
+    a = adapter_for(server)
+    real_one = a._one
+    script = ["in recovery", "promotes now"]
+
+    def interleaved(conn, sql, params=()):
+        if sql == "SELECT pg_is_in_recovery()" and script and script[0] == "in recovery":
+            script.pop(0)
+            return (True,)  # as it was a moment ago
+        if "pause" in sql and script and script[0] == "promotes now":
+            script.pop(0)
+            real_one(conn, "SELECT pg_get_wal_replay_pause_state()")  # the real 55000
+        return real_one(conn, sql, params)
+
+    a._one = interleaved  # type: ignore[method-assign]
+    outcome = a.wait_recovery(timeout=10)
+    assert script == []  # the interleaving happened
+    assert outcome.state == "promoted"
+    assert outcome.timeline == 1
