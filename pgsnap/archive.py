@@ -17,6 +17,8 @@ import shlex
 import zlib
 from typing import Final
 
+import attrs
+
 from pgsnap.errors import ArchiveError, HistoryFileError, WalNameError
 from pgsnap.wal import (
     COMPRESSION_SUFFIXES,
@@ -31,6 +33,9 @@ from pgsnap.wal import (
 __all__ = ["DirectoryWalArchive"]
 
 logger = logging.getLogger(__name__)
+
+_SEGMENT_NAME_LEN: Final = 24
+_HEX: Final = frozenset("0123456789ABCDEFabcdef")
 
 MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
 """Largest ``.history``/``.backup`` file :meth:`DirectoryWalArchive.read_text` reads (1 MiB)."""
@@ -52,11 +57,17 @@ class DirectoryWalArchive:
     the directory is read are skipped.
     """
 
-    __slots__ = ("_path",)
+    __slots__ = ("_gzip", "_path")
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        """Use the directory at ``path`` (made absolute; it is checked when used)."""
+    def __init__(self, path: str | os.PathLike[str], *, gzip: bool = False) -> None:
+        """Use the directory at ``path`` (made absolute; it is checked when used).
+
+        ``gzip``: the archive may hold gzip-compressed segments (``%f.gz``), and
+        the ``restore_command`` pgsnap writes decompresses them; without it,
+        compressed segments are not counted as WAL a recovery can fetch.
+        """
         self._path = os.path.abspath(os.fspath(path))
+        self._gzip = gzip
 
     @property
     def path(self) -> str:
@@ -81,9 +92,23 @@ class DirectoryWalArchive:
 
     # -- listing ----------------------------------------------------------------------
 
-    def list_names(self) -> tuple[str, ...]:
-        """The names of the archive's files, sorted (see the class docstring)."""
-        names: list[str] = []
+    def list_names(self, segment_size: int | None = None) -> tuple[str, ...]:
+        """The names of the archive's files, sorted (see the class docstring).
+
+        With ``segment_size``, only files a recovery can use as WAL: a segment
+        file of another size (a truncated copy, a stray file named like a
+        segment) is left out, and so is a compressed segment the
+        ``restore_command`` cannot fetch (see :meth:`unusable`).
+        """
+        return tuple(n for n, _why in self._scan(segment_size) if _why is None)
+
+    def unusable(self, segment_size: int) -> tuple[tuple[str, str], ...]:
+        """``(name, why)`` of the files named like WAL that a recovery cannot use."""
+        return tuple((n, why) for n, why in self._scan(segment_size) if why is not None)
+
+    def _scan(self, segment_size: int | None) -> list[tuple[str, str | None]]:
+        """Every file name, sorted, with why it cannot be used as WAL (None: it can)."""
+        found: list[tuple[str, str | None]] = []
         try:
             with os.scandir(self._path) as it:
                 for entry in it:
@@ -93,10 +118,13 @@ class DirectoryWalArchive:
                     try:
                         if not entry.is_file():
                             continue
+                        why = None
+                        if segment_size is not None:
+                            why = self._unusable_because(name, entry, segment_size)
                     except OSError:  # vanished (or unreadable) while listing
                         logger.debug("skipping %s: it vanished while listing", name)
                         continue
-                    names.append(name)
+                    found.append((name, why))
         except FileNotFoundError:
             raise ArchiveError(
                 f"the WAL archive directory {self._path} does not exist",
@@ -123,8 +151,28 @@ class DirectoryWalArchive:
                 hint="check that the archive's file system is mounted and healthy",
                 path=self._path,
             ) from exc
-        names.sort()
-        return tuple(names)
+        found.sort()
+        return found
+
+    def _unusable_because(
+        self, name: str, entry: os.DirEntry[str], segment_size: int
+    ) -> str | None:
+        if len(name) == _SEGMENT_NAME_LEN:
+            if not all(c in _HEX for c in name):
+                return None  # not a segment name: the index classifies it
+            size = entry.stat().st_size
+            if size != segment_size:
+                return f"{size} bytes, not a {segment_size}-byte WAL segment"
+            return None
+        comp = parse_archive_name(name).compression if "." in name else None
+        if comp is None or parse_archive_name(name).kind is not WalFileKind.SEGMENT:
+            return None
+        if comp == "gz" and self._gzip:
+            return None
+        return (
+            f"{comp}-compressed, and the restore_command pgsnap writes "
+            + ("does not decompress it" if comp != "gz" else "decompresses only with gzip=True")
+        )
 
     def _file(self, name: str) -> str:
         if (
@@ -226,8 +274,17 @@ class DirectoryWalArchive:
     # -- derived facts ----------------------------------------------------------------
 
     def index(self, segment_size: int) -> ArchiveIndex:
-        """Classify the archive's files (see :meth:`ArchiveIndex.build`)."""
-        return ArchiveIndex.build(self.list_names(), segment_size)
+        """Classify the archive's files (see :meth:`ArchiveIndex.build`).
+
+        Files a recovery cannot use as WAL (:meth:`unusable`) are not segments
+        of the index: they are among its ``unknown_names``.
+        """
+        scanned = self._scan(segment_size)
+        index = ArchiveIndex.build((n for n, why in scanned if why is None), segment_size)
+        rejected = tuple(n for n, why in scanned if why is not None)
+        if rejected:
+            index = attrs.evolve(index, unknown_names=(*index.unknown_names, *rejected))
+        return index
 
     def read_histories(self, names: tuple[str, ...] | None = None) -> tuple[TimelineHistory, ...]:
         """Parse every ``.history`` file (or those in ``names``), one per timeline.
@@ -264,7 +321,7 @@ class DirectoryWalArchive:
 
     # -- recovery ---------------------------------------------------------------------
 
-    def restore_command(self, *, gzip: bool = False) -> str:
+    def restore_command(self, *, gzip: bool | None = None) -> str:
         """A ``restore_command`` that copies files from this directory.
 
         ``test -f '<dir>/%f' && cp '<dir>/%f' '%p'``: it exits non-zero when a
@@ -282,7 +339,7 @@ class DirectoryWalArchive:
             )
         d = shlex.quote(self._path).replace("%", "%%")
         plain = f"test -f {d}/'%f' && cp {d}/'%f' '%p'"
-        if not gzip:
+        if not (self._gzip if gzip is None else gzip):
             return plain
         return (
             f"if test -f {d}/'%f'; then cp {d}/'%f' '%p'; "

@@ -232,7 +232,7 @@ class Observer:
         request = request or RecoveryRequest()
         backups = self.catalog.list()
         seg = self._segment_size(backups)
-        names = self.archive.list_names()
+        names = self.archive.list_names(segment_size=seg)
         index = ArchiveIndex.build(names, seg)
         merged = None
         local_dir = self._local_wal_dir()

@@ -350,8 +350,13 @@ class WalArchive(Protocol):
         """Where the archive is, for messages (a path or URL, never a secret)."""
         ...
 
-    def list_names(self) -> tuple[str, ...]:
-        """Every file name in the archive; ``ArchiveError`` if unreadable."""
+    def list_names(self, segment_size: int | None = None) -> tuple[str, ...]:
+        """Every file name in the archive; ``ArchiveError`` if unreadable.
+
+        With ``segment_size``, only the files a recovery can use: a segment file
+        of another size, or a compressed one the ``restore_command`` cannot
+        fetch, is left out.
+        """
         ...
 
     def exists(self, name: str) -> bool:
@@ -363,7 +368,8 @@ class WalArchive(Protocol):
         ...
 
     def index(self, segment_size: int) -> ArchiveIndex:
-        """An :class:`~pgsnap.wal.ArchiveIndex` of the archive as it is now."""
+        """An :class:`~pgsnap.wal.ArchiveIndex` of the archive as it is now (files a
+        recovery cannot use among its ``unknown_names``)."""
         ...
 
     def histories(self) -> TimelineGraph:

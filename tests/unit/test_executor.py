@@ -121,7 +121,7 @@ class FakeArchive:
         self.location = "/archive"
         self.arrive = None  # called on every probe, before answering
 
-    def list_names(self):
+    def list_names(self, segment_size=None):
         return tuple(sorted(self.names))
 
     def exists(self, name):
