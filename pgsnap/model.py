@@ -628,6 +628,9 @@ class BackupRecord:
     """Time the server spent in backup mode."""
     total_seconds: float | None = None
     pgsnap_version: str = ""
+    wal_directory: str | None = None
+    """Where ``pg_wal`` really was on the database host at the backup (the data
+    directory's link resolved): where a surviving WAL volume's WAL is found again."""
 
     @property
     def is_usable(self) -> bool:

@@ -208,16 +208,36 @@ class Observer:
         except PgsnapError:
             return max(sizes) if sizes else DEFAULT_SEGMENT_SIZE
 
-    def _local_wal_dir(self) -> str | None:
-        """The surviving pg_wal on the host: the WAL volume's ``pg_wal`` or its root."""
+    def _local_wal_dir(self, backups: Iterable[BackupRecord]) -> str | None:
+        """The surviving pg_wal on the WAL volume, as the host resolves it.
+
+        Looked for, in order: where the data directory's ``pg_wal`` link points
+        (when the data directory survived), where ``pg_wal`` was at each backup
+        (newest first; ``initdb --waldir`` may put it anywhere on the volume),
+        then ``<mount point>/pg_wal`` and the mount point itself. Only a
+        directory on the WAL volume counts.
+        """
         wal = self.layout.wal
         if wal is None:
             return None
-        nested = posixpath.join(wal.mount_point, "pg_wal")
-        info = self.host.stat(nested)
-        if info is not None and info.kind is FileKind.DIRECTORY:
-            return nested
-        return wal.mount_point
+        host = self.host
+        mount = host.realpath(wal.mount_point)
+        candidates: list[str] = []
+        data_directory = getattr(self.adapter, "data_directory", None)
+        if isinstance(data_directory, str):
+            candidates.append(posixpath.join(data_directory, "pg_wal"))
+        for b in sorted(backups, key=lambda r: r.start_time, reverse=True):
+            if b.wal_directory and b.wal_directory not in candidates:
+                candidates.append(b.wal_directory)
+        candidates += [posixpath.join(wal.mount_point, "pg_wal"), wal.mount_point]
+        for candidate in candidates:
+            info = host.stat(candidate)
+            if info is None or info.kind is not FileKind.DIRECTORY:
+                continue
+            real = host.realpath(candidate)
+            if real == mount or real.startswith(mount.rstrip("/") + "/"):
+                return real
+        return None
 
     def _surviving_segments(self, directory: str, segment_size: int) -> list[str] | None:
         """The names in the surviving pg_wal that hold WAL (None: no such directory)."""
@@ -235,7 +255,7 @@ class Observer:
         names = self.archive.list_names(segment_size=seg)
         index = ArchiveIndex.build(names, seg)
         merged = None
-        local_dir = self._local_wal_dir()
+        local_dir = self._local_wal_dir(backups)
         local = None if local_dir is None else self._surviving_segments(local_dir, seg)
         if local is not None:
             merged = ArchiveIndex.build((*names, *local), seg)

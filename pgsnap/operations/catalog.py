@@ -85,6 +85,7 @@ class RecordBackupStart(Operation):
             start_timeline=int(out["timeline"]),
             start_time=dt.datetime.fromisoformat(str(out["start_time"])),
             pgsnap_version=__version__,
+            wal_directory=None if out.get("wal_directory") is None else str(out["wal_directory"]),
         )
 
     def run(self, ctx: OperationContext) -> Outputs:

@@ -74,6 +74,7 @@ class BackupStart(Operation):
             "system_identifier": facts.system_identifier,
             "server_version": facts.version_num,
             "wal_segment_size": facts.wal_segment_size,
+            "wal_directory": facts.wal_directory,
         }
 
 

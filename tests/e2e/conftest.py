@@ -222,8 +222,11 @@ def make_env(
     *,
     block: bool = False,
     host: Any = None,
+    deep_wal: bool = False,
     **settings: Any,
 ) -> Env:
+    """``deep_wal``: pg_wal lives in a subdirectory of the WAL volume (``initdb --waldir
+    /walvol/cluster1/wal``), not at its root nor in ``<root>/pg_wal``."""
     server: PgServer = factory(
         bindir,
         wal_segsize_mb=1,
@@ -231,6 +234,8 @@ def make_env(
         archive=True,
         settings={"archive_timeout": "60s", "autovacuum": False, **settings},
     )
+    if deep_wal:
+        _move_pg_wal_deeper(server)
     server.start()
     cluster = mock_cluster(server, block=block, host=host)
     layout = cluster.layout
@@ -238,6 +243,23 @@ def make_env(
     assert layout.wal is not None
     backend = cast(MockBackend, cluster.backend)
     return Env(server, backend, cluster, layout.data.id, layout.wal.id, archive.id)
+
+
+def _move_pg_wal_deeper(server: PgServer) -> None:
+    """Put the WAL volume's content in ``cluster1/wal`` below it; repoint the link."""
+    volume = server.wal_dir
+    deep = volume / "cluster1" / "wal"
+    deep.mkdir(parents=True)
+    for entry in list(volume.iterdir()):
+        if entry.name != "cluster1":
+            entry.rename(deep / entry.name)
+    st = volume.stat()
+    for path in (volume / "cluster1", deep):
+        os.chown(path, st.st_uid, st.st_gid)
+        path.chmod(0o700)
+    link = server.data_dir / "pg_wal"
+    link.unlink()
+    link.symlink_to(deep)
 
 
 @pytest.fixture

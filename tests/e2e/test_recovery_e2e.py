@@ -80,6 +80,31 @@ def test_complete_recovery_keeps_unarchived_wal(e2e_env: Any) -> None:
     assert env.batches() == env.expect(1, 2, 3, 4)
 
 
+def test_recovery_into_unarchived_wal_finds_pg_wal_anywhere_on_the_wal_volume(pg_server: Any,
+                                                                   volume_mode: str) -> None:
+    """Issue 7 #4: with ``initdb --waldir`` pointing below the WAL volume's root, the
+    surviving WAL was not found once the data volume (and its pg_wal link) was lost."""
+    from .conftest import make_env
+
+    env = make_env(pg_server, block=volume_mode == "block", deep_wal=True)
+    try:
+        record = backed_up(env)
+        assert record.wal_directory and record.wal_directory.endswith("/cluster1/wal")
+        env.write(2)
+        env.switch_wal()
+        env.write(3)  # only in pg_wal, deep in the WAL volume
+        target = RecoveryTarget.lsn(env.current_lsn())  # a point in the unarchived WAL
+        env.write(4)
+        env.crash()
+        env.lose_data()
+        plan = env.cluster.plan_recovery(target, lost=[DATA])
+        assert any("WAL volume" in k for k in plan.kept)
+        env.cluster.execute(plan)
+        assert env.batches() == env.expect(1, 2, 3)
+    finally:
+        env.backend.close()
+
+
 # --------------------------------------------------------------------------- (b)
 
 
