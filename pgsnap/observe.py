@@ -22,11 +22,14 @@ import attrs
 from pgsnap.errors import HostFileNotFound, PgsnapError, VolumeNotFound
 from pgsnap.host import FileKind, LocalRunner
 from pgsnap.model import (
+    LSN,
     BackupRecord,
     Layout,
     LocationKind,
     Mount,
+    RecoveryTarget,
     ServerFacts,
+    TargetKind,
     VolumeRole,
 )
 from pgsnap.planner.facts import (
@@ -37,7 +40,7 @@ from pgsnap.planner.facts import (
     WalEvents,
     cluster_paths,
 )
-from pgsnap.planner.recovery import RecoveryRequest
+from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backups
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import ArchiveIndex, check, segment_start
 from pgsnap.waldump import find_waldump, scan_wal
@@ -313,36 +316,89 @@ class Observer:
                 "pg_waldump (%s) does not match PostgreSQL %s: WAL not scanned", out.strip(), major
             )
             return None
-        oldest = min(usable, key=lambda b: b.start_lsn)
         keep_wal = VolumeRole.WAL not in request.lost and facts.archive_with_local_wal is not None
         index = (
             facts.archive_with_local_wal
             if keep_wal and facts.archive_with_local_wal
             else facts.archive
         )
-        if request.timeline == "latest":
-            tli = max(facts.timelines.latest(), oldest.start_timeline)
-        elif request.timeline == "current":
-            tli = oldest.start_timeline
-        else:
-            tli = int(request.timeline)
         try:
-            reach = check(
-                index, (oldest.start_timeline, oldest.start_lsn), None, tli, facts.timelines
-            )
+            candidates, _passed = candidate_backups(facts, request)
         except PgsnapError as exc:
             log.debug("no WAL scan: %s", exc)
             return None
-        seg = oldest.wal_segment_size
-        start = oldest.start_lsn
-        limit = self.max_scan_segments * seg
-        if reach.reachable_lsn - start > limit:
-            start = segment_start((reach.reachable_lsn.value - limit) // seg, seg)
         dirs: list[str] = [self.archive.location]
         if keep_wal and local_dir is not None and isinstance(self.host.runner, LocalRunner):
             # pg_waldump runs here: it reads a surviving pg_wal only on this machine.
             dirs.append(local_dir)
-        events = scan_wal(waldump, dirs, reach.path, start, reach.reachable_lsn)
-        if start != oldest.start_lsn:
-            events = attrs.evolve(events, complete=False)
-        return events
+        return self._scan_candidates(waldump, dirs, facts, request, index, candidates)
+
+    def _scan_candidates(
+        self,
+        waldump: Path,
+        dirs: list[str],
+        facts: RecoveryFacts,
+        request: RecoveryRequest,
+        index: ArchiveIndex,
+        candidates: Iterable[Candidate],
+    ) -> WalEvents | None:
+        """Scan the WAL each candidate backup reaches, best candidate first.
+
+        A time, LSN, latest or immediate target is served by the first
+        candidate: only its stretch is read. An xid or a restore point cannot be
+        placed before it is found: stretches of older candidates are read until
+        it is found after a candidate's consistency point. At most
+        ``max_scan_segments`` segments in all (the newest of each stretch).
+        """
+        target = request.target
+        events: WalEvents | None = None
+        budget = self.max_scan_segments
+        complete = True
+        for cand in candidates:
+            b = cand.backup
+            assert b.stop_lsn is not None
+            seg = b.wal_segment_size
+            try:
+                reach = check(
+                    index, (b.start_timeline, b.start_lsn), None, cand.timeline, facts.timelines
+                )
+            except PgsnapError as exc:
+                log.debug("no WAL scan from backup %s: %s", b.id, exc)
+                complete = False
+                continue
+            todo = (
+                [(b.start_lsn, reach.reachable_lsn)]
+                if events is None
+                else list(events.uncovered(b.start_lsn, reach.reachable_lsn))
+            )
+            for first, hi in reversed(todo):  # the newest WAL first
+                if budget <= 0:
+                    complete = False
+                    break
+                lo, limit = first, budget * seg
+                if hi - lo > limit:
+                    lo = segment_start((hi.value - limit) // seg, seg)
+                    complete = False
+                budget -= max(1, (hi - lo + seg - 1) // seg)
+                found = scan_wal(waldump, dirs, reach.path, lo, hi)
+                complete = complete and found.complete
+                events = found if events is None else events.merge(found)
+            if target.kind not in (TargetKind.XID, TargetKind.NAME):
+                break
+            lsn = _located(events, target)
+            if lsn is not None and lsn > b.stop_lsn:
+                break
+        if events is None:
+            return None
+        return attrs.evolve(events, complete=complete and events.complete)
+
+
+def _located(events: WalEvents | None, target: RecoveryTarget) -> LSN | None:
+    """Where an xid's commit or a restore point is, once a scan has seen it."""
+    if events is None:
+        return None
+    if target.kind is TargetKind.XID and isinstance(target.value, int):
+        return events.commit_of(target.value)
+    if target.kind is TargetKind.NAME and isinstance(target.value, str):
+        return events.restore_point(target.value)
+    return None

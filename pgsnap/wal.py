@@ -1385,10 +1385,22 @@ def check(
             if present:
                 end_seg = max(end_seg, present[-1][1])
 
+    # A timeline's first segment (the one holding its switchpoint) is read from the
+    # child's file; when that file is missing, PostgreSQL opens the parent's file of
+    # the same segment (XLogFileReadAnyTLI tries the history newest first), which
+    # holds the same WAL up to the switchpoint. So that WAL stays reachable.
+    parent_copy: dict[tuple[int, int], tuple[LSN, int]] = {}  # (child, segno) -> (S, parent)
+    for prev, span in itertools.pairwise(path):
+        if prev.end is not None:
+            segno = prev.end.value // segsz
+            if index._present_in(prev.timeline, segno, segno):
+                parent_copy[(span.timeline, segno)] = (prev.end, prev.timeline)
+
     missing: list[str] = []
     missing_count = 0
     needed = 0
     first_missing: tuple[int, int] | None = None  # (tli, segno)
+    partial_reach: tuple[LSN, int] | None = None  # the first gap begins at a switchpoint
     last_tli = start_tli
     for tli, first, last in plan:
         hi = end_seg if last is None else min(last, end_seg)
@@ -1400,12 +1412,18 @@ def check(
         for a, b in [*index._present_in(tli, first, hi), (hi + 1, hi + 1)]:
             if a > cursor:
                 gap_first, gap_last = cursor, a - 1
-                if first_missing is None:
-                    first_missing = (tli, gap_first)
-                missing_count += gap_last - gap_first + 1
-                room = max_missing - len(missing)
-                for s in range(gap_first, min(gap_last, gap_first + room - 1) + 1):
-                    missing.append(segment_name(tli, s, segsz))
+                copy = parent_copy.get((tli, gap_first))
+                if copy is not None and end_lsn is not None and end_lsn <= copy[0]:
+                    gap_first += 1  # the parent's file serves everything needed
+                if gap_first <= gap_last:
+                    if first_missing is None:
+                        first_missing = (tli, gap_first)
+                        if copy is not None and gap_first == cursor:
+                            partial_reach = copy
+                    missing_count += gap_last - gap_first + 1
+                    room = max_missing - len(missing)
+                    for s in range(gap_first, min(gap_last, gap_first + room - 1) + 1):
+                        missing.append(segment_name(tli, s, segsz))
             cursor = b + 1
         if hi >= end_seg:
             break
@@ -1413,9 +1431,21 @@ def check(
     if first_missing is not None:
         reach_tli, reach_seg = first_missing
         reachable = max(start_lsn, LSN(reach_seg * segsz))
+        if partial_reach is not None:
+            reachable, reach_tli = max(start_lsn, partial_reach[0]), partial_reach[1]
     else:
         reach_tli = last_tli
         reachable = LSN(min((end_seg + 1) * segsz, _U64))
+        if end_lsn is None:
+            # The WAL ends where the next timeline's first segment is missing: its
+            # parent's copy still carries it up to the switchpoint.
+            for (child, segno), (switch, parent) in parent_copy.items():
+                if (
+                    segno == end_seg + 1
+                    and not index._present_in(child, segno, segno)
+                    and switch > reachable
+                ):
+                    reachable, reach_tli = switch, parent
     effective_end = end_lsn if end_lsn is not None else LSN(min((end_seg + 1) * segsz, _U64))
     missing_histories: tuple[str, ...] = ()
     if target_timeline != 1 and history.entries and not index.has_history(target_timeline):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -46,14 +46,26 @@ __all__ = [
 ]
 
 
+def _spans(values: Iterable[tuple[LSN, LSN]]) -> tuple[tuple[LSN, LSN], ...]:
+    """Sorted, with overlapping or touching spans joined."""
+    out: list[tuple[LSN, LSN]] = []
+    for lo, hi in sorted(values):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
 @attrs.frozen
 class WalEvents:
     """What a scan of WAL records (``pg_waldump``) found, for stating targets as times.
 
     ``commits`` are ``(lsn, commit time, xid)`` of transaction commits in LSN
-    order; ``restore_points`` are ``(lsn, name)``. ``scanned_from`` /
-    ``scanned_to`` bound the scanned range (``complete`` when it covers all
-    the WAL after the oldest usable backup, up to ``end_of_wal`` when set).
+    order; ``restore_points`` are ``(lsn, name)``. ``spans`` are the stretches
+    of WAL that were scanned (``[from, to)``, sorted, disjoint): the WAL each
+    candidate backup can reach, not more. ``complete`` when they cover all the
+    WAL every candidate backup can reach, up to ``end_of_wal`` when set.
     """
 
     commits: tuple[tuple[LSN, dt.datetime, int], ...] = ()
@@ -65,6 +77,47 @@ class WalEvents:
     """Where the valid WAL ends, when the scan stopped at an invalid record before
     the end of the segments (a surviving pg_wal: recycled or zeroed space follows
     the last record). Replay ends there too; None when the scan did not see it."""
+    spans: tuple[tuple[LSN, LSN], ...] = attrs.field(default=(), converter=_spans)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.spans and self.scanned_from is not None and self.scanned_to is not None:
+            object.__setattr__(self, "spans", ((self.scanned_from, self.scanned_to),))
+
+    def covers(self, lsn: LSN) -> bool:
+        """True when ``lsn`` lies in a scanned stretch."""
+        return any(lo <= lsn < hi for lo, hi in self.spans)
+
+    def uncovered(self, lo: LSN, hi: LSN) -> tuple[tuple[LSN, LSN], ...]:
+        """The parts of ``[lo, hi)`` not scanned yet."""
+        out: list[tuple[LSN, LSN]] = []
+        at = lo
+        for a, b in self.spans:
+            if b <= at:
+                continue
+            if a >= hi:
+                break
+            if a > at:
+                out.append((at, a))
+            at = max(at, b)
+        if at < hi:
+            out.append((at, hi))
+        return tuple(out)
+
+    def merge(self, other: WalEvents) -> WalEvents:
+        """Both scans' findings (of stretches of one timeline path)."""
+        commits = {c[0]: c for c in (*self.commits, *other.commits)}
+        points = {(p[0], p[1]) for p in (*self.restore_points, *other.restore_points)}
+        spans = _spans((*self.spans, *other.spans))
+        ends = [e for e in (self.end_of_wal, other.end_of_wal) if e is not None]
+        return WalEvents(
+            commits=tuple(commits[k] for k in sorted(commits)),
+            restore_points=tuple(sorted(points)),
+            scanned_from=spans[0][0] if spans else None,
+            scanned_to=spans[-1][1] if spans else None,
+            complete=self.complete and other.complete,
+            end_of_wal=max(ends) if ends else None,
+            spans=spans,
+        )
 
     def last_commit(self, before: LSN | None = None) -> tuple[LSN, dt.datetime, int] | None:
         """The last commit (before ``before``, when given)."""

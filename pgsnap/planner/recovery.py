@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import itertools
 from collections.abc import Iterable
 
 import attrs
@@ -71,7 +72,13 @@ from pgsnap.planner.facts import RecoveryFacts, fingerprint
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, WalCheck, check, walfile_name
 
-__all__ = ["RecoveryRequest", "choose_backup", "plan_recovery"]
+__all__ = [
+    "Candidate",
+    "RecoveryRequest",
+    "candidate_backups",
+    "choose_backup",
+    "plan_recovery",
+]
 
 
 def _roles(value: Iterable[VolumeRole | str]) -> frozenset[VolumeRole]:
@@ -203,13 +210,25 @@ def _merged_index(facts: RecoveryFacts, keep_wal: bool) -> ArchiveIndex:
     return facts.archive
 
 
-def choose_backup(
-    facts: RecoveryFacts, request: RecoveryRequest
-) -> tuple[BackupRecord, int, list[str]]:
-    """The backup to restore, the target timeline, and why others were passed over.
+@attrs.frozen
+class Candidate:
+    """A backup that can serve a request, with the timeline it recovers to."""
 
-    Raises :class:`~pgsnap.errors.NoBackupForTarget` when none qualifies,
-    naming the earliest and latest points that can be reached.
+    backup: BackupRecord
+    timeline: int
+
+
+def candidate_backups(
+    facts: RecoveryFacts, request: RecoveryRequest
+) -> tuple[tuple[Candidate, ...], list[str]]:
+    """The backups that can serve ``request``, best first, and why others were passed over.
+
+    Best first is newest first, by time (never by name or timeline). A backup
+    qualifies when it is DONE, lies on the history of the target timeline, is
+    consistent strictly before the target (when the facts can tell: an xid or
+    restore point not located in the WAL cannot rule any backup out) and still
+    has its snapshots. Observation uses this to scan only the WAL these
+    backups reach; :func:`choose_backup` takes the first.
     """
     volumes = _volumes_to_restore(facts, request)
     target = request.target
@@ -229,9 +248,9 @@ def choose_backup(
                 hint="list the backups with `pgsnap list` and pick a DONE one",
                 backup_id=request.backup_id,
             )
-    # Newest first, by time, never by name or timeline.
     done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
     passed: list[str] = []
+    found: list[Candidate] = []
     for b in done:
         tli = _target_timeline(facts, request, b)
         assert b.stop_lsn is not None
@@ -261,7 +280,22 @@ def choose_backup(
         if missing:
             passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
             continue
-        return b, tli, passed
+        found.append(Candidate(b, tli))
+    return tuple(found), passed
+
+
+def choose_backup(
+    facts: RecoveryFacts, request: RecoveryRequest
+) -> tuple[BackupRecord, int, list[str]]:
+    """The backup to restore, the target timeline, and why others were passed over.
+
+    Raises :class:`~pgsnap.errors.NoBackupForTarget` when none qualifies,
+    naming the earliest and latest points that can be reached.
+    """
+    target = request.target
+    found, passed = candidate_backups(facts, request)
+    if found:
+        return found[0].backup, found[0].timeline, passed
     usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
     detail = "\n".join(f"  - {p}" for p in passed)
     passed_text = f"\nbackups passed over:\n{detail}" if detail else ""
@@ -354,6 +388,65 @@ def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:
     return f" (last commit before it at {_fmt_time(last[1])})"
 
 
+def _holes(facts: RecoveryFacts, request: RecoveryRequest) -> tuple[str, ...]:
+    """Segments missing inside the WAL any candidate backup reaches (in order, once)."""
+    keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
+    index = _merged_index(facts, keep_wal)
+    found: list[str] = []
+    candidates, _passed = candidate_backups(facts, request)
+    for cand in candidates:
+        b = cand.backup
+        result = check(index, (b.start_timeline, b.start_lsn), None, cand.timeline, facts.timelines)
+        found += [m for m in result.missing if m not in found]
+    return tuple(found)
+
+
+def _other_timelines_hint(facts: RecoveryFacts, timeline: int) -> str:
+    others = sorted(t for t in {1, *facts.timelines.timelines()} if t != timeline)
+    if not others:
+        return ""
+    return (
+        f"; or the target is on another timeline ({', '.join(map(str, others))}): choose it "
+        "with timeline=N (pgsnap: --timeline N)"
+    )
+
+
+def _forked_timeline_warnings(
+    facts: RecoveryFacts, request: RecoveryRequest, wal: WalCheck
+) -> list[str]:
+    """Warn when a target time lies after the plan's timeline forked from its parent while
+    the parent went on: the same time then names two different states."""
+    target = request.target
+    ev = facts.events
+    assert isinstance(target.value, dt.datetime)
+    if ev is None:
+        return []
+    out: list[str] = []
+    spans = wal.path
+    for parent, child in itertools.pairwise(spans):
+        switch = parent.end
+        if switch is None:
+            continue
+        before = ev.last_commit(before=switch)
+        if before is None or target.value <= before[1]:
+            continue  # the target is before the fork: both timelines agree there
+        parent_end = max(
+            (r.last for r in facts.archive.ranges(parent.timeline)), default=None
+        )
+        seg = facts.archive.segment_size
+        if parent_end is None or (parent_end + 1) * seg <= switch.value:
+            continue  # the parent has no WAL after the fork: nothing else to recover
+        out.append(
+            f"target time {_fmt_time(target.value)} is after timeline {child.timeline} forked "
+            f"from timeline {parent.timeline} at {switch} (last commit before the fork at "
+            f"{_fmt_time(before[1])}), and timeline {parent.timeline} has WAL after that fork: "
+            f"this plan recovers timeline {child.timeline}'s state at that time; for timeline "
+            f"{parent.timeline}'s, plan with timeline={parent.timeline} "
+            f"(pgsnap: --timeline {parent.timeline})"
+        )
+    return out
+
+
 def _check_target_reachable(
     facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord, wal: WalCheck
 ) -> list[str]:
@@ -370,7 +463,8 @@ def _check_target_reachable(
                 f"(now {_fmt_time(facts.now)})",
                 hint="choose a time in the past; for the newest state use the 'latest' target",
             )
-        if ev is not None and ev.scanned_to is not None and ev.scanned_to >= reach:
+        assert backup.stop_lsn is not None
+        if ev is not None and not ev.uncovered(backup.start_lsn, reach):
             last = ev.last_commit(before=reach)
             beyond = last is None or (
                 target.value >= last[1] if target.inclusive else target.value > last[1]
@@ -379,11 +473,13 @@ def _check_target_reachable(
                 when = _fmt_time(last[1]) if last else "no commit at all"
                 raise TargetOutOfRange(
                     f"target time {_fmt_time(target.value)} is after the last commit in the "
-                    f"reachable WAL ({when}, up to {reach}); PostgreSQL would end recovery "
-                    "before reaching it",
-                    hint="choose an earlier time, or 'latest' to replay everything",
+                    f"WAL reachable on timeline {wal.reachable_timeline} ({when}, up to "
+                    f"{reach}); PostgreSQL would end recovery before reaching it",
+                    hint="choose an earlier time, or 'latest' to replay everything"
+                    + _other_timelines_hint(facts, wal.reachable_timeline),
                     reachable_lsn=reach,
                 )
+            warnings += _forked_timeline_warnings(facts, request, wal)
         elif ev is None:
             warnings.append(
                 "commit times in the WAL could not be read (no pg_waldump): the "
@@ -399,10 +495,23 @@ def _check_target_reachable(
         what = "restore point" if target.kind is TargetKind.NAME else "commit of transaction"
         if found is None:
             if ev is not None and ev.complete:
+                holes = _holes(facts, request)
+                scanned = ", ".join(f"{lo} to {hi}" for lo, hi in ev.spans) or "nothing"
+                if holes:
+                    raise WalGapError(
+                        f"{what} {target.value!r} is not in the WAL that can be read "
+                        f"(scanned {scanned}), and segments are missing from the archive "
+                        f"where it may lie: {', '.join(holes[:10])}"
+                        + (f" and {len(holes) - 10} more" if len(holes) > 10 else ""),
+                        hint="restore the missing segments into the archive, or choose a "
+                        "time or LSN target",
+                        missing=holes,
+                    )
                 raise TargetOutOfRange(
                     f"{what} {target.value!r} is not in the reachable WAL "
-                    f"(scanned {ev.scanned_from} to {ev.scanned_to})",
-                    hint="check the name/xid, or choose a time or LSN target",
+                    f"(scanned {scanned})",
+                    hint="check the name/xid, or choose a time or LSN target"
+                    + _other_timelines_hint(facts, wal.reachable_timeline),
                 )
             warnings.append(
                 f"{what} {target.value!r} could not be located in the WAL: the plan "

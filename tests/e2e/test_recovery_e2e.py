@@ -404,3 +404,124 @@ def test_the_demo_command_recovers_the_right_rows(capsys: pytest.CaptureFixture[
     assert main(["demo"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "verification: PASSED" in out
+
+
+# --------------------------------------------------------------------------- issue 7: scans
+
+
+def _two_backups_with_a_gap_between(env: Env) -> tuple[Any, Any, str]:
+    """B1, batch 2, a segment then lost from the archive, B2: returns (b1, b2, lost)."""
+    b1 = backed_up(env)
+    env.write(2)
+    lost = env.switch_wal()  # batch 2's segment: deleted below
+    env.write(3)
+    env.switch_wal()
+    b2 = env.cluster.backup("e2e second")
+    (env.archive_dir / lost).unlink()
+    return b1, b2, lost
+
+
+@pytest.mark.parametrize("kind", ["xid", "name"])
+def test_a_target_after_a_later_backup_is_reached_despite_a_gap_before_it(
+    e2e_env: Any, kind: str
+) -> None:
+    """Issue 7 #2: the scan started at the oldest backup, stopped at its first gap and
+    called itself complete, so a target after B2 was 'not in the reachable WAL'."""
+    env: Env = e2e_env()
+    _b1, b2, _lost = _two_backups_with_a_gap_between(env)
+    if kind == "xid":
+        target = RecoveryTarget.xid(env.write_in_one_xact(4))
+    else:
+        env.write(4)
+        env.server.sql("SELECT pg_create_restore_point('after_b2')")
+        target = RecoveryTarget.name("after_b2")
+    env.write(5)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    plan = env.cluster.plan_recovery(target, lost=[DATA, WAL])
+    assert plan.summary["backup"].startswith(b2.id), plan.summary
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2, 3, 4)
+
+
+def test_a_target_inside_a_gap_is_a_gap_not_out_of_range(e2e_env: Any) -> None:
+    """Issue 7 #2: an xid committed in a segment lost between two backups is refused
+    as a gap naming that segment (the WAL after B2 is complete: it is not there)."""
+    env: Env = e2e_env()
+    backed_up(env)
+    xid = env.write_in_one_xact(2)  # committed in the segment lost below
+    lost = env.switch_wal()
+    env.write(3)
+    env.switch_wal()
+    env.cluster.backup("e2e second")
+    env.write(4)
+    env.switch_wal()
+    (env.archive_dir / lost).unlink()
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    with pytest.raises(WalGapError) as info:
+        env.cluster.plan_recovery(RecoveryTarget.xid(xid), lost=[DATA, WAL])
+    assert lost in info.value.missing, info.value
+    assert lost in str(info.value)
+
+
+def test_planning_scans_only_the_wal_the_chosen_backup_reaches(e2e_env: Any) -> None:
+    """Issue 7 #3: a time target after B2 reads WAL from B2 on, not from the oldest backup."""
+    from pgsnap.planner.recovery import RecoveryRequest
+
+    env: Env = e2e_env()
+    backed_up(env)
+    for batch in (2, 3):
+        env.write(batch)
+        env.switch_wal()
+    b2 = env.cluster.backup("e2e second")
+    env.write(4)
+    when = env.now()
+    env.write(5)
+    env.switch_wal()
+    facts = env.cluster.recovery_facts(RecoveryRequest(RecoveryTarget.time(when)))
+    assert facts.events is not None and facts.events.spans
+    assert facts.events.spans[0][0] >= b2.start_lsn, facts.events.spans
+    assert facts.events.commits  # and it read what it needs
+
+
+def test_times_before_and_after_a_fork_plan_right_and_say_which_timeline(e2e_env: Any) -> None:
+    """Issue 7 #5: after a recovery made timeline 2, a time on timeline 1 before the fork
+    plans with the default timeline; one after the fork warns that timeline 2's state
+    at that time is recovered, and says how to choose timeline 1."""
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    t_before_fork = env.now()
+    env.write(3)
+    t_fork = env.now()
+    env.write(4)
+    t_after_fork_on_1 = env.now()
+    env.write(6)  # timeline 1 goes on after that time
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    recover(env, RecoveryTarget.time(t_fork), lost=[DATA])
+    assert env.timeline() == 2
+    env.write(5)
+    env.switch_wal()
+
+    plan = env.cluster.plan_recovery(RecoveryTarget.time(t_before_fork), lost=[DATA, WAL])
+    assert not any("forked" in w for w in plan.warnings), plan.warnings
+    plan = env.cluster.plan_recovery(RecoveryTarget.time(t_after_fork_on_1), lost=[DATA, WAL])
+    warned = [w for w in plan.warnings if "forked" in w]
+    assert warned and "--timeline 1" in warned[0], plan.warnings
+    # The same time on timeline 1 recovers timeline 1's rows (batch 4 is there).
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    recover(env, RecoveryTarget.time(t_after_fork_on_1), timeline=1, lost=[DATA, WAL])
+    assert env.batches() == env.expect(1, 2, 3, 4)
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    recover(env, RecoveryTarget.time(t_before_fork), lost=[DATA, WAL])
+    assert env.batches() == env.expect(1, 2)

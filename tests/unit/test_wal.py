@@ -932,3 +932,25 @@ def test_equal_times_are_unhealthy():
 def test_errors_are_input_errors():
     for exc in (WalNameError, HistoryFileError, BackupFileError, LSNError):
         assert issubclass(exc, InputError)
+
+
+def test_a_missing_first_segment_of_a_timeline_is_read_from_its_parent_up_to_the_fork():
+    """Issue 7 #5: a recovery made timeline 2 at 0/8005A0 and the server died before
+    000000020000000000000008 was archived. PostgreSQL reads timeline 1's copy of segment
+    8 then, valid up to the switchpoint: targets before it are reachable."""
+    seg = 1 << 20
+    names = [segment_name(1, s, seg) for s in (6, 7, 8)] + ["00000002.history"]
+    idx = ArchiveIndex.build(names, seg)
+    graph = TimelineGraph.from_histories([parse_history("1\t0/8005A0\tx\n", 2)])
+    start = (1, L("0/700028"))
+    before_fork = check(idx, start, L("0/800200"), 2, graph)
+    assert before_fork.complete and before_fork.missing == ()
+    after_fork = check(idx, start, L("0/800600"), 2, graph)
+    assert after_fork.missing == (segment_name(2, 8, seg),)
+    assert after_fork.reachable_lsn == L("0/8005A0")  # not the segment's start
+    latest = check(idx, start, None, 2, graph)
+    assert latest.reachable_lsn == L("0/8005A0")
+    # Without timeline 1's copy of segment 8 nothing of it is reachable.
+    idx7 = ArchiveIndex.build([*names[:2], "00000002.history"], seg)
+    assert check(idx7, start, L("0/800200"), 2, graph).missing == (segment_name(2, 8, seg),)
+    assert check(idx7, start, None, 2, graph).reachable_lsn == L("0/800000")
