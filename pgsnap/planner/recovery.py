@@ -335,7 +335,8 @@ def _check_wal(
     if target.kind is TargetKind.IMMEDIATE:
         end: LSN | None = backup.stop_lsn
     elif target_lsn is not None:
-        end = target_lsn + 1  # the record at the target must be readable
+        # The record at the target must be readable (and no LSN lies past the last one).
+        end = target_lsn + 1 if target_lsn.value < _LAST_LSN else target_lsn
     else:
         end = None
     result = check(index, start, end, tli, facts.timelines)
@@ -534,6 +535,8 @@ def _check_target_reachable(
             )
     return warnings
 
+
+_LAST_LSN = 0xFFFFFFFFFFFFFFFF
 
 SAFETY_STEP = "safety-snapshot"
 """The id of the step that snapshots the volumes about to be restored."""

@@ -339,3 +339,11 @@ def test_missing_history_file_of_the_target_timeline_is_named():
     f = facts([B1], extra_names=names, histories=[h2])
     with pytest.raises(errors.WalGapError, match=r"00000002\.history"):
         plan_recovery(f, RecoveryRequest())
+
+
+def test_the_last_possible_lsn_is_out_of_range_not_an_overflow():
+    """Issue 7 #8: FFFFFFFF/FFFFFFFF was refused with a message about 2**64."""
+    with pytest.raises(errors.TargetOutOfRange) as info:
+        plan_recovery(facts([B1]), RecoveryRequest(RecoveryTarget.lsn("FFFFFFFF/FFFFFFFF")))
+    assert "18446744073709551616" not in str(info.value)
+    assert "recoverable up to" in str(info.value)
