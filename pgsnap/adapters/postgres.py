@@ -38,7 +38,7 @@ from pgsnap.errors import (
     HostError,
     HostFileNotFound,
 )
-from pgsnap.host import Host
+from pgsnap.host import FileKind, Host
 from pgsnap.model import (
     LSN,
     ArchiverStatus,
@@ -70,7 +70,10 @@ _LOST_HINT: Final = (
 _RECOVERY_NOT_IN_PROGRESS: Final = "55000"
 """SQLSTATE of the pause-state functions once recovery has ended (object not in
 prerequisite state: "recovery is not in progress")."""
-_DEFAULT_LOG: Final = "log/pgsnap-server.log"
+_DEFAULT_LOG_DIR: Final = "/var/tmp/pgsnap-{owner}"  # noqa: S108 - private to the owner, checked
+"""Where the server's log goes by default (a private directory of the server's OS user):
+outside every directory of the cluster, so a restore (which rewrites the data volume)
+never erases the lines that explain a failure."""
 
 
 def _str_tuple(lines: Iterable[str]) -> tuple[str, ...]:
@@ -383,7 +386,8 @@ class PostgresAdapter:
     the data directory's ``PG_VERSION``). ``os_user`` is the data directory's
     owner, who runs the server (default: the owner). ``log_file`` is where
     the server's stderr goes (``pg_ctl -l``; default
-    ``<data_directory>/log/pgsnap-server.log``); with ``control="systemd"``
+    ``/var/tmp/pgsnap-<owner>/server-<data directory>.log``, outside the
+    cluster's volumes); with ``control="systemd"``
     it is the log to read (if any). ``host`` is the database host the server
     runs on (default: this machine): every command, file and process of the
     server goes through it, so the same adapter drives a remote host over ssh
@@ -791,7 +795,11 @@ class PostgresAdapter:
             time.sleep(_POLL)
 
     def _log_path(self, dd: str) -> str:
-        return self._log_file or posixpath.join(dd, _DEFAULT_LOG)
+        if self._log_file:
+            return self._log_file
+        slug = dd.strip("/").replace("/", "_") or "root"
+        directory = _DEFAULT_LOG_DIR.format(owner=self._owner(dd).name)
+        return posixpath.join(directory, f"server-{slug}.log")
 
     def start_server(self, *, timeout: float = 120.0) -> None:
         """Start the server; return once the postmaster is up (it may still recover).
@@ -853,8 +861,19 @@ class PostgresAdapter:
 
     def _ensure_log_dir(self, log_path: str, owner: _pgctl.Owner) -> None:
         directory = posixpath.dirname(log_path)
-        if not self._host.exists(directory):
+        info = self._host.stat(directory, follow=False)
+        if info is None:
             self._host.make_dirs(directory, mode=0o700, owner=owner.chown)
+        elif self._log_file is None and (
+            info.kind is not FileKind.DIRECTORY or info.uid != owner.uid or info.mode & 0o022
+        ):
+            # Our default directory, made by someone else: never log into it.
+            raise ConfigurationError(
+                f"the server log directory {directory} exists but is not a directory of "
+                f"{owner.name!r} that only it can write to",
+                hint="remove it, or pass log_file= (a file outside the cluster's volumes)",
+                path=directory,
+            )
 
     def _summary(self) -> _pglog.LogSummary:
         if self._follower is None:
@@ -870,9 +889,13 @@ class PostgresAdapter:
 
     def _recovery_failed(self, summary: _pglog.LogSummary, what: str) -> DatabaseError:
         fatal = " | ".join(line.strip() for line in summary.fatal) or "(no FATAL line in the log)"
-        hint = "; ".join(summary.hints) or (
-            f"see the server log {self._follower.path}" if self._follower else None
-        )
+        dd = self.data_directory
+        stopped = dd is not None and not self._postmaster_alive(dd)
+        state = "; the server has stopped" if stopped else "; the server is still running"
+        log_path = self._follower.path if self._follower else None
+        where = f" (its log: {log_path})" if log_path else ""
+        hint = "; ".join(summary.hints) or (f"see the server log {log_path}" if log_path else None)
+        what = what + state + where
         return DatabaseError(
             f"{what}: {fatal}",
             hint=hint,

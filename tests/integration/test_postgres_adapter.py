@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import time
 from pathlib import Path
@@ -163,12 +164,13 @@ def test_stop_start_server_as_owner(pg_server):
     a.stop_server(timeout=30)  # no-op
     a.start_server(timeout=30)
     assert srv.is_running()
-    log = srv.data_dir / "log" / "pgsnap-server.log"
+    log = Path(a._log_path(str(srv.data_dir)))
     assert log.exists()
     assert log.stat().st_uid == srv.data_dir.stat().st_uid
     a.start_server(timeout=30)  # no-op
     srv.sql("SELECT 1")
     a.stop_server(timeout=30)
+    log.unlink()
 
 
 def test_password_never_in_errors_or_repr(pg_server):
@@ -367,11 +369,15 @@ def test_complete_recovery_other_versions(pg_server, pg_bindir_for, major):
 def test_default_log_file_location(pg_server):
     srv = pg_server()
     a = adapter_for(srv)
+    log = Path(a._log_path(str(srv.data_dir)))
     a.start_server(timeout=30)
     try:
-        assert Path(srv.data_dir, "log", "pgsnap-server.log").stat().st_size > 0
+        assert log.stat().st_size > 0
+        assert not log.is_relative_to(srv.data_dir)
+        assert oct(log.parent.stat().st_mode & 0o777) == "0o700"
     finally:
         a.stop_server(timeout=30)
+        log.unlink()
 
 
 def test_a_promotion_between_two_state_queries_is_success(pg_server):
@@ -398,3 +404,39 @@ def test_a_promotion_between_two_state_queries_is_success(pg_server):
     assert script == []  # the interleaving happened
     assert outcome.state == "promoted"
     assert outcome.timeline == 1
+
+
+def test_the_default_server_log_survives_a_restore_and_failures_say_the_server_stopped(
+    pg_server,
+):
+    """Issue 7 #9: the default log was in the data directory, so undoing a failed
+    recovery erased the lines that explained it; the message did not say the server
+    had stopped."""
+    server = pg_server()
+    a = PostgresAdapter(server.conninfo(), data_directory=str(server.data_dir),
+                        bindir=str(server.bindir))
+    log_path = a._log_path(str(server.data_dir))
+    assert not log_path.startswith(str(server.data_dir))
+    assert log_path.startswith(f"/var/tmp/pgsnap-{server.os_user}/")
+    # A recovery that cannot find its WAL: the server exits, the log stays.
+    a.write_backup_label(
+        "START WAL LOCATION: 0/9000028 (file 000000010000000000000009)\n"
+        "CHECKPOINT LOCATION: 0/9000060\nBACKUP METHOD: streamed\n"
+        "BACKUP FROM: primary\nSTART TIME: 2026-11-30 00:00:00 UTC\nLABEL: x\n"
+        "START TIMELINE: 1\n", "")
+    a.write_recovery_settings(RecoverySettings(restore_command="false",
+                                               target=RecoveryTarget.latest()))
+    try:
+        a.start_server()
+        with pytest.raises(DatabaseError) as info:
+            a.wait_recovery(timeout=30)
+        assert "the server has stopped" in str(info.value)
+        assert log_path in str(info.value)
+        for entry in server.data_dir.iterdir():  # the data volume is rewritten...
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        assert "FATAL" in Path(log_path).read_text()  # ...and the log is still there
+    finally:
+        Path(log_path).unlink(missing_ok=True)
