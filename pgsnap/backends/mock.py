@@ -51,11 +51,34 @@ construction and before every call, written atomically (mode 0600) after
 every change, under an ``fcntl`` lock, so successive ``pgsnap`` commands (and
 concurrent processes) share one mock. The mode is fixed when the file is
 created; a backend constructed with another mode over it is refused. The
-file format is versioned (``{"format": "pgsnap-mock-state", "version": 2}``);
-a version 1 file (before block mode) is migrated when read (directories mode,
-nothing restoring, nothing mounted) and written back as version 2 with the
-next change. ``volumes=`` declares volumes (added once, by id), e.g. from a
+file format is versioned (``{"format": "pgsnap-mock-state", "version": 3}``);
+older files are migrated when read and written back as version 3 with the
+next change: version 1 (before block mode) gets directories mode, nothing
+restoring, nothing mounted; version 2 (before copies were recorded) no copy
+under way. ``volumes=`` declares volumes (added once, by id), e.g. from a
 TOML configuration.
+
+A process killed in the middle of a copy (a directory volume into
+``root/snapshots/<id>``, a snapshot into a clone) leaves a half copy; it
+never wedges the mock. Every copy runs inside one call, holding the state
+file's exclusive lock from start to end. Once its directory is created and
+before anything is copied into it, the copy is recorded in the state
+(``copying``: the snapshot or clone id, the directory with its device and
+inode, the process id and start time) and the state is saved: the id (its
+counter) is thus allocated durably and never handed out twice (a call that
+fails cleanly removes its copies and takes its ids back, as no caller saw
+them). The save that ends the call drops the record, with the snapshot or
+clone recorded in the same write. A record that is
+still there when a process next takes the exclusive lock (a backend being
+constructed, or any call that changes the state) therefore belongs to a
+process that died copying: the kernel released its lock, and no live process
+can be copying while the lock is held. Its directory is removed (if it is
+still the directory the copy created) with a warning naming it, and the
+record dropped. No half copy is ever listed: a snapshot enters the state
+only complete. A directory under ``root/snapshots`` or ``root/clones`` that
+the state does not know (left by a copy killed before state version 3, or
+by another mock sharing the root) is not the state's to remove: its id is
+skipped, with a warning, and it stays.
 
 Ids are deterministic: ``vol-0001``, ``snap-0001``, ``cg-0001``, ``pol-0001``
 (clones are volumes). Capabilities can be reduced to imitate a simpler storage:
@@ -241,6 +264,28 @@ class _SimMount:
 
 
 @attrs.define
+class _Copy:
+    """A copy into a new directory under way: recorded (and saved) before it starts.
+
+    ``id`` is the snapshot (or clone volume) the copy is for, ``path`` the
+    directory it fills (``root/snapshots/<id>``, or the clone's directory),
+    created just before the record; ``dev`` and ``ino`` identify that very
+    directory, so a path someone else created later is never taken for it.
+    ``pid`` and ``started`` say who copied and since when (for the warning).
+    The record is dropped when the call ends; one found by a process holding
+    the state file's exclusive lock is the leftover of a process that died
+    copying (see :meth:`MockBackend._reap_copies`).
+    """
+
+    id: str
+    path: Path
+    pid: int
+    started: dt.datetime
+    dev: int
+    ino: int
+
+
+@attrs.define
 class _Fault:
     method: str
     skip: int
@@ -341,8 +386,9 @@ def _blob_path(root: Path, key: str) -> Path:
 # --------------------------------------------------------------------------- configuration
 
 _STATE_FORMAT: Final = "pgsnap-mock-state"
-_STATE_VERSION: Final = 2
-"""Version 2 added the mode (block, async_restore), restoring volumes and the mount table."""
+_STATE_VERSION: Final = 3
+"""Version 2 added the mode (block, async_restore), restoring volumes and the mount table;
+version 3 the copies under way (``copying``)."""
 _WRITE_HINT: Final = "check the permissions and free space of the state file's directory"
 _CORRUPT_HINT: Final = (
     "restore the file from a copy, or move it away to start with an empty mock "
@@ -511,38 +557,56 @@ class _State:
     policies: dict[str, _Policy]
     counters: dict[str, int]
     mounts: list[_SimMount]
+    copying: list[_Copy]
 
 
 def _migrate_v1(top: dict[str, Any]) -> dict[str, Any]:
     """A version 1 state as version 2: directories mode, nothing restoring, nothing mounted."""
-    log.info("mock: migrating a version 1 state file to version %d", _STATE_VERSION)
     volumes = [
         {**v, "restoring": None} if isinstance(v, dict) else v
         for v in _list(top.get("volumes", []), "volumes")
     ]
     return {
         **top,
-        "version": _STATE_VERSION,
+        "version": 2,
         "mode": {"block": False, "async_restore": False},
         "volumes": volumes,
         "mounts": [],
     }
 
 
+def _migrate_v2(top: dict[str, Any]) -> dict[str, Any]:
+    """A version 2 state as version 3: no copy under way.
+
+    (A copy killed before version 3 left a directory no state records: it is
+    skipped, never reused and never removed; see :meth:`MockBackend._stray`.)
+    """
+    return {**top, "version": 3, "copying": []}
+
+
+_MIGRATIONS: Final[Mapping[object, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    1: _migrate_v1,
+    2: _migrate_v2,
+}
+
+
 def _decode_state(data: object) -> _State:
     """The state in a state file's JSON; ``ValueError``/``TypeError``/``KeyError`` if malformed.
 
-    A version 1 state is migrated (see :func:`_migrate_v1`).
+    Older versions are migrated, one version at a time (see :data:`_MIGRATIONS`).
     """
     top = _dict(data, "state")
     if top.get("format") != _STATE_FORMAT:
         raise ValueError(f"not a mock state file (format {top.get('format')!r})")
-    if top.get("version") == 1:
-        top = _migrate_v1(top)
+    version = top.get("version")
+    if version in _MIGRATIONS:
+        log.info("mock: migrating a version %s state file to version %d", version, _STATE_VERSION)
+        while top.get("version") in _MIGRATIONS:
+            top = _MIGRATIONS[top.get("version")](top)
     if top.get("version") != _STATE_VERSION:
         raise ValueError(
-            f"state version {top.get('version')!r}; this pgsnap reads versions 1 "
-            f"(migrated) and {_STATE_VERSION}"
+            f"state version {top.get('version')!r}; this pgsnap reads versions "
+            f"{', '.join(str(v) for v in _MIGRATIONS)} (migrated) and {_STATE_VERSION}"
         )
     mode = _dict(top["mode"], "mode")
     block = _bool(mode["block"], "mode.block")
@@ -633,7 +697,28 @@ def _decode_state(data: object) -> _State:
         if mount.volume_id not in volumes:
             raise ValueError(f"mounts[{i}] names unknown volume {mount.volume_id}")
         mounts.append(mount)
-    return _State((block, async_restore), volumes, snaps, groups, policies, counters, mounts)
+    copying: list[_Copy] = []
+    for i, raw in enumerate(_list(top["copying"], "copying")):
+        c = _dict(raw, f"copying[{i}]")
+        started = dt.datetime.fromisoformat(_str(c["started"], f"copying[{i}].started"))
+        if started.tzinfo is None:
+            raise ValueError(f"copying[{i}].started is a naive time")
+        where = Path(_str(c["path"], f"copying[{i}].path"))
+        if not where.is_absolute():
+            raise ValueError(f"copying[{i}].path is not absolute")
+        copying.append(
+            _Copy(
+                id=_str(c["id"], f"copying[{i}].id"),
+                path=where,
+                pid=_int(c["pid"], f"copying[{i}].pid"),
+                started=started,
+                dev=_int(c["dev"], f"copying[{i}].dev"),
+                ino=_int(c["ino"], f"copying[{i}].ino"),
+            )
+        )
+    return _State(
+        (block, async_restore), volumes, snaps, groups, policies, counters, mounts, copying
+    )
 
 
 # --------------------------------------------------------------------------- the backend
@@ -705,6 +790,7 @@ class MockBackend:
         self._policies: dict[str, _Policy] = {}
         self._counters: dict[str, int] = {}
         self._mounts: list[_SimMount] = []
+        self._copying: list[_Copy] = []
         self._faults: list[_Fault] = []
         self._latency: dict[str, float] = {}
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
@@ -718,6 +804,7 @@ class MockBackend:
             self._state_path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
             with self._writing():  # loads the state file, if there is one; pins the mode
                 self._settle_mode(block_arg, async_arg)
+                self._reap_copies()
         else:
             self._settle_mode(block_arg, async_arg)
         if specs:
@@ -1197,7 +1284,8 @@ class MockBackend:
         with self._writing():
             self._require(Capability.CLONES, "clones")
             snap = self._snap(snapshot_id)
-            vid = self._next_id("vol", self._volumes)
+            directory = snap.home is not None and path is None  # root/clones/<vid>
+            vid = self._next_id("vol", self._volumes, stray="clones" if directory else None)
             extra = {"clone_of": snapshot_id}
             if snap.home is None:
                 assert snap.blobs is not None
@@ -1206,13 +1294,16 @@ class MockBackend:
             else:
                 target = self._clone_target(vid, path)
                 with self._os_errors(f"clone of snapshot {snapshot_id!r}", snapshot_id=snapshot_id):
+                    self._new_directory(target, vid)
                     try:
-                        os.mkdir(target, 0o700)
+                        self._begin_copy(vid, target)
                         _copy_into(snap.tree, target)
                         _copy_meta(os.lstat(snap.tree), target)
                     except BaseException:
                         shutil.rmtree(target, ignore_errors=True)
+                        self._end_copies([vid])
                         raise
+                    self._end_copies([vid])
                 vol = _Volume(vid, name, self._size_of(snap), target)
                 vol.extra = {"kind": "directory", **extra}
             self._volumes[vid] = vol
@@ -1323,6 +1414,8 @@ class MockBackend:
                 self._state_depth += 1
                 self._state_writing = write
                 try:
+                    if write and self._mode_settled:
+                        self._reap_copies()
                     yield
                 except BaseException:
                     # A construction refused before its mode was settled writes nothing.
@@ -1366,6 +1459,7 @@ class MockBackend:
         self._file_mode = state.mode
         self._volumes, self._snaps, self._groups = state.volumes, state.snaps, state.groups
         self._policies, self._counters, self._mounts = state.policies, state.counters, state.mounts
+        self._copying = state.copying
         self._state_text = text
 
     def _save_state(self, path: Path) -> None:
@@ -1429,6 +1523,17 @@ class MockBackend:
                     "gid": m.gid,
                 }
                 for m in self._mounts
+            ],
+            "copying": [
+                {
+                    "id": c.id,
+                    "path": str(c.path),
+                    "pid": c.pid,
+                    "started": c.started.isoformat(),
+                    "dev": c.dev,
+                    "ino": c.ino,
+                }
+                for c in self._copying
             ],
             "snapshots": [
                 {
@@ -1872,14 +1977,45 @@ class MockBackend:
             )
         return host
 
-    def _next_id(self, prefix: str, used: dict[str, Any]) -> str:
+    def _next_id(self, prefix: str, used: dict[str, Any], *, stray: str | None = None) -> str:
+        """The next ``<prefix>-NNNN`` not in ``used`` (the counter moves on to it).
+
+        With ``stray`` (``"snapshots"`` or ``"clones"``), an id whose directory
+        ``root/<stray>/<id>`` exists is skipped too (see :meth:`_stray`).
+        """
         n = self._counters.get(prefix, 0)
         while True:
             n += 1
             candidate = f"{prefix}-{n:04d}"
-            if candidate not in used:
-                self._counters[prefix] = n
-                return candidate
+            if candidate in used or (stray is not None and self._stray(stray, candidate)):
+                continue
+            self._counters[prefix] = n
+            return candidate
+
+    def _stray(self, kind: str, candidate: str) -> bool:
+        """True (with a warning) when ``root/<kind>/<candidate>`` exists, unknown to the state.
+
+        No copy this state recorded left it: every copy is recorded before it
+        starts and its leftovers are removed (:meth:`_reap_copies`). It is a
+        copy killed by a pgsnap older than state version 3, or belongs to
+        another mock using the same root: either way it is not this state's
+        to remove, and its id is not reused.
+        """
+        root = self._root or self._root_arg
+        if root is None:
+            return False
+        where = root / kind / candidate
+        if not os.path.lexists(where):
+            return False
+        log.warning(
+            "mock: %s exists but the state has no %s (a copy killed before copies were "
+            "recorded, or another mock using this root): skipping the id %s and leaving the "
+            "directory alone; remove it by hand if no mock uses it",
+            where,
+            candidate,
+            candidate,
+        )
+        return True
 
     def _now(self) -> dt.datetime:
         now = self._clock()
@@ -1968,9 +2104,10 @@ class MockBackend:
         home = snapshots / snap_id
         with self._os_errors(f"snapshot of volume {vol.id!r}", volume_id=vol.id):
             snapshots.mkdir(mode=0o700, exist_ok=True)
-            os.mkdir(home, 0o700)
+            self._new_directory(home, snap_id)
             os.chmod(home, 0o700)
             try:
+                self._begin_copy(snap_id, home)
                 tree = home / "tree"
                 os.mkdir(tree, 0o700)
                 _copy_into(vol.path, tree)
@@ -1979,6 +2116,95 @@ class MockBackend:
                 shutil.rmtree(home, ignore_errors=True)
                 raise
         return home
+
+    def _new_directory(self, path: Path, owner: str) -> None:
+        """``mkdir path`` (0700) for the copy of ``owner``; another's directory is an error.
+
+        The id was checked free (:meth:`_stray`) under the lock: a directory
+        there now was made by something that does not share this state file.
+        """
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            root = self._root or self._root_arg
+            raise BackendError(
+                f"cannot copy {owner}: {path} was just created by someone else "
+                "(another mock using the same root?)",
+                hint=f"give each mock its own root; {root} is this one's",
+                backend=_NAME,
+                path=str(path),
+            ) from None
+
+    # ------------------------------------------------------------------ internals: copies
+
+    # A copy into a new directory (a snapshot's home, a clone) can be cut short by a
+    # kill. Each is recorded in the state, and the state saved, once its directory
+    # exists and before anything is copied: that also makes its id (the counter)
+    # durable. The record goes when the call ends, in the same save that records
+    # the snapshot or the clone (or, after a failure, that records nothing).
+
+    def _begin_copy(self, owner: str, path: Path) -> None:
+        """Record (and save) the copy for ``owner`` into the new directory ``path``."""
+        st = os.lstat(path)
+        self._copying.append(_Copy(owner, path, os.getpid(), _utcnow(), st.st_dev, st.st_ino))
+        if self._state_path is not None and self._state_writing:
+            self._save_state(self._state_path)
+
+    def _end_copies(self, owners: Iterable[str]) -> None:
+        """Drop the records of the copies for ``owners`` (saved with the rest of the call)."""
+        done = set(owners)
+        self._copying = [c for c in self._copying if c.id not in done]
+
+    def _reap_copies(self) -> None:
+        """Remove the half copies of processes killed while copying; drop their records.
+
+        Called at the start of every write section, holding the state file's
+        exclusive lock. A copy holds that lock from its record to the end of
+        its call, and the kernel releases it only when the call ends or the
+        process dies: so a record found now is one whose process died copying
+        (or whose last save failed), never a copy in progress.
+        """
+        if not self._copying:
+            return
+        owned = {s.home for s in self._snaps.values() if s.home is not None}
+        owned |= {v.path for v in self._volumes.values() if v.path is not None}
+        for copy in self._copying:
+            self._remove_half_copy(copy, owned)
+        self._copying = []
+
+    def _remove_half_copy(self, copy: _Copy, owned: set[Path]) -> None:
+        """Remove the directory of a dead copy, if it is still the one the copy created."""
+        what = (
+            f"the copy for {copy.id} into {copy.path} by process {copy.pid} "
+            f"(started {copy.started.isoformat(timespec='seconds')}) did not end"
+        )
+        if copy.path in owned:  # cannot happen: the record goes in the same save
+            log.warning("mock: %s, but %s is in use by the state: left alone", what, copy.path)
+            return
+        try:
+            st = os.lstat(copy.path)
+        except FileNotFoundError:
+            log.warning("mock: %s (killed?); nothing of it is left", what)
+            return
+        except OSError as exc:
+            log.warning("mock: %s; cannot check it (%s): left alone", what, exc.strerror or exc)
+            return
+        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != (copy.dev, copy.ino):
+            log.warning(
+                "mock: %s; %s is no longer the directory it created: left alone", what, copy.path
+            )
+            return
+        try:
+            shutil.rmtree(copy.path)
+        except OSError as exc:
+            log.warning(
+                "mock: %s; cannot remove its half copy (%s): remove %s by hand",
+                what,
+                exc.strerror or exc,
+                copy.path,
+            )
+            return
+        log.warning("mock: %s (killed?); removed its half copy %s", what, copy.path)
 
     # ------------------------------------------------------------------ internals: groups
 
@@ -2008,6 +2234,7 @@ class MockBackend:
         instant = self._now() if consistent else None
         group_id = self._next_id("cg", self._groups)
         taken: list[_Snap] = []
+        sids: list[str] = []
         extra = {} if policy_id is None else {"policy_id": policy_id}
         for index, vol in enumerate(vols, start=1):
             try:
@@ -2018,7 +2245,8 @@ class MockBackend:
                     created = self._now()
                     if taken and created <= taken[-1].record.created_at:
                         created = taken[-1].record.created_at + _ONE_TICK
-                sid = self._next_id("snap", self._snaps)
+                sid = self._next_id("snap", self._snaps, stray="snapshots")
+                sids.append(sid)
                 snap = _Snap(
                     Snapshot(
                         id=sid,
@@ -2042,6 +2270,7 @@ class MockBackend:
                 for done in taken:
                     if done.home is not None:
                         shutil.rmtree(done.home, ignore_errors=True)
+                self._end_copies(sids)
                 self._counters = counters
                 log.debug(
                     "mock: group %r failed at %s; removed %d snapshot(s)", name, vol.id, len(taken)
@@ -2049,6 +2278,7 @@ class MockBackend:
                 if not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and friends pass through unchanged
                 raise _group_failure(exc, name, vol.id, index, len(vols)) from exc
+        self._end_copies(sids)
         for snap in taken:
             self._snaps[snap.record.id] = snap
         group = _Group(

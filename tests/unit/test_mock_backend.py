@@ -1157,15 +1157,76 @@ def test_version_1_state_file_is_migrated(tmp_path: Path) -> None:
     backend.restore_volume("vol-0001", "snap-0001")
     assert backend.read_blob("vol-0001", "k") == b"v0"
     saved = json.loads(state.read_text())
-    assert saved["version"] == 2
+    assert saved["version"] == 3
     assert saved["mode"] == {"block": False, "async_restore": False}
     assert saved["mounts"] == []
+    assert saved["copying"] == []
     assert saved["volumes"][0]["restoring"] is None
     assert backend.create_snapshot_group(["vol-0001"], "b2").id == "cg-0002"
     # A version 1 state was never in block mode: asking for it is refused.
     state.write_text(json.dumps(_V1_STATE))
     with pytest.raises(ConfigurationError, match="created with block = false"):
         MockBackend(state_file=state, block=True)
+
+
+def test_version_2_state_file_is_migrated_and_skips_what_a_killed_copy_left(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    state = tmp_path / "mock.json"
+    v2: dict[str, Any] = json.loads(json.dumps(_V1_STATE))
+    v2.update(version=2, mode={"block": False, "async_restore": False}, mounts=[])
+    v2["volumes"][0]["restoring"] = None
+    state.write_text(json.dumps(v2))
+    # What a copy killed under version 2 left: a snapshot home no state records.
+    stray = tmp_path / "mock.json.d" / "snapshots" / "snap-0002" / "tree"
+    stray.mkdir(parents=True)
+    backend = MockBackend(state_file=state)
+    assert backend.read_blob("vol-0001", "k") == b"v1"
+    volume = tmp_path / "pgdata"
+    volume.mkdir()
+    (volume / "PG_VERSION").write_text("15\n")
+    vid = backend.add_volume("data", path=volume).id
+    group = backend.create_snapshot_group([vid], "b2")
+    assert (group.id, group.snapshots[0].id) == ("cg-0002", "snap-0003")  # snap-0002 skipped
+    assert Path(group.snapshots[0].extra["path"], "PG_VERSION").read_text() == "15\n"
+    assert stray.is_dir()  # not recorded, so not known to be ours: left alone
+    saved = json.loads(state.read_text())
+    assert (saved["version"], saved["copying"]) == (3, [])
+
+
+_V3_EMPTY = (
+    '{"format": "pgsnap-mock-state", "version": 3, "mode": {"block": false,'
+    ' "async_restore": false}, "root": null, "counters": {}, "volumes": [],'
+    ' "snapshots": [], "groups": [], "policies": [], "mounts": [], '
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        (_V3_EMPTY[:-2] + "}", "KeyError"),
+        (
+            _V3_EMPTY + '"copying": [{"id": "snap-0001", "path": "rel/snap-0001", "pid": 1,'
+            ' "started": "2025-01-01T00:00:00+00:00", "dev": 1, "ino": 2}]}',
+            "not absolute",
+        ),
+        (
+            _V3_EMPTY + '"copying": [{"id": "snap-0001", "path": "/r/snap-0001", "pid": 1,'
+            ' "started": "2025-01-01T00:00:00", "dev": 1, "ino": 2}]}',
+            "naive time",
+        ),
+    ],
+)
+def test_corrupt_version_3_state_is_a_clear_backend_error(
+    tmp_path: Path, content: str, match: str
+) -> None:
+    state = tmp_path / "mock.json"
+    state.write_text(content)
+    with pytest.raises(BackendError, match=match):
+        MockBackend(state_file=state)
+    assert state.read_text() == content
 
 
 @pytest.mark.parametrize(
