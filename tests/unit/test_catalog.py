@@ -110,3 +110,76 @@ def test_records_are_ordered_by_instant_across_a_daylight_saving_change(tmp_path
     listed = cat.list()
     assert [r.id for r in listed] == ["b-early", "b-late"]
     assert all(r.start_time.utcoffset() == dt.timedelta(0) for r in listed)
+
+
+def _corrupt(path, backup_id, **changes):
+    """A record file whose fields are valid JSON but not a valid record (a bad LSN...)."""
+    import json
+
+    from pgsnap.model import to_dict
+
+    doc = to_dict(_record(id=backup_id))
+    doc.update(changes)
+    (path / f"{backup_id}.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        pytest.param({"start_lsn": "garbage"}, id="bad-lsn"),
+        pytest.param({"state": "exploded"}, id="bad-state"),
+        pytest.param({"start_time": "yesterday"}, id="bad-time"),
+        pytest.param({"snapshots": 7}, id="bad-shape"),
+    ],
+)
+def test_a_record_with_a_bad_field_is_unreadable_with_its_file_name(tmp_path, changes):
+    # Valid JSON with one bad value used to escape as a bare LSNError ("malformed LSN
+    # 'garbage'"), aborting list() and naming no file.
+    cat = DirectoryCatalog(tmp_path / "cat")
+    cat.put(_record(id="good"))
+    _corrupt(tmp_path / "cat", "bad", **changes)
+    with pytest.raises(errors.CatalogError, match="unreadable") as info:
+        cat.get("bad")
+    assert str(tmp_path / "cat" / "bad.json") in str(info.value)
+    assert info.value.path == str(tmp_path / "cat" / "bad.json")
+    assert [r.id for r in cat.list()] == ["good"]
+
+
+def test_scan_lists_records_and_unreadable_entries_with_path_and_error(tmp_path, caplog):
+    cat = DirectoryCatalog(tmp_path / "cat")
+    cat.put(_record(id="good"))
+    (tmp_path / "cat" / "truncated.json").write_text("{trunc")
+    _corrupt(tmp_path / "cat", "bad-lsn", start_lsn="garbage")
+    (tmp_path / "cat" / "notes.txt").write_text("not a record")  # not a catalog entry
+    scan = cat.scan()
+    assert [r.id for r in scan.records] == ["good"]
+    assert [(u.path, u.backup_id) for u in scan.unreadable] == [
+        (str(tmp_path / "cat" / "bad-lsn.json"), "bad-lsn"),
+        (str(tmp_path / "cat" / "truncated.json"), "truncated"),
+    ]
+    assert "malformed LSN 'garbage'" in scan.unreadable[0].error
+    assert "not valid JSON" in scan.unreadable[1].error
+    assert str(scan.unreadable[0]).startswith(f"{tmp_path / 'cat' / 'bad-lsn.json'}: ")
+    # scan() leaves the reporting to its caller; list() after it does not repeat it.
+    assert "skipping catalog entry" not in caplog.text
+    assert [r.id for r in cat.list()] == ["good"]
+    assert "skipping catalog entry" not in caplog.text
+
+
+def test_list_warns_once_per_unreadable_file(tmp_path, caplog):
+    cat = DirectoryCatalog(tmp_path / "cat")
+    (tmp_path / "cat" / "bad.json").write_text("{trunc")
+    with caplog.at_level("WARNING", logger="pgsnap.catalog"):
+        assert cat.list() == ()
+        assert cat.list() == ()
+    warnings = [r for r in caplog.records if "skipping catalog entry" in r.getMessage()]
+    assert len(warnings) == 1
+    assert str(tmp_path / "cat" / "bad.json") in warnings[0].getMessage()
+
+
+def test_memory_catalog_scans_too():
+    cat = MemoryCatalog()
+    cat.put(_record(id="b-1"))
+    scan = cat.scan()
+    assert [r.id for r in scan.records] == ["b-1"]
+    assert scan.unreadable == ()
