@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,10 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pgsnap.catalog import is_valid_backup_id
 from pgsnap.errors import (
     ConfigurationError,
+    InputError,
     PlanningError,
     StalePlanError,
+    TargetError,
 )
 from pgsnap.executor import Event, ExecutionResult, Executor
 from pgsnap.model import (
@@ -125,6 +129,128 @@ class BackupList(tuple[BackupRecord, ...]):
             "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
         )
         return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+_ROLES_HINT = (
+    "lost takes volume roles among: data, wal, tablespace (the data volume is always "
+    "restored; add 'wal' when the WAL volume is lost too)"
+)
+_MAX_TIMELINE = 0xFFFFFFFF
+
+
+def _seconds(name: str, value: object) -> float:
+    """A timeout argument: a positive, finite number of seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InputError(
+            f"{name} must be a positive number of seconds, not {value!r}",
+            hint=f"give the seconds as a number greater than 0, e.g. {name}=300",
+            argument=name,
+        )
+    return float(value)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(
+            f"{name} must be True or False, not {value!r}",
+            hint=f"pass True or False, e.g. {name}=True",
+            argument=name,
+        )
+    return value
+
+
+def _backup_id(value: object, name: str = "backup_id") -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(
+            f"{name} must be a backup id (text), not {value!r}",
+            hint="see the backup ids with `pgsnap list` or Cluster.backups()",
+            argument=name,
+        )
+    if not is_valid_backup_id(value):
+        raise InputError(
+            f"invalid backup id {value!r}",
+            hint="backup ids are 1-128 letters, digits, '.', '_' or '-' "
+            "(see them with `pgsnap list`)",
+            argument=name,
+        )
+    return value
+
+
+def _target(value: object) -> RecoveryTarget:
+    if value is None:
+        return RecoveryTarget.latest()
+    if not isinstance(value, RecoveryTarget):
+        raise TargetError(
+            f"target must be a RecoveryTarget, not {value!r}",
+            hint="e.g. RecoveryTarget.latest(), RecoveryTarget.time('2026-11-30 12:00:00+00:00'),"
+            " RecoveryTarget.lsn('0/3000060'), RecoveryTarget.xid(735), "
+            "RecoveryTarget.name('before_upgrade'), RecoveryTarget.immediate()",
+        )
+    return value
+
+
+def _timeline(value: object) -> str:
+    """``latest``, ``current`` or a timeline number (1 to 4294967295), as text."""
+    if isinstance(value, str) and value in ("latest", "current"):
+        return value
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+    if number is None or not 1 <= number <= _MAX_TIMELINE:
+        raise ConfigurationError(
+            f"invalid recovery timeline {value!r}",
+            hint="use 'latest', 'current' or a timeline number (1 to 4294967295)",
+            argument="timeline",
+        )
+    return str(number)
+
+
+def _action(value: object) -> RecoveryAction:
+    if isinstance(value, RecoveryAction):
+        return value
+    if isinstance(value, str):
+        try:
+            return RecoveryAction(value)
+        except ValueError:
+            pass
+    raise InputError(
+        f"{value!r} is not a recovery action",
+        hint=f"use one of: {', '.join(a.value for a in RecoveryAction)}",
+        argument="action",
+    )
+
+
+def _role(value: object) -> VolumeRole:
+    if isinstance(value, VolumeRole):
+        return value
+    if isinstance(value, str):
+        try:
+            return VolumeRole(value)
+        except ValueError:
+            pass
+    raise InputError(f"{value!r} is not a volume role", hint=_ROLES_HINT, argument="lost")
+
+
+def _lost(value: object) -> frozenset[VolumeRole]:
+    if isinstance(value, VolumeRole | str):
+        return frozenset({_role(value)})
+    if not isinstance(value, Iterable):
+        raise InputError(
+            f"lost must be volume roles, not {value!r}", hint=_ROLES_HINT, argument="lost"
+        )
+    return frozenset(_role(v) for v in value)
 
 
 class Cluster:
@@ -240,7 +366,25 @@ class Cluster:
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
     ) -> Plan:
-        """Observe, run the preflight, and return the backup plan."""
+        """Observe, run the preflight, and return the backup plan.
+
+        ``label`` (default ``pgsnap <id>``) and ``backup_id`` (default: the
+        time, e.g. ``20261130T120000123Z``) name the backup; ``fast`` asks for
+        an immediate checkpoint; ``wal_timeout`` is how long (seconds) the
+        backup waits for its WAL to reach the archive. A bad argument is an
+        :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
+        before anything is observed.
+        """
+        if label is not None and not isinstance(label, str):
+            raise InputError(
+                f"label must be text, not {label!r}",
+                hint="pass a label such as 'nightly', or None for 'pgsnap <id>'",
+                argument="label",
+            )
+        backup_id = _backup_id(backup_id)
+        fast = _flag("fast", fast)
+        wal_timeout = _seconds("wal_timeout", wal_timeout)
+        secure_snapshots = _flag("secure_snapshots", secure_snapshots)
         now = self._now()
         backup_id = backup_id or now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
         request = BackupRequest(
@@ -258,22 +402,41 @@ class Cluster:
         *,
         timeline: str | int = "latest",
         action: RecoveryAction | str = RecoveryAction.PROMOTE,
-        lost: Iterable[VolumeRole | str] = (VolumeRole.DATA,),
+        lost: Iterable[VolumeRole | str] | VolumeRole | str = (VolumeRole.DATA,),
         backup_id: str | None = None,
         safety_snapshot: bool = True,
         recovery_timeout: float = 600.0,
         server_timeout: float = 120.0,
+        restore_timeout: float = 3600.0,
+        device_timeout: float = 120.0,
     ) -> Plan:
-        """Observe and return the recovery plan (or raise a PlanningError saying why not)."""
+        """Observe and return the recovery plan (or raise a PlanningError saying why not).
+
+        ``target`` (default: latest); ``timeline``: ``"latest"``, ``"current"``
+        or a number; ``action``: promote, pause or shutdown; ``lost``: the
+        volume roles lost (``"data"``, ``"wal"``); ``backup_id``: use this
+        backup; ``safety_snapshot``: snapshot what is overwritten first. The
+        waits, in seconds: ``server_timeout`` for the server to stop (a
+        shutdown waits for the archiver, so a slow ``archive_command`` needs
+        more) and to start, ``recovery_timeout`` for replay to reach the
+        target, ``restore_timeout`` for a restore the storage completes in the
+        background, ``device_timeout`` for a re-attached volume's device.
+
+        A bad argument is an :class:`~pgsnap.errors.InputError` or
+        :class:`~pgsnap.errors.ConfigurationError` (both ``ValueError``) whose
+        hint lists the valid values, raised before anything is observed.
+        """
         request = RecoveryRequest(
-            target=target or RecoveryTarget.latest(),
-            timeline=str(timeline),
-            action=RecoveryAction(action),
-            lost=frozenset(VolumeRole(r) for r in lost),
-            backup_id=backup_id,
-            safety_snapshot=safety_snapshot,
-            recovery_timeout=recovery_timeout,
-            server_timeout=server_timeout,
+            target=_target(target),
+            timeline=_timeline(timeline),
+            action=_action(action),
+            lost=_lost(lost),
+            backup_id=_backup_id(backup_id),
+            safety_snapshot=_flag("safety_snapshot", safety_snapshot),
+            recovery_timeout=_seconds("recovery_timeout", recovery_timeout),
+            server_timeout=_seconds("server_timeout", server_timeout),
+            restore_timeout=_seconds("restore_timeout", restore_timeout),
+            device_timeout=_seconds("device_timeout", device_timeout),
         )
         return self._plan_recovery(request)
 
@@ -329,9 +492,23 @@ class Cluster:
         """Plans whose execution stopped half way; :meth:`execute` one to resume it."""
         return self.executor().interrupted()
 
-    def backup(self, label: str | None = None, **options: object) -> BackupRecord:
-        """Plan and execute a backup; return its DONE record."""
-        plan = self.plan_backup(label, **options)  # type: ignore[arg-type]
+    def backup(
+        self,
+        label: str | None = None,
+        *,
+        backup_id: str | None = None,
+        fast: bool = True,
+        wal_timeout: float = 60.0,
+        secure_snapshots: bool = False,
+    ) -> BackupRecord:
+        """Plan and execute a backup; return its DONE record (arguments as :meth:`plan_backup`)."""
+        plan = self.plan_backup(
+            label,
+            backup_id=backup_id,
+            fast=fast,
+            wal_timeout=wal_timeout,
+            secure_snapshots=secure_snapshots,
+        )
         self.execute(plan)
         record = self.catalog.get(str(plan.request["backup_id"]))
         assert record.state is BackupState.DONE

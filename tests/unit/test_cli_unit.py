@@ -468,3 +468,69 @@ def test_bad_host_sections_are_usage_errors(run: Run, tmp_path: Path, section: s
     code, _, err = run("list", "-c", str(path))
     assert code == 2
     assert match in err
+
+
+# --------------------------------------------------------------------------- issue 7, item 8:
+# untyped errors: every bad argument is a typed pgsnap error with a hint, never a traceback.
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message", "hint"),
+    [
+        ({"lost": ["bogus"]}, "'bogus' is not a volume role", "data, wal, tablespace"),
+        ({"lost": [7]}, "7 is not a volume role", "data, wal, tablespace"),
+        ({"action": "explode"}, "'explode' is not a recovery action", "promote, pause, shutdown"),
+        ({"action": None}, "None is not a recovery action", "promote, pause, shutdown"),
+        ({"timeline": "newest"}, "invalid recovery timeline 'newest'", "'latest', 'current'"),
+        ({"timeline": 0}, "invalid recovery timeline 0", "'latest', 'current'"),
+        ({"timeline": True}, "invalid recovery timeline True", "'latest', 'current'"),
+        ({"timeline": 2**32}, "invalid recovery timeline 4294967296", "1 to 4294967295"),
+        ({"target": "latest"}, "target must be a RecoveryTarget", "RecoveryTarget.latest()"),
+        ({"backup_id": 42}, "backup_id must be a backup id", "pgsnap list"),
+        ({"backup_id": "../x"}, "invalid backup id '../x'", "letters, digits"),
+        ({"safety_snapshot": "no"}, "safety_snapshot must be True or False", "True or False"),
+        ({"recovery_timeout": -1}, "recovery_timeout must be a positive number of seconds", ""),
+        ({"server_timeout": float("nan")}, "server_timeout must be a positive number", ""),
+        ({"server_timeout": "300"}, "server_timeout must be a positive number", "seconds"),
+        ({"restore_timeout": 0}, "restore_timeout must be a positive number", ""),
+        ({"device_timeout": True}, "device_timeout must be a positive number", ""),
+    ],
+)
+def test_plan_recovery_arguments_are_typed_errors(
+    config: Path, kwargs: dict[str, object], message: str, hint: str
+) -> None:
+    from pgsnap.cli import load_cluster
+    from pgsnap.errors import ConfigurationError, InputError
+
+    cluster = load_cluster(config)
+    with pytest.raises((InputError, ConfigurationError)) as info:
+        cluster.plan_recovery(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)  # callers catching ValueError keep working
+    assert message in info.value.message
+    assert info.value.hint and hint in info.value.hint
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"wal_timeout": -5}, "wal_timeout must be a positive number of seconds"),
+        ({"wal_timeout": float("inf")}, "wal_timeout must be a positive number of seconds"),
+        ({"backup_id": "a/b"}, "invalid backup id 'a/b'"),
+        ({"label": 5}, "label must be text"),
+        ({"fast": "yes"}, "fast must be True or False"),
+        ({"secure_snapshots": 1}, "secure_snapshots must be True or False"),
+    ],
+)
+def test_plan_backup_arguments_are_typed_errors(
+    config: Path, kwargs: dict[str, object], message: str
+) -> None:
+    from pgsnap.cli import load_cluster
+    from pgsnap.errors import InputError
+
+    cluster = load_cluster(config)
+    label = kwargs.pop("label", None)
+    with pytest.raises(InputError, match=message) as info:
+        cluster.plan_backup(label, **kwargs)  # type: ignore[arg-type]
+    assert info.value.hint
+    with pytest.raises(InputError, match=message):
+        cluster.backup(label, **kwargs)  # type: ignore[arg-type]
