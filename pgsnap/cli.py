@@ -14,6 +14,9 @@ configuration; 3 the plan was refused (PlanningError: the message says why
 and what would work); 4 ``check`` found blocking problems; 5 the plan is
 stale; 130 interrupted.
 
+Every wait has a ``[timeouts]`` key and a ``--<key>-timeout`` flag
+(:data:`TIMEOUT_KEYS`); a flag wins over the file.
+
 Passwords come from the environment variable named by ``password_env`` or
 from ``password_file`` in the configuration, never from a flag.
 """
@@ -21,14 +24,18 @@ from ``password_file`` in the configuration, never from a flag.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import math
 import os
 import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from pgsnap.errors import (
     ConfigurationError,
@@ -39,7 +46,14 @@ from pgsnap.errors import (
     StalePlanError,
 )
 
-__all__ = ["EXIT_CODES", "load_cluster", "main"]
+__all__ = [
+    "EXIT_CODES",
+    "TIMEOUT_KEYS",
+    "Timeouts",
+    "load_cluster",
+    "load_timeouts",
+    "main",
+]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_CHECK, EXIT_STALE = 0, 1, 2, 3, 4, 5
 EXIT_CODES = {
@@ -149,10 +163,104 @@ def _host(section: dict[str, Any], rel: Any) -> Any:
     return Host(runner, name=None if name is None else str(name))
 
 
-def load_cluster(path: str | os.PathLike[str]) -> Any:
+TIMEOUT_KEYS: dict[str, str] = {
+    "connect": "to connect to PostgreSQL",
+    "wal": "for a backup's WAL to reach the archive",
+    "server": "for the server to stop (a shutdown waits for the archiver: a slow "
+    "archive_command needs more) and to start",
+    "recovery": "for replay to reach the target",
+    "restore": "for a restore the storage completes in the background",
+    "device": "for a re-attached volume's device to appear on the host",
+    "catalog_lock": "for another pgsnap process to finish writing the catalog",
+}
+"""The keys of the ``[timeouts]`` section (seconds) and the wait each one bounds.
+
+Each is also a flag, ``--<key>-timeout`` (``_`` written ``-``)."""
+
+
+@attrs.frozen
+class Timeouts:
+    """Every wait of the ``pgsnap`` command, in seconds (the ``[timeouts]`` section).
+
+    ``connect``: PostgresAdapter ``connect_timeout``; ``wal``: a backup's
+    ``wal_timeout``; ``server``, ``recovery``, ``restore``, ``device``: a
+    recovery's ``server_timeout``, ``recovery_timeout``, ``restore_timeout``,
+    ``device_timeout``; ``catalog_lock``: DirectoryCatalog ``lock_timeout``.
+    """
+
+    connect: float = 10.0
+    wal: float = 60.0
+    server: float = 120.0
+    recovery: float = 600.0
+    restore: float = 3600.0
+    device: float = 120.0
+    catalog_lock: float = 10.0
+
+
+def _seconds_value(value: Any, where: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(
+            f"{where} must be a positive number of seconds, not {value!r}",
+            hint="write a number greater than 0, without quotes, e.g. 300",
+        )
+    return float(value)
+
+
+def _check_keys(section: dict[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse a key that is not in ``allowed``, naming the nearest valid one."""
+    for key in section:
+        if key in allowed:
+            continue
+        near = difflib.get_close_matches(str(key), allowed, n=1)
+        takes = f"{where} takes: {', '.join(allowed)}"
+        raise ConfigurationError(
+            f"{where} has an unknown key {key!r}",
+            hint=f"did you mean {near[0]!r}? {takes}" if near else takes,
+            key=key,
+        )
+
+
+def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The configuration file as TOML."""
+    try:
+        return tomllib.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read configuration {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigurationError(f"configuration {path} is not valid TOML: {exc}") from None
+
+
+def _timeouts(conf: dict[str, Any]) -> Timeouts:
+    section = conf.get("timeouts", {})
+    if not isinstance(section, dict):
+        raise ConfigurationError(
+            f"timeouts must be a section ([timeouts]), not {section!r}",
+            hint="see docs/cli.md for a complete example",
+        )
+    _check_keys(section, tuple(TIMEOUT_KEYS), "[timeouts]")
+    return Timeouts(
+        **{key: _seconds_value(value, f"[timeouts] {key}") for key, value in section.items()}
+    )
+
+
+def load_timeouts(path: str | os.PathLike[str]) -> Timeouts:
+    """The ``[timeouts]`` section of a configuration file (defaults for what it omits)."""
+    return _timeouts(_read(path))
+
+
+def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
     """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
 
     Relative paths in the file are relative to the file's directory.
+    ``timeouts`` replaces the file's ``[timeouts]`` (the connection and
+    catalog lock waits are the cluster's; :func:`load_timeouts` gives the
+    others, for :meth:`~pgsnap.session.Cluster.plan_recovery` and
+    :meth:`~pgsnap.session.Cluster.plan_backup`).
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
     from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
@@ -161,12 +269,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
     from pgsnap.session import Cluster  # noqa: PLC0415
 
-    try:
-        conf = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read configuration {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigurationError(f"configuration {path} is not valid TOML: {exc}") from None
+    conf = _read(path)
     base = Path(path).resolve().parent
 
     def rel(value: Any) -> str:
@@ -207,6 +310,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
             )
         )
     layout = Layout(tuple(vols))
+    timeouts = timeouts or _timeouts(conf)
     host = _host(dict(conf.get("host", {})), rel)
     adapter = PostgresAdapter(
         _conninfo_without_password(str(db.get("conninfo", ""))),
@@ -217,6 +321,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
         log_file=opt_rel(db.get("log_file")),
         control=db.get("control", "pg_ctl"),
         systemd_unit=db.get("systemd_unit"),
+        connect_timeout=timeouts.connect,
         host=host,
     )
     if "backend" not in storage:
@@ -239,7 +344,7 @@ def load_cluster(path: str | os.PathLike[str]) -> Any:
         adapter=adapter,
         backend=backend,
         archive=DirectoryWalArchive(rel(_need(archive, "path", "[archive]"))),
-        catalog=DirectoryCatalog(catalog_path),
+        catalog=DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
         layout=layout,
         journal_dir=rel(catalog.get("journal", Path(catalog_path) / "journal")),
     )
@@ -281,7 +386,21 @@ def _execute(cluster: Any, plan: Any) -> Any:
     return cluster.execute(plan, on_event=_progress)
 
 
-def _plan_recovery(args: argparse.Namespace, cluster: Any, target: Any) -> Any:
+def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
+    """The cluster of ``--config`` and the waits: the file's ``[timeouts]``, flags winning."""
+    timeouts = load_timeouts(args.config)
+    flags = {
+        key: value
+        for key in TIMEOUT_KEYS
+        if (value := getattr(args, f"{key}_timeout", None)) is not None
+    }
+    timeouts = attrs.evolve(timeouts, **flags)
+    return load_cluster(args.config, timeouts=timeouts), timeouts
+
+
+def _plan_recovery(
+    args: argparse.Namespace, cluster: Any, timeouts: Timeouts, target: Any
+) -> Any:
     lost = ["data"] + (["wal"] if args.wal_lost else [])
     return cluster.plan_recovery(
         target,
@@ -290,6 +409,10 @@ def _plan_recovery(args: argparse.Namespace, cluster: Any, target: Any) -> Any:
         lost=lost,
         backup_id=args.backup,
         safety_snapshot=not args.no_safety_snapshot,
+        server_timeout=timeouts.server,
+        recovery_timeout=timeouts.recovery,
+        restore_timeout=timeouts.restore,
+        device_timeout=timeouts.device,
     )
 
 
@@ -310,7 +433,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Preflight + archive report."""
-    report = load_cluster(args.config).check()
+    report = _load(args)[0].check()
     if args.json:
         _out(
             json.dumps(
@@ -331,8 +454,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup."""
-    cluster = load_cluster(args.config)
-    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=args.wal_timeout)
+    cluster, timeouts = _load(args)
+    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=timeouts.wal)
     if args.dry_run:
         _out(plan.to_json() if args.json else plan.explain())
         return EXIT_OK
@@ -354,7 +477,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     """List backups."""
     from pgsnap.model import to_dict  # noqa: PLC0415
 
-    backups = load_cluster(args.config).backups()
+    backups = _load(args)[0].backups()
     if args.json:
         _out(json.dumps([to_dict(b) for b in backups], indent=2))
         return EXIT_OK
@@ -373,7 +496,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_plan_recovery(args: argparse.Namespace) -> int:
     """Print a recovery plan."""
     target = _target(args)  # report a bad target before touching the configuration
-    plan = _plan_recovery(args, load_cluster(args.config), target)
+    cluster, timeouts = _load(args)
+    plan = _plan_recovery(args, cluster, timeouts, target)
     _out(plan.to_json() if args.json else plan.explain())
     return EXIT_OK
 
@@ -381,8 +505,8 @@ def cmd_plan_recovery(args: argparse.Namespace) -> int:
 def cmd_recover(args: argparse.Namespace) -> int:
     """Plan and execute a recovery."""
     target = _target(args)
-    cluster = load_cluster(args.config)
-    plan = _plan_recovery(args, cluster, target)
+    cluster, timeouts = _load(args)
+    plan = _plan_recovery(args, cluster, timeouts, target)
     _out(plan.explain())
     if not args.yes:
         if not sys.stdin.isatty():
@@ -424,7 +548,7 @@ def _archive_segment_size(cluster: Any) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resume (or clean up) plans whose execution stopped half way."""
-    cluster = load_cluster(args.config)
+    cluster = _load(args)[0]
     pending = cluster.interrupted()
     if not pending:
         _out("nothing to resume")
@@ -442,7 +566,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
-    cluster = load_cluster(args.config)
+    cluster = _load(args)[0]
     backups = cluster.backups()
     seg = backups[-1].wal_segment_size if backups else _archive_segment_size(cluster)
     index = cluster.archive.index(seg)
@@ -513,6 +637,19 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("-c", "--config", required=True, help="TOML configuration file")
         sp.add_argument("--json", action="store_true", help="JSON output for scripts")
+        waits = sp.add_argument_group("waits (seconds; default: the [timeouts] section)")
+        timeout(waits, "connect", 10)
+        timeout(waits, "catalog_lock", 10)
+
+    def timeout(group: Any, key: str, default: float) -> None:
+        group.add_argument(
+            f"--{key.replace('_', '-')}-timeout",
+            dest=f"{key}_timeout",
+            type=_seconds_arg,
+            default=None,
+            metavar="S",
+            help=f"{TIMEOUT_KEYS[key]} (default {default:g})",
+        )
 
     c = sub.add_parser(
         "check", parents=[common], help="preflight findings, archiver health, WAL and backups"
@@ -524,12 +661,7 @@ def _parser() -> argparse.ArgumentParser:
     with_config(b)
     b.add_argument("--label", help="backup label (default: pgsnap <id>)")
     b.add_argument("--spread", action="store_true", help="spread checkpoint instead of fast")
-    b.add_argument(
-        "--wal-timeout",
-        type=float,
-        default=60.0,
-        help="seconds to wait for the WAL in the archive (default 60)",
-    )
+    timeout(b, "wal", 60)
     b.add_argument("--dry-run", action="store_true", help="print the plan only")
     b.set_defaults(func=cmd_backup)
 
@@ -563,12 +695,22 @@ def _parser() -> argparse.ArgumentParser:
             action="store_true",
             help="do not snapshot the volumes' current state before restoring",
         )
+        waits = r.add_argument_group("recovery waits (seconds; default: the [timeouts] section)")
+        timeout(waits, "server", 120)
+        timeout(waits, "recovery", 600)
+        timeout(waits, "restore", 3600)
+        timeout(waits, "device", 120)
         if name == "recover":
             r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         r.set_defaults(func=func)
 
     rs = sub.add_parser(
-        "resume", parents=[common], help="resume plans whose execution stopped half way"
+        "resume",
+        parents=[common],
+        help="resume plans whose execution stopped half way",
+        description="Resume plans whose execution stopped half way. A plan's own waits "
+        "(server, recovery, restore, device, WAL) are part of the plan and run as planned; "
+        "make a new plan to change them.",
     )
     with_config(rs)
     rs.add_argument("--yes", action="store_true", help="do not stop at showing the plans")
@@ -580,6 +722,17 @@ def _parser() -> argparse.ArgumentParser:
     with_config(w)
     w.set_defaults(func=cmd_wal)
     return p
+
+
+def _seconds_arg(text: str) -> float:
+    """argparse type of the ``--*-timeout`` flags: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -328,3 +328,44 @@ def test_recover_to_an_lsn_with_the_wal_volume_lost_too(cli_env: CliEnv) -> None
     assert env.batches() == {1: 3, 2: 3}
     assert env.timeline() == 2
     assert any(name.startswith("recovery-") for name in env.journals())
+
+
+# --------------------------------------------------------------------------- issue 7
+#
+# check must not say OK when a recovery is at risk (item 11), and every finding has
+# the documented exit code, 4; the waits are options (item 10); extreme targets end
+# with a message and an exit code (item 8).
+
+
+def test_waits_are_options_of_the_config_and_the_command_line(cli_env: CliEnv) -> None:
+    env = cli_env
+    backed_up(env)
+    config = env.work / "timeouts.toml"
+    config.write_text(
+        env.config.read_text()
+        + "\n[timeouts]\nserver = 300\nrecovery = 900\nwal = 45\nconnect = 5\n"
+    )
+
+    def params(plan: dict[str, Any]) -> dict[str, Any]:
+        return {s["id"]: s["params"] for s in plan["steps"]}
+
+    code, out, err = env.run("plan-recovery", "--json", config=config)
+    assert code == 0, err
+    steps = params(json.loads(out))
+    assert steps["stop-server"]["timeout"] == 300
+    assert steps["start-server"]["timeout"] == 300
+    assert steps["wait-recovery"]["timeout"] == 900
+    code, out, err = env.run(
+        "plan-recovery", "--json", "--server-timeout", "450", "--recovery-timeout", "30",
+        config=config,
+    )
+    assert code == 0, err
+    steps = params(json.loads(out))
+    assert (steps["stop-server"]["timeout"], steps["wait-recovery"]["timeout"]) == (450, 30)
+
+    code, out, err = env.run("backup", "--dry-run", "--json", config=config)
+    assert code == 0, err
+    assert params(json.loads(out))["wait-wal"]["timeout"] == 45
+    code, out, err = env.run("backup", "--dry-run", "--json", "--wal-timeout", "7",
+                             config=config)
+    assert params(json.loads(out))["wait-wal"]["timeout"] == 7

@@ -355,7 +355,7 @@ def test_a_failed_execution_exits_1(
         if error == "configuration"
         else UnsupportedCapability("no clones")
     )
-    monkeypatch.setattr(cli, "load_cluster", lambda _path: _FailingCluster(exc))
+    monkeypatch.setattr(cli, "load_cluster", lambda _path, **_kw: _FailingCluster(exc))
     code, _, err = run("recover", "-c", str(config), "--yes")
     assert code == 1
     assert err.startswith("pgsnap: failed: step restore failed: ")
@@ -534,3 +534,150 @@ def test_plan_backup_arguments_are_typed_errors(
     assert info.value.hint
     with pytest.raises(InputError, match=message):
         cluster.backup(label, **kwargs)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- issue 7, item 10:
+# every wait has an option, in the configuration ([timeouts]) and on the command line.
+
+
+class _Recorder:
+    """Stands in for a Cluster: records what the CLI asks of it, then refuses to plan."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, object]]] = []
+
+    def plan_recovery(self, *_args: object, **kwargs: object) -> object:
+        from pgsnap.errors import NoBackupForTarget
+
+        self.calls.append(("plan_recovery", kwargs))
+        raise NoBackupForTarget("recorded", hint="test")
+
+    def plan_backup(self, *_args: object, **kwargs: object) -> object:
+        from pgsnap.errors import PreflightError
+
+        self.calls.append(("plan_backup", kwargs))
+        raise PreflightError("recorded", hint="test")
+
+
+def _recorded(
+    run: Run, monkeypatch: pytest.MonkeyPatch, path: Path, *argv: str
+) -> dict[str, object]:
+    from pgsnap import cli
+
+    real = cli.load_cluster
+    recorder = _Recorder()
+
+    def load(config: str, **kwargs: object) -> object:
+        cluster = real(config, **kwargs)
+        recorder.catalog = cluster.catalog  # type: ignore[attr-defined]
+        return recorder
+
+    monkeypatch.setattr(cli, "load_cluster", load)
+    code, _, err = run(argv[0], "-c", str(path), *argv[1:])
+    assert code == 3, err
+    ((_name, kwargs),) = recorder.calls
+    return kwargs
+
+
+def test_timeouts_default_to_the_built_in_values(
+    run: Run, config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kwargs = _recorded(run, monkeypatch, config, "plan-recovery")
+    assert {k: v for k, v in kwargs.items() if k.endswith("_timeout")} == {
+        "server_timeout": 120.0,
+        "recovery_timeout": 600.0,
+        "restore_timeout": 3600.0,
+        "device_timeout": 120.0,
+    }
+    assert _recorded(run, monkeypatch, config, "backup")["wal_timeout"] == 60.0
+
+
+def test_timeouts_come_from_the_config_and_flags_win(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write_config(tmp_path)
+    path.write_text(
+        path.read_text()
+        + "\n[timeouts]\nconnect = 3\nwal = 90\nserver = 300\nrecovery = 1200\n"
+        "restore = 7200\ndevice = 30\ncatalog_lock = 20\n"
+    )
+    for command in ("plan-recovery", "recover"):
+        kwargs = _recorded(run, monkeypatch, path, command, "--yes"
+                           ) if command == "recover" else _recorded(run, monkeypatch, path,
+                                                                    command)
+        assert kwargs["server_timeout"] == 300
+        assert kwargs["recovery_timeout"] == 1200
+        assert kwargs["restore_timeout"] == 7200
+        assert kwargs["device_timeout"] == 30
+    kwargs = _recorded(
+        run, monkeypatch, path, "plan-recovery", "--server-timeout", "900",
+        "--recovery-timeout", "5", "--restore-timeout", "60", "--device-timeout", "7.5",
+    )
+    assert (kwargs["server_timeout"], kwargs["recovery_timeout"]) == (900, 5)
+    assert (kwargs["restore_timeout"], kwargs["device_timeout"]) == (60, 7.5)
+    assert _recorded(run, monkeypatch, path, "backup")["wal_timeout"] == 90
+    assert _recorded(run, monkeypatch, path, "backup", "--wal-timeout", "15")["wal_timeout"] == 15
+
+    monkeypatch.undo()  # the real load_cluster again
+    from pgsnap.cli import Timeouts, load_cluster, load_timeouts
+
+    assert load_timeouts(path) == Timeouts(
+        connect=3, wal=90, server=300, recovery=1200, restore=7200, device=30, catalog_lock=20
+    )
+    cluster = load_cluster(path)
+    assert cluster.adapter._connect_timeout == 3
+    assert cluster.catalog.lock_timeout == 20
+    cluster = load_cluster(path, timeouts=attrs.evolve(load_timeouts(path), connect=8))
+    assert cluster.adapter._connect_timeout == 8
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+@pytest.mark.parametrize(
+    "flag",
+    ["--server-timeout", "--recovery-timeout", "--restore-timeout", "--device-timeout",
+     "--connect-timeout", "--catalog-lock-timeout"],
+)
+def test_bad_timeout_flags_are_usage_errors(run: Run, config: Path, flag: str, value: str) -> None:
+    code, out, err = run("plan-recovery", "-c", str(config), f"{flag}={value}")
+    assert (code, out) == (2, "")
+    assert "positive number of seconds" in err
+
+
+@pytest.mark.parametrize("value", ['"300"', "0", "-2", "true", "nan"])
+def test_bad_timeouts_in_the_config_are_usage_errors(
+    run: Run, tmp_path: Path, value: str
+) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + f"\n[timeouts]\nserver = {value}\n")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "[timeouts] server must be a positive number of seconds" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("backup", ["--wal-timeout", "--connect-timeout"]),
+        ("plan-recovery", ["--server-timeout", "--recovery-timeout", "--restore-timeout",
+                           "--device-timeout", "--connect-timeout"]),
+        ("recover", ["--server-timeout", "--recovery-timeout", "--restore-timeout",
+                     "--device-timeout", "--connect-timeout"]),
+        ("resume", ["--connect-timeout"]),
+        ("check", ["--connect-timeout"]),
+    ],
+)
+def test_every_wait_has_a_flag(run: Run, command: str, flags: list[str]) -> None:
+    code, out, _ = run(command, "--help")
+    assert code == 0
+    for flag in flags:
+        assert flag in out
+
+
+def test_the_docs_name_every_timeout_key_and_flag() -> None:
+    docs = (Path(pgsnap.__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    from pgsnap.cli import TIMEOUT_KEYS
+
+    assert "[timeouts]" in docs
+    for key in TIMEOUT_KEYS:
+        assert f"\n{key} = " in docs, key
+        assert f"--{key.replace('_', '-')}-timeout" in docs, key
