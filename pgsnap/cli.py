@@ -120,48 +120,42 @@ def _conninfo_without_password(conninfo: str) -> str:
     return conninfo
 
 
-def _need(section: dict[str, Any], key: str, where: str) -> Any:
+def _need(section: dict[str, Any], key: str, where: str, hint: str | None = None) -> Any:
     if key not in section:
-        raise ConfigurationError(f"{where} lacks {key!r}", hint="see docs/cli.md for an example")
+        raise ConfigurationError(
+            f"{where} lacks {key!r}", hint=hint or "see docs/cli.md for an example"
+        )
     return section[key]
 
 
-_HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
-
-
-def _host(section: dict[str, Any], rel: Any) -> Any:
-    """The database host of the ``[host]`` section: this machine, or one over ssh."""
-    from pgsnap.host import Host, SshRunner  # noqa: PLC0415
-
-    unknown = sorted(set(section) - set(_HOST_KEYS))
-    if unknown:
-        raise ConfigurationError(
-            f"[host] has unknown key(s): {', '.join(unknown)}",
-            hint=f"[host] takes {', '.join(_HOST_KEYS)}",
-        )
-    name = section.get("name")
-    if "ssh" not in section:
-        extra = sorted(set(section) - {"name"})
-        if extra:
-            raise ConfigurationError(
-                f"[host] sets {', '.join(extra)} but no ssh destination",
-                hint='add ssh = "db1.example.com", or remove them to use this machine',
-            )
-        return Host(name=None if name is None else str(name))
-    port = section.get("port")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
-        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
-    runner = SshRunner(
-        str(section["ssh"]),
-        user=None if section.get("user") is None else str(section["user"]),
-        port=port,
-        identity_file=None if "identity_file" not in section else rel(section["identity_file"]),
-        known_hosts_file=None
-        if "known_hosts_file" not in section
-        else rel(section["known_hosts_file"]),
+def _text(section: dict[str, Any], key: str, where: str) -> str | None:
+    """An optional text value (None when absent); anything else is a ConfigurationError."""
+    value = section.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ConfigurationError(
+        f"{where} {key} must be text, not {value!r}",
+        hint=f'write it in quotes: {key} = "..."',
     )
-    return Host(runner, name=None if name is None else str(name))
 
+
+_SECTIONS = ("database", "storage", "host", "archive", "catalog", "timeouts", "volume")
+_DATABASE_KEYS = (
+    "conninfo",
+    "password_env",
+    "password_file",
+    "data_directory",
+    "bindir",
+    "os_user",
+    "log_file",
+    "control",
+    "systemd_unit",
+)
+_STORAGE_KEYS = ("backend", "options")
+_HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
+_ARCHIVE_KEYS = ("path",)
+_CATALOG_KEYS = ("path", "journal")
+_VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
     "connect": "to connect to PostgreSQL",
@@ -225,23 +219,43 @@ def _check_keys(section: dict[str, Any], allowed: Sequence[str], where: str) -> 
         )
 
 
+def _table(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The section ``[name]`` (None when absent); a value that is not a table is refused."""
+    if name not in conf:
+        return None
+    value = conf[name]
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"{name} must be a section ([{name}]), not {value!r}",
+            hint="see docs/cli.md for a complete example",
+        )
+    return dict(value)
+
+
 def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The configuration file as TOML."""
+    """The configuration file as TOML, its sections checked against the known ones."""
     try:
-        return tomllib.loads(Path(path).read_text())
+        conf = tomllib.loads(Path(path).read_text())
     except OSError as exc:
         raise ConfigurationError(f"cannot read configuration {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigurationError(f"configuration {path} is not valid TOML: {exc}") from None
+    for name in conf:
+        if name in _SECTIONS:
+            continue
+        shown = [f"[[{s}]]" if s == "volume" else f"[{s}]" for s in _SECTIONS]
+        near = difflib.get_close_matches(name, _SECTIONS, n=1)
+        suggestion = f"did you mean {shown[_SECTIONS.index(near[0])]}? " if near else ""
+        raise ConfigurationError(
+            f"configuration {path} has an unknown section [{name}]",
+            hint=f"{suggestion}the sections are: {', '.join(shown)}",
+            key=name,
+        )
+    return conf
 
 
 def _timeouts(conf: dict[str, Any]) -> Timeouts:
-    section = conf.get("timeouts", {})
-    if not isinstance(section, dict):
-        raise ConfigurationError(
-            f"timeouts must be a section ([timeouts]), not {section!r}",
-            hint="see docs/cli.md for a complete example",
-        )
+    section = _table(conf, "timeouts") or {}
     _check_keys(section, tuple(TIMEOUT_KEYS), "[timeouts]")
     return Timeouts(
         **{key: _seconds_value(value, f"[timeouts] {key}") for key, value in section.items()}
@@ -253,10 +267,99 @@ def load_timeouts(path: str | os.PathLike[str]) -> Timeouts:
     return _timeouts(_read(path))
 
 
+def _host(section: dict[str, Any], rel: Any) -> Any:
+    """The database host of the ``[host]`` section: this machine, or one over ssh."""
+    from pgsnap.host import Host, SshRunner  # noqa: PLC0415
+
+    _check_keys(section, _HOST_KEYS, "[host]")
+    name = _text(section, "name", "[host]")
+    if "ssh" not in section:
+        extra = sorted(set(section) - {"name"})
+        if extra:
+            raise ConfigurationError(
+                f"[host] sets {', '.join(extra)} but no ssh destination",
+                hint='add ssh = "db1.example.com", or remove them to use this machine',
+            )
+        return Host(name=name)
+    port = section.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
+    identity_file = _text(section, "identity_file", "[host]")
+    known_hosts_file = _text(section, "known_hosts_file", "[host]")
+    runner = SshRunner(
+        str(_text(section, "ssh", "[host]")),
+        user=_text(section, "user", "[host]"),
+        port=port,
+        identity_file=None if identity_file is None else rel(identity_file),
+        known_hosts_file=None if known_hosts_file is None else rel(known_hosts_file),
+    )
+    return Host(runner, name=name)
+
+
+def _volumes(conf: dict[str, Any], rel: Any) -> Any:
+    """The layout of the ``[[volume]]`` tables."""
+    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
+
+    volumes = conf["volume"]
+    if isinstance(volumes, dict):
+        raise ConfigurationError(
+            "write each volume as a [[volume]] table (double brackets), not [volume]",
+            hint="see docs/cli.md for a complete example",
+        )
+    if not isinstance(volumes, list):
+        raise ConfigurationError(
+            f"volume must be [[volume]] tables, not {volumes!r}",
+            hint="see docs/cli.md for a complete example",
+        )
+    roles = ", ".join(r.value for r in VolumeRole)
+    vols = []
+    for n, v in enumerate(volumes, 1):
+        where = f"[[volume]] #{n}"
+        if not isinstance(v, dict):
+            raise ConfigurationError(
+                f"{where} must be a table (id, role, mount_point), not {v!r}",
+                hint="see docs/cli.md for a complete example",
+            )
+        _check_keys(v, _VOLUME_KEYS, where)
+        role_name = _need(v, "role", where, hint=f"give role = one of: {roles}")
+        try:
+            role = VolumeRole(role_name)
+        except ValueError:
+            raise ConfigurationError(
+                f"{where} has role {role_name!r}", hint=f"use one of: {roles}"
+            ) from None
+        vid = _need(v, "id", where)
+        mount_point = _need(v, "mount_point", where)
+        name = v.get("name", vid)
+        oid = v.get("tablespace_oid")
+        if oid is not None and (isinstance(oid, bool) or not isinstance(oid, int)):
+            raise ConfigurationError(
+                f"{where} tablespace_oid must be a number (the tablespace's oid), not {oid!r}",
+                hint="SELECT oid, spcname FROM pg_tablespace gives it",
+            )
+        for key, value in (("id", vid), ("name", name), ("mount_point", mount_point)):
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ConfigurationError(
+                    f"{where} {key} must be text, not {value!r}",
+                    hint=f'write it in quotes: {key} = "..."',
+                )
+        vols.append(
+            Volume(
+                id=str(vid),
+                name=str(name),
+                role=role,
+                mount_point=rel(mount_point),
+                tablespace_oid=oid,
+            )
+        )
+    return Layout(tuple(vols))
+
+
 def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
     """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
 
-    Relative paths in the file are relative to the file's directory.
+    Relative paths in the file are relative to the file's directory. Unknown
+    sections and keys are refused, naming the nearest valid one.
     ``timeouts`` replaces the file's ``[timeouts]`` (the connection and
     catalog lock waits are the cluster's; :func:`load_timeouts` gives the
     others, for :meth:`~pgsnap.session.Cluster.plan_recovery` and
@@ -266,7 +369,6 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
     from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
     from pgsnap.session import Cluster  # noqa: PLC0415
 
     conf = _read(path)
@@ -278,49 +380,41 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
     def opt_rel(value: Any) -> str | None:
         return None if value is None else rel(value)
 
-    try:
-        db = dict(conf["database"])
-        storage = dict(conf["storage"])
-        archive = dict(conf["archive"])
-        catalog = dict(conf["catalog"])
-        volumes = list(conf["volume"])
-    except KeyError as exc:
-        raise ConfigurationError(
-            f"configuration {path} lacks the [{exc.args[0]}] section",
-            hint="see docs/cli.md for a complete example",
-        ) from None
-    roles = ", ".join(r.value for r in VolumeRole)
-    vols = []
-    for n, v in enumerate(volumes, 1):
-        where = f"[[volume]] #{n}"
-        try:
-            role = VolumeRole(_need(v, "role", where))
-        except ValueError:
+    sections = {}
+    for name in ("database", "storage", "archive", "catalog", "volume"):
+        if name not in conf:
             raise ConfigurationError(
-                f"{where} has role {v['role']!r}", hint=f"use one of: {roles}"
-            ) from None
-        vid = str(_need(v, "id", where))
-        vols.append(
-            Volume(
-                id=vid,
-                name=str(v.get("name", vid)),
-                role=role,
-                mount_point=rel(_need(v, "mount_point", where)),
-                tablespace_oid=v.get("tablespace_oid"),
+                f"configuration {path} lacks the [{name}] section",
+                hint="see docs/cli.md for a complete example",
             )
+        if name != "volume":
+            sections[name] = _table(conf, name) or {}
+    db, storage = sections["database"], sections["storage"]
+    archive, catalog = sections["archive"], sections["catalog"]
+    if "password" in db:  # refused with its own message: never a "did you mean"
+        _read_password(db, base)
+    _check_keys(db, _DATABASE_KEYS, "[database]")
+    _check_keys(storage, _STORAGE_KEYS, "[storage]")
+    _check_keys(archive, _ARCHIVE_KEYS, "[archive]")
+    _check_keys(catalog, _CATALOG_KEYS, "[catalog]")
+    file_timeouts = _timeouts(conf)
+    timeouts = timeouts or file_timeouts
+    layout = _volumes(conf, rel)
+    host = _host(_table(conf, "host") or {}, rel)
+    control = _text(db, "control", "[database]") or "pg_ctl"
+    if control not in ("pg_ctl", "systemd"):
+        raise ConfigurationError(
+            f"[database] control is {control!r}", hint="use control = 'pg_ctl' or 'systemd'"
         )
-    layout = Layout(tuple(vols))
-    timeouts = timeouts or _timeouts(conf)
-    host = _host(dict(conf.get("host", {})), rel)
     adapter = PostgresAdapter(
-        _conninfo_without_password(str(db.get("conninfo", ""))),
+        _conninfo_without_password(_text(db, "conninfo", "[database]") or ""),
         password=_read_password(db, base),
-        data_directory=opt_rel(db.get("data_directory")),
-        bindir=opt_rel(db.get("bindir")),
-        os_user=db.get("os_user"),
-        log_file=opt_rel(db.get("log_file")),
-        control=db.get("control", "pg_ctl"),
-        systemd_unit=db.get("systemd_unit"),
+        data_directory=opt_rel(_text(db, "data_directory", "[database]")),
+        bindir=opt_rel(_text(db, "bindir", "[database]")),
+        os_user=_text(db, "os_user", "[database]"),
+        log_file=opt_rel(_text(db, "log_file", "[database]")),
+        control="systemd" if control == "systemd" else "pg_ctl",
+        systemd_unit=_text(db, "systemd_unit", "[database]"),
         connect_timeout=timeouts.connect,
         host=host,
     )
@@ -329,7 +423,7 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
             "[storage] lacks 'backend'",
             hint=f"name one of: {', '.join(sorted(registered_backends()))}",
         )
-    options = dict(storage.get("options", {}))
+    options = _table(storage, "options") or {}
     for key in ("state_file", "root"):
         if key in options:
             options[key] = rel(options[key])
@@ -340,13 +434,14 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
         ]
     backend = create_backend(str(storage["backend"]), **options)
     catalog_path = rel(_need(catalog, "path", "[catalog]"))
+    journal = catalog.get("journal", Path(catalog_path) / "journal")
     return Cluster(
         adapter=adapter,
         backend=backend,
         archive=DirectoryWalArchive(rel(_need(archive, "path", "[archive]"))),
         catalog=DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
         layout=layout,
-        journal_dir=rel(catalog.get("journal", Path(catalog_path) / "journal")),
+        journal_dir=rel(journal),
     )
 
 

@@ -188,7 +188,9 @@ def test_config_that_is_not_toml(run: Run, tmp_path: Path) -> None:
 def test_config_missing_a_section(run: Run, tmp_path: Path, section: str) -> None:
     path = write_config(tmp_path, drop=section)
     if section == "storage":  # [storage.options] alone would recreate [storage]
-        path.write_text(path.read_text().replace("[storage.options]", "[unused]"))
+        text = path.read_text()
+        start = text.index("[storage.options]")
+        path.write_text(text[:start] + text[text.index("\n\n", start) + 2 :])
     code, _, err = run("list", "-c", str(path))
     assert code == 2
     assert f"lacks the [{section}] section" in err
@@ -534,6 +536,133 @@ def test_plan_backup_arguments_are_typed_errors(
     assert info.value.hint
     with pytest.raises(InputError, match=message):
         cluster.backup(label, **kwargs)  # type: ignore[arg-type]
+
+
+def test_volume_without_role_is_a_usage_error(run: Run, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    path = write_config(tmp_path, volumes=f'[[volume]]\nid = "v"\nmount_point = "{data}"\n')
+    code, out, err = run("list", "-c", str(path))
+    assert (code, out) == (2, "")
+    assert "[[volume]] #1 lacks 'role'" in err
+    assert "data, wal, tablespace, archive" in err  # the hint lists the roles
+    assert "Traceback" not in err and "KeyError" not in err
+
+
+@pytest.mark.parametrize(
+    ("volume", "message"),
+    [
+        ('role = "data"\nmount_point = "DATA"', "[[volume]] #1 lacks 'id'"),
+        ('id = "v"\nrole = "data"', "[[volume]] #1 lacks 'mount_point'"),
+        ('id = "v"\nrole = 3\nmount_point = "DATA"', "[[volume]] #1 has role 3"),
+        ('id = "v"\nrole = "tablespace"\nmount_point = "DATA"', "tablespace_oid"),
+        ('id = "v"\nrole = "data"\nmount_point = "DATA"\ntablespace_oid = "x"', "tablespace_oid"),
+    ],
+)
+def test_bad_volumes_are_usage_errors(run: Run, tmp_path: Path, volume: str, message: str) -> None:
+    volume = volume.replace("DATA", str(tmp_path / "data"))
+    path = write_config(tmp_path, volumes=f"[[volume]]\n{volume}\n")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2, err
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param('database = "x"', id="section-not-a-table"),
+        pytest.param('[volume]\nid = "v"', id="volume-not-an-array"),
+        pytest.param('volume = ["x"]', id="volume-of-strings"),
+    ],
+)
+def test_sections_of_the_wrong_type_are_usage_errors(run: Run, tmp_path: Path, text: str) -> None:
+    path = write_config(tmp_path, volumes="")
+    body = path.read_text()
+    if text.startswith("database"):
+        body = body.replace("[database]", "[unused]", 1)
+        body = text + "\n" + body
+        body += f'[[volume]]\nid = "v"\nrole = "data"\nmount_point = "{tmp_path / "data"}"\n'
+    elif text.startswith("volume"):
+        body = text + "\n" + body
+    else:
+        body += text + "\n"
+    path.write_text(body)
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert "pgsnap: " in err
+
+
+# --------------------------------------------------------------------------- issue 7, item 12:
+# unknown configuration keys are refused with the nearest valid name.
+
+
+@pytest.mark.parametrize(
+    ("section", "line", "where", "suggestion"),
+    [
+        ("database", 'connifo = "host=/tmp"', "[database]", "conninfo"),
+        ("database", 'bindirr = "/usr/lib/postgresql/15/bin"', "[database]", "bindir"),
+        ("database", 'os-user = "postgres"', "[database]", "os_user"),
+        ("storage", 'backnd = "mock"', "[storage]", "backend"),
+        ("archive", 'pth = "/srv/wal"', "[archive]", "path"),
+        ("catalog", 'jornal = "j"', "[catalog]", "journal"),
+    ],
+)
+def test_unknown_keys_are_refused_with_the_nearest_name(
+    run: Run, tmp_path: Path, section: str, line: str, where: str, suggestion: str
+) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace(f"[{section}]\n", f"[{section}]\n{line}\n", 1))
+    code, out, err = run("list", "-c", str(path))
+    assert (code, out) == (2, "")
+    key = line.split(" =", 1)[0]
+    assert f"{where} has an unknown key {key!r}" in err
+    assert f"did you mean {suggestion!r}?" in err
+    assert not (tmp_path / "catalog").exists()  # refused before anything was made
+
+
+def test_unknown_keys_in_volume_host_and_timeouts(run: Run, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    path = write_config(
+        tmp_path,
+        volumes=f'[[volume]]\nid = "v"\nrole = "data"\nmountpoint = "{data}"\n',
+    )
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "[[volume]] #1 has an unknown key 'mountpoint'" in err
+    assert "did you mean 'mount_point'?" in err
+
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + '\n[host]\nssh = "db1"\nidentityfile = "x"\n')
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "[host] has an unknown key 'identityfile'" in err
+    assert "did you mean 'identity_file'?" in err
+
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + "\n[timeouts]\nsever = 300\n")
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "[timeouts] has an unknown key 'sever'" in err
+    assert "did you mean 'server'?" in err
+
+
+def test_unknown_sections_are_refused_with_the_nearest_name(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + '\n[timeout]\nserver = 300\n')
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "unknown section [timeout]" in err
+    assert "did you mean [timeouts]?" in err
+
+
+def test_a_key_with_no_near_name_lists_the_valid_ones(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text().replace("[archive]\n", "[archive]\nzzz = 1\n", 1))
+    code, _, err = run("list", "-c", str(path))
+    assert code == 2
+    assert "[archive] has an unknown key 'zzz'" in err
+    assert "[archive] takes: path" in err
 
 
 # --------------------------------------------------------------------------- issue 7, item 10:
