@@ -12,7 +12,7 @@
 Exit codes: 0 success; 1 execution failed (compensations ran); 2 bad usage or
 configuration; 3 the plan was refused (PlanningError: the message says why
 and what would work); 4 ``check`` found blocking problems; 5 the plan is
-stale; 130 interrupted.
+stale; 130 interrupted; 141 standard output was closed by its reader.
 
 Every wait has a ``[timeouts]`` key and a ``--<key>-timeout`` flag
 (:data:`TIMEOUT_KEYS`); a flag wins over the file.
@@ -47,6 +47,7 @@ from pgsnap.errors import (
 )
 
 __all__ = [
+    "EXIT_BROKEN_PIPE",
     "EXIT_CODES",
     "TIMEOUT_KEYS",
     "Timeouts",
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_CHECK, EXIT_STALE = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+"""128 + SIGPIPE: standard output was closed by its reader (``pgsnap list | head -1``)."""
 EXIT_CODES = {
     0: "success",
     1: "execution failed (compensations ran; see the message)",
@@ -64,6 +68,7 @@ EXIT_CODES = {
     4: "check found blocking problems",
     5: "the plan is stale, or has already run: plan again",
     130: "interrupted",
+    141: "standard output was closed by its reader (e.g. | head); what was done stands",
 }
 
 
@@ -72,7 +77,11 @@ def _out(text: str) -> None:
 
 
 def _err(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except BrokenPipeError:
+        # Diagnostics for a reader who has gone: drop them; the exit code still tells.
+        _to_devnull(sys.stderr)
 
 
 # --------------------------------------------------------------------------- configuration
@@ -474,7 +483,7 @@ def _target(args: argparse.Namespace) -> Any:
 
 
 def _progress(event: Any) -> None:
-    _err(str(event))
+    _err(str(event))  # a closed stderr drops progress; the plan goes on
 
 
 def _execute(cluster: Any, plan: Any) -> Any:
@@ -830,8 +839,37 @@ def _seconds_arg(text: str) -> float:
     return value
 
 
+def _to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null (its reader has gone)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return  # not a real file (a test's capture): nothing will be flushed to it
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pgsnap`` command; returns the exit code."""
+    """Entry point of the ``pgsnap`` command; returns the exit code.
+
+    When the reader of standard output goes away (``pgsnap list | head -1``),
+    pgsnap stops writing, prints no traceback and returns
+    :data:`EXIT_BROKEN_PIPE` (141, as a command killed by SIGPIPE); what
+    the command had done by then stands.
+    """
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Python's advice (signal module docs, "Note on SIGPIPE"): point stdout at
+        # devnull so that the interpreter's final flush does not fail again.
+        _to_devnull(sys.stdout)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already reported
@@ -842,7 +880,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except KeyboardInterrupt:
         _err("interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except ExecutionError as exc:
         _err(f"pgsnap: failed: {exc}")
         return EXIT_FAILED

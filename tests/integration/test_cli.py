@@ -369,3 +369,20 @@ def test_waits_are_options_of_the_config_and_the_command_line(cli_env: CliEnv) -
     code, out, err = env.run("backup", "--dry-run", "--json", "--wal-timeout", "7",
                              config=config)
     assert params(json.loads(out))["wait-wal"]["timeout"] == 7
+
+
+def test_extreme_targets_are_refused_with_a_message(cli_env: CliEnv) -> None:
+    env = cli_env
+    backed_up(env)
+    for argv, expected in (
+        (("--lsn", "FFFFFFFF/FFFFFFFF"), 3),
+        (("--time", "9999-12-31 23:59:59.999999-12:00"), 2),
+        (("--time", "9999-12-31 23:59:59.999999+00:00"), 3),
+        (("--xid", "4294967295"), 3),
+    ):
+        code, out, err = env.run("plan-recovery", *argv)
+        assert code == expected, (argv, err)
+        assert out == ""
+        assert err.startswith("pgsnap: ")
+        assert "Traceback" not in err
+        assert "18446744073709551616" not in err

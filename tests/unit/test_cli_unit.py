@@ -593,6 +593,76 @@ def test_sections_of_the_wrong_type_are_usage_errors(run: Run, tmp_path: Path, t
     assert "pgsnap: " in err
 
 
+class _ClosedPipe:
+    """A stdout whose reader has gone (``pgsnap list | head -0``)."""
+
+    def write(self, _text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        import io
+
+        raise io.UnsupportedOperation("no file descriptor")
+
+
+def test_closed_stdout_exits_141_quietly(config: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from pgsnap.cli import EXIT_BROKEN_PIPE
+
+    assert EXIT_BROKEN_PIPE == 141 and 141 in EXIT_CODES
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["list", "-c", str(config)]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_closed_stdout_in_a_real_pipe_exits_141_without_a_traceback(tmp_path: Path) -> None:
+    """``pgsnap list | head -0``: the reader exits before pgsnap writes."""
+    path = write_config(tmp_path)
+    src = str(Path(pgsnap.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # head -0 has already exited
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pgsnap.cli", "list", "-c", str(path)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (("--time", "9999-12-31 23:59:59.999999-12:00"), 2, "out of range"),
+        (("--time", "0001-01-01 00:00:00+14:00"), 2, "out of range"),
+        (("--lsn", "FFFFFFFF/FFFFFFFF"), 3, "pgsnap: refused: "),
+        (("--lsn", "1FFFFFFFF/0"), 2, "malformed LSN"),
+        (("--xid", "99999999999999999999"), 2, "out of range"),
+        (("--xid", "-1"), 2, "out of range"),
+    ],
+)
+def test_extreme_targets_end_with_a_message_and_an_exit_code(
+    run: Run, config: Path, argv: tuple[str, ...], code: int, message: str
+) -> None:
+    got, out, err = run("plan-recovery", "-c", str(config), *argv)
+    assert got == code, err
+    assert out == ""
+    assert message in err
+    assert "Traceback" not in err
+    assert "18446744073709551616" not in err  # never a number pgsnap computed
+
+
 # --------------------------------------------------------------------------- issue 7, item 12:
 # unknown configuration keys are refused with the nearest valid name.
 
