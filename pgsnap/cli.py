@@ -65,7 +65,7 @@ EXIT_CODES = {
     1: "execution failed (compensations ran; see the message)",
     2: "bad usage or configuration",
     3: "plan refused: the request cannot succeed (the message says why and the alternative)",
-    4: "check found blocking problems",
+    4: "check found blocking problems (a backup cannot be taken, or a recovery is at risk)",
     5: "the plan is stale, or has already run: plan again",
     130: "interrupted",
     141: "standard output was closed by its reader (e.g. | head); what was done stands",
@@ -502,9 +502,26 @@ def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
     return load_cluster(args.config, timeouts=timeouts), timeouts
 
 
+def _warn_unreadable(cluster: Any) -> None:
+    """Name every catalog file that cannot be read (their backups are not used)."""
+    from pgsnap.catalog import scan_catalog  # noqa: PLC0415
+
+    _warn_unreadable_entries(scan_catalog(cluster.catalog).unreadable)
+
+
+def _warn_unreadable_entries(entries: Sequence[Any]) -> None:
+    for entry in entries:
+        _err(
+            f"pgsnap: warning: catalog file {entry.path} is unreadable: {entry.error}; "
+            "the backup it records is not used (hint: restore the file from a copy, or "
+            "move it out of the catalog)"
+        )
+
+
 def _plan_recovery(
     args: argparse.Namespace, cluster: Any, timeouts: Timeouts, target: Any
 ) -> Any:
+    _warn_unreadable(cluster)
     lost = ["data"] + (["wal"] if args.wal_lost else [])
     return cluster.plan_recovery(
         target,
@@ -544,9 +561,15 @@ def cmd_check(args: argparse.Namespace) -> int:
                 {
                     "ok": report.ok,
                     "findings": [str(f) for f in report.findings],
-                    "archiver_healthy": report.archiver.healthy,
+                    "archiver_healthy": None
+                    if report.archiver is None
+                    else report.archiver.healthy,
                     "wal": list(report.wal),
                     "backups": list(report.backups),
+                    "unreadable": [
+                        {"path": u.path, "backup_id": u.backup_id, "error": u.error}
+                        for u in report.unreadable
+                    ],
                 },
                 indent=2,
             )
@@ -583,9 +606,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     backups = _load(args)[0].backups()
     if args.json:
+        _warn_unreadable_entries(backups.unreadable)
         _out(json.dumps([to_dict(b) for b in backups], indent=2))
         return EXIT_OK
-    if not backups:
+    if not backups and not backups.unreadable:
         _out("no backups")
     for b in backups:
         stop = b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-"
@@ -594,6 +618,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{b.stop_lsn or '-'!s:>12}  {stop}  {b.label}"
             + (f"  ({b.failure_reason})" if b.failure_reason else "")
         )
+    for entry in backups.unreadable:
+        _out(f"UNREADABLE {entry}")
     return EXIT_OK
 
 
@@ -672,6 +698,7 @@ def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
     cluster = _load(args)[0]
     backups = cluster.backups()
+    _warn_unreadable_entries(backups.unreadable)
     seg = backups[-1].wal_segment_size if backups else _archive_segment_size(cluster)
     index = cluster.archive.index(seg)
     graph = cluster.archive.histories()

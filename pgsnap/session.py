@@ -27,9 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.catalog import is_valid_backup_id
+from pgsnap.catalog import CatalogScan, UnreadableEntry, is_valid_backup_id, scan_catalog
+from pgsnap.checks import EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import (
+    ArchiveError,
     ConfigurationError,
+    DatabaseError,
+    HostError,
     InputError,
     PlanningError,
     StalePlanError,
@@ -68,16 +72,26 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 
 @attrs.frozen
 class CheckReport:
-    """What ``Cluster.check()`` found: preflight findings, archiver health, WAL per timeline."""
+    """What ``Cluster.check()`` found.
+
+    ``findings``: the backup preflight's and the check's own (a server that
+    cannot be asked, an unreadable archive or catalog record, WAL missing after
+    a backup, an archive that is not where ``archive_command`` writes, a wrong
+    OS user; see :mod:`pgsnap.checks`); ``archiver``: archiving health (None
+    when the server could not be asked); ``wal``: the archive per timeline;
+    ``backups``: the readable catalog records; ``unreadable``: the catalog
+    entries that cannot be read (also findings).
+    """
 
     findings: tuple[Finding, ...]
-    archiver: ArchiverHealth
+    archiver: ArchiverHealth | None
     wal: tuple[str, ...]
     backups: tuple[str, ...]
+    unreadable: tuple[UnreadableEntry, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """True when nothing blocks a backup."""
+        """True when no finding is an error: nothing blocks a backup or puts a recovery at risk."""
         return not any(f.severity is Severity.ERROR for f in self.findings)
 
     def explain(self) -> str:
@@ -87,8 +101,12 @@ class CheckReport:
         lines += [f"  {f}" for f in self.findings]
         lines.append("WAL archive:")
         lines += [f"  {w}" for w in self.wal]
-        lines.append("Backups:" if self.backups else "Backups: none")
+        if self.backups or self.unreadable:
+            lines.append("Backups:")
+        else:
+            lines.append("Backups: none")
         lines += [f"  {b}" for b in self.backups]
+        lines += [f"  UNREADABLE {u}" for u in self.unreadable]
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -97,9 +115,20 @@ class CheckReport:
 
 
 class BackupList(tuple[BackupRecord, ...]):
-    """Backup records, oldest first: a plain tuple that displays as a table."""
+    """Backup records, oldest first: a plain tuple that displays as a table.
 
-    __slots__ = ()
+    ``unreadable`` are the catalog entries that could not be read (each with
+    its path and the error); they are not in the tuple.
+    """
+
+    unreadable: tuple[UnreadableEntry, ...]
+
+    def __new__(
+        cls, records: Iterable[BackupRecord] = (), unreadable: Iterable[UnreadableEntry] = ()
+    ) -> BackupList:
+        obj = super().__new__(cls, records)
+        obj.unreadable = tuple(unreadable)
+        return obj
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of text per backup: id, state, timeline, start, stop, time, label."""
@@ -117,16 +146,23 @@ class BackupList(tuple[BackupRecord, ...]):
         ]
 
     def __repr__(self) -> str:
-        return f"<BackupList {len(self)} backups>"
+        more = f", {len(self.unreadable)} unreadable" if self.unreadable else ""
+        return f"<BackupList {len(self)} backups{more}>"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
-        p.text("\n".join("  ".join(r) for r in self.rows()) or "no backups")
+        lines = ["  ".join(r) for r in self.rows()]
+        lines += [f"UNREADABLE {u}" for u in self.unreadable]
+        p.text("\n".join(lines) or "no backups")
 
     def _repr_html_(self) -> str:
         head = ("id", "state", "timeline", "start LSN", "stop LSN", "consistent at", "label")
         e = html.escape
         body = "".join(
             "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
+        )
+        body += "".join(
+            f'<tr><td colspan="{len(head)}">unreadable: {e(str(u))}</td></tr>'
+            for u in self.unreadable
         )
         return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
 
@@ -319,12 +355,44 @@ class Cluster:
     # ------------------------------------------------------------------ report
 
     def check(self) -> CheckReport:
-        """Preflight findings, archiver health and the WAL archive per timeline."""
-        facts = self.backup_facts()
-        findings = preflight(facts)
-        seg = facts.server.wal_segment_size
-        index = self.archive.index(seg)
+        """Findings (preflight and recovery risks), archiver health, the archive, the backups.
+
+        Nothing is changed. A server that cannot be asked, an archive that
+        cannot be read and unreadable catalog records are findings, not
+        exceptions, so the rest is still reported.
+        """
+        scan = scan_catalog(self.catalog)  # first: a later list() does not warn again
+        findings: list[Finding] = []
+        facts: BackupFacts | None = None
+        server_error: str | None = None
+        try:
+            try:
+                facts = self.backup_facts()
+            except ArchiveError:
+                # The check's own finding names the archive; observe the rest without it.
+                facts = attrs.evolve(
+                    self.observer, archive=EmptyArchive(self.archive.location)
+                ).backup_facts()
+        except (DatabaseError, HostError) as exc:
+            server_error = str(exc)
+            log.debug("check: the server or its host cannot be asked: %s", exc)
+        if facts is not None:
+            findings += preflight(facts)
+        data = gather_check_facts(
+            adapter=self.adapter,
+            archive=self.archive,
+            catalog=self.catalog,
+            scan=scan,
+            server_error=server_error,
+            archiver=None if facts is None else facts.archiver,
+            segment_size=None if facts is None else facts.server.wal_segment_size,
+        )
+        findings += check_findings(data)
+        seg = data.segment_size
+        index = data.index
         wal_lines = []
+        if data.archive_error is not None:
+            wal_lines.append(f"cannot be read: {data.archive_error}")
         for tli in index.timelines():
             ranges = index.ranges(tli)
             gaps = index.gaps(tli)
@@ -342,18 +410,24 @@ class Cluster:
         backups = tuple(
             f"{b.id} {b.state.value} start {b.start_lsn} stop {b.stop_lsn} "
             f"({b.stop_time.isoformat() if b.stop_time else '-'})"
-            for b in facts.catalog
+            for b in data.backups
         )
         return CheckReport(
-            findings=findings,
-            archiver=archiver_health(facts.archiver),
+            findings=tuple(findings),
+            archiver=None if facts is None else archiver_health(facts.archiver),
             wal=tuple(wal_lines),
             backups=backups,
+            unreadable=data.unreadable,
         )
 
     def backups(self) -> BackupList:
-        """The catalog's backups, oldest first (a tuple that renders as a table)."""
-        return BackupList(self.catalog.list())
+        """The catalog's backups, oldest first (a tuple that renders as a table).
+
+        Catalog entries that cannot be read are in its ``unreadable``, each
+        with its path and the error.
+        """
+        scan: CatalogScan = scan_catalog(self.catalog)
+        return BackupList(scan.records, scan.unreadable)
 
     # ------------------------------------------------------------------ plan
 

@@ -337,6 +337,139 @@ def test_recover_to_an_lsn_with_the_wal_volume_lost_too(cli_env: CliEnv) -> None
 # with a message and an exit code (item 8).
 
 
+def variant(env: CliEnv, name: str, **replace: str) -> Path:
+    """A copy of the configuration with some ``key = "value"`` lines' values replaced."""
+    lines = []
+    section = ""
+    for line in env.config.read_text().splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        key = line.split(" = ", 1)[0]
+        new = replace.get(f"{section}.{key}")
+        lines.append(line if new is None else f'{key} = "{new}"')
+    path = env.work / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def check_report(env: CliEnv, config: Path | None = None) -> tuple[int, dict[str, Any], str]:
+    """``check --json`` and ``check``: (exit code of both, the JSON report, the text)."""
+    code, out, err = env.run("check", "--json", config=config)
+    report = json.loads(out)
+    text_code, text, _ = env.run("check", config=config)
+    assert text_code == code
+    assert "Traceback" not in err
+    return code, report, text
+
+
+def test_check_finds_an_archive_that_is_not_where_archive_command_writes(
+    cli_env: CliEnv,
+) -> None:
+    env = cli_env
+    record = backed_up(env)
+    elsewhere = env.work / "elsewhere"
+    elsewhere.mkdir()
+    config = variant(env, "elsewhere.toml", **{"archive.path": str(elsewhere)})
+    code, report, text = check_report(env, config)
+    assert code == 4
+    assert text.startswith("pgsnap check: PROBLEMS FOUND")
+    codes = finding_codes(report)
+    assert codes["archive_mismatch"] == "error"
+    assert codes["backup_wal"] == "error"  # the DONE backup's WAL is not there
+    (mismatch,) = [f for f in report["findings"] if f.endswith("[archive_mismatch]")]
+    assert f"the archive {elsewhere} is empty" in mismatch
+    assert str(env.server.archive_dir) in mismatch  # archive_command names where it writes
+    assert any(record["id"] in f for f in report["findings"] if f.endswith("[backup_wal]"))
+    # The real archive: all is well.
+    code, report, _ = check_report(env)
+    assert code == 0, report
+    assert "archive_mismatch" not in finding_codes(report)
+
+
+def test_check_finds_a_missing_archive_directory(cli_env: CliEnv) -> None:
+    env = cli_env
+    backed_up(env)
+    config = variant(env, "gone.toml", **{"archive.path": str(env.work / "gone")})
+    code, report, _ = check_report(env, config)
+    assert code == 4  # a blocking finding, not "failed" (1)
+    codes = finding_codes(report)
+    assert codes["archive"] == "error"
+    assert codes["data_checksums"] == "warning"  # the preflight still ran
+    assert any(f"{env.work / 'gone'} does not exist" in f for f in report["findings"])
+    assert report["backups"] and report["archiver_healthy"] is True
+
+
+def test_check_finds_a_segment_missing_after_the_only_backup(cli_env: CliEnv) -> None:
+    env = cli_env
+    backed_up(env)
+    env.write(2)
+    missing = env.server.switch_wal_and_wait_archived()
+    env.write(3)
+    env.server.switch_wal_and_wait_archived()
+    (env.server.archive_dir / missing).unlink()
+    code, report, text = check_report(env)
+    assert code == 4, report
+    assert finding_codes(report)["wal_gap"] == "error"
+    (gap,) = [f for f in report["findings"] if f.endswith("[wal_gap]")]
+    assert missing in gap
+    assert "every later transaction is lost" in gap
+    assert f"gaps: {missing}" in text
+
+
+def test_check_list_and_plan_recovery_name_an_unreadable_catalog_record(
+    cli_env: CliEnv,
+) -> None:
+    env = cli_env
+    record = backed_up(env)
+    path = env.work / "catalog" / f"{record['id']}.json"
+    doc = json.loads(path.read_text())
+    doc["start_lsn"] = "garbage"
+    path.write_text(json.dumps(doc))
+
+    code, report, text = check_report(env)
+    assert code == 4
+    assert finding_codes(report)["catalog"] == "error"
+    assert any(str(path) in f and "malformed LSN 'garbage'" in f for f in report["findings"])
+    assert report["unreadable"] == [
+        {"path": str(path), "backup_id": record["id"], "error": "malformed LSN 'garbage'"}
+    ]
+    assert "Backups: none" not in text
+    assert f"UNREADABLE {path}: malformed LSN 'garbage'" in text
+
+    code, out, err = env.run("list")
+    assert code == 0
+    assert f"UNREADABLE {path}: malformed LSN 'garbage'" in out
+
+    code, out, err = env.run("plan-recovery")
+    assert code == 3  # refused: no readable backup; not "malformed LSN" (2) without a file
+    assert f"pgsnap: warning: catalog file {path} is unreadable: malformed LSN 'garbage'" in err
+    assert "pgsnap: refused: " in err
+
+
+def test_check_finds_an_os_user_that_does_not_exist(cli_env: CliEnv) -> None:
+    env = cli_env
+    config = variant(env, "nouser.toml", **{"database.os_user": "nosuchuser"})
+    code, report, _ = check_report(env, config)
+    assert code == 4
+    assert finding_codes(report)["os_user"] == "error"
+    (finding,) = [f for f in report["findings"] if f.endswith("[os_user]")]
+    assert "'nosuchuser' does not exist" in finding
+    assert repr(env.server.os_user) in finding  # the owner, to set instead
+
+
+def test_check_of_a_stopped_server_is_a_finding(cli_env: CliEnv) -> None:
+    env = cli_env
+    record = backed_up(env)
+    env.server.stop()
+    code, report, _ = check_report(env)
+    assert code == 4  # the docs promise 4 for a blocking finding, not 1
+    assert finding_codes(report) == {"server": "error"}
+    assert "the server is not running" in report["findings"][0]
+    assert report["archiver_healthy"] is None
+    assert report["backups"][0].startswith(record["id"])  # the rest is still reported
+    assert report["wal"][0].startswith("timeline 1: ")
+
+
 def test_waits_are_options_of_the_config_and_the_command_line(cli_env: CliEnv) -> None:
     env = cli_env
     backed_up(env)

@@ -251,8 +251,10 @@ def test_password_from_the_environment_is_not_printed_on_failure(tmp_path: Path)
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 1  # no server
-    assert "pgsnap: failed: cannot connect to PostgreSQL" in proc.stderr
+    assert proc.returncode == 4  # no server: a blocking finding
+    assert "error: the server is not running" in proc.stdout
+    assert "[server]" in proc.stdout
+    assert "cannot connect to PostgreSQL" in proc.stderr  # -vv: the connection was tried
     assert "DEBUG" in proc.stderr  # the log level did rise
     assert SECRET not in proc.stdout + proc.stderr
 
@@ -320,7 +322,10 @@ class _FailingCluster:
     """Plans fine; a step of its execution fails with an error of any pgsnap class."""
 
     def __init__(self, error: Exception) -> None:
+        from pgsnap.catalog import MemoryCatalog
+
         self.error = error
+        self.catalog = MemoryCatalog()
 
     def plan_recovery(self, *_args: object, **_kwargs: object) -> object:
         class _Plan:
@@ -880,3 +885,43 @@ def test_the_docs_name_every_timeout_key_and_flag() -> None:
     for key in TIMEOUT_KEYS:
         assert f"\n{key} = " in docs, key
         assert f"--{key.replace('_', '-')}-timeout" in docs, key
+
+
+# --------------------------------------------------------------------------- issue 7, item 11
+# (the parts that need no server): unreadable catalog records are named everywhere.
+
+
+def _corrupt_record(config: Path, backup_id: str = "20261130T000000000Z") -> Path:
+    from pgsnap.model import to_dict
+    from tests.unit.test_model import _record
+
+    doc = to_dict(_record(id=backup_id))
+    doc["start_lsn"] = "garbage"
+    catalog = config.parent / "catalog"
+    catalog.mkdir(exist_ok=True)
+    path = catalog / f"{backup_id}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_list_names_an_unreadable_record(run: Run, config: Path) -> None:
+    bad = _corrupt_record(config)
+    code, out, err = run("list", "-c", str(config))
+    assert code == 0, err
+    assert "no backups" not in out
+    assert f"UNREADABLE {bad}: " in out
+    assert "malformed LSN 'garbage'" in out
+    code, out, err = run("list", "-c", str(config), "--json")
+    assert code == 0
+    assert json.loads(out) == []  # stdout stays a list of records
+    assert f"pgsnap: warning: catalog file {bad} is unreadable" in err
+
+
+def test_plan_recovery_names_an_unreadable_record(run: Run, config: Path) -> None:
+    bad = _corrupt_record(config)
+    code, out, err = run("plan-recovery", "-c", str(config))
+    assert code == 3  # no readable backup: refused, not "malformed LSN" (2)
+    assert out == ""
+    assert f"pgsnap: warning: catalog file {bad} is unreadable" in err
+    assert "malformed LSN 'garbage'" in err
+    assert err.count(str(bad)) == 1  # said once, not again by the catalog's log warning
