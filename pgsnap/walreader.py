@@ -269,6 +269,7 @@ class XactKind(enum.Enum):
         return self in (XactKind.COMMIT_PREPARED, XactKind.ABORT_PREPARED)
 
 
+_PLAIN_XACT: Final = {_XACT_COMMIT: XactKind.COMMIT, _XACT_ABORT: XactKind.ABORT}
 _XACT_KIND: Final = {
     _XACT_COMMIT: XactKind.COMMIT,
     _XACT_ABORT: XactKind.ABORT,
@@ -703,6 +704,12 @@ class _Files:
         """The copies of a segment, best first (empty: none)."""
         per_id = 0x100000000 // segsz
         return self._found.get((tli, segno // per_id, segno % per_id, partial), [])
+
+    def first(self) -> _File | None:
+        """Some segment file (the first by name), None when there is none."""
+        if not self._found:
+            return None
+        return self._found[min(self._found)][0]
 
     def detect_segment_size(self) -> int | None:
         """The segment size from the first segment file whose first page is a long
@@ -1272,9 +1279,15 @@ class _Scan:
         self.last_seg = self.pos // ctx.segsz
 
     def _fast(self) -> None:
-        """Skip the plain records of the current page: valid headers, no decoding."""
-        if self.verify_all:
-            return
+        """Walk the records of the current page that need no more than a look.
+
+        That is every record whose header is valid, that lies in the page and
+        that is not decoded, plus plain commits and aborts (the bulk of the
+        decoded records), whose CRC is checked and whose main data is read in
+        place. Anything else (a page boundary, a record crossing it, another
+        decoded record, anything invalid) is left to :meth:`_step`. Under
+        Verify.ALL every record's CRC is checked here too.
+        """
         pos = self.pos
         b = self.ctx.blcksz
         assert b is not None
@@ -1297,21 +1310,41 @@ class _Scan:
         base = self.buf_lsn
         hdr_limit = b - _REC_HDR
         unpack = _RECORD.unpack_from
+        u32 = _U32.unpack_from
+        i64 = _I64.unpack_from
         valid = self.valid_rmid
         interesting = _INTERESTING
+        check_all = self.verify_all
+        tli = self.ctx.spans[self.span_i].timeline
+        out = self.out
         n = 0
         while 0 < poff <= hdr_limit:
-            tot_len, _xid, xprev, info, rmid = unpack(buf, pos - base)
-            if (
-                xprev != prev
-                or tot_len < _REC_HDR
-                or poff + tot_len > b
-                or not valid[rmid]
-                or interesting[(rmid << 8) | info]
-            ):
+            off = pos - base
+            tot_len, xid, xprev, info, rmid = unpack(buf, off)
+            if xprev != prev or tot_len < _REC_HDR or poff + tot_len > b or not valid[rmid]:
                 break
+            nxt = pos + ((tot_len + 7) & ~7)
+            if interesting[(rmid << 8) | info]:
+                kind = _PLAIN_XACT.get(info & _XACT_OPMASK) if rmid == _RM_XACT else None
+                if kind is None or tot_len < 34:
+                    break
+                rec = buf[off : off + tot_len]
+                # A plain commit or abort: the main data (xact_time first) right after
+                # a short data header, no block references.
+                if rec[24] != 255 or rec[25] != tot_len - 26:
+                    break
+                if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
+                    break
+                when = _pg_time(i64(rec, 26)[0])
+                if when is None:
+                    break
+                out.append(XactRecord(kind, LSN(pos), LSN(nxt), xid, when, tli))
+            elif check_all:
+                rec = buf[off : off + tot_len]
+                if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
+                    break
             prev = pos
-            pos += (tot_len + 7) & ~7
+            pos = nxt
             poff = pos & mask
             n += 1
         self.pos, self.prev = pos, prev
@@ -1653,6 +1686,16 @@ def read_wal(
     if segsz is None:
         segsz = files.detect_segment_size()
         if segsz is None:
+            some = files.first()
+            if some is not None:
+                raise ArchiveError(
+                    f"cannot tell the WAL segment size: no segment file in "
+                    f"{', '.join(files.dirs)} begins with a long page header of PostgreSQL "
+                    f"12-18 and has a segment's size (e.g. {some.path})",
+                    hint="pass segment_size, and check that the directories hold this "
+                    "cluster's WAL",
+                    path=some.path,
+                )
             yield ScanEnd(StopReason.MISSING_SEGMENT, LSN(start_v), LSN(start_v))
             return
     ctx = _Context(
