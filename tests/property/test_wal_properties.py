@@ -272,6 +272,23 @@ def test_check_on_generated_trees(tree, data):
     kept = [x for x in names if x != victim]
     rnd.shuffle(kept)
     c = check(ArchiveIndex.build(kept, segsz), (start_tli, LSN(start)), end, target, graph)
+    # A timeline's first segment missing: recovery reads the previous timeline's file
+    # of that segment (XLogFileReadAnyTLI), valid up to the switchpoint.
+    pos = anc.index(victim_tli)
+    prev = anc[pos - 1] if pos > anc.index(start_tli) else None
+    switch = begin[victim_tli]
+    if (
+        prev is not None
+        and victim_seg == switch // segsz
+        and segment_name(prev, victim_seg, segsz) in kept
+    ):
+        if end <= LSN(switch):
+            assert c.complete, c.summary()
+            return
+        assert c.missing == (victim,)
+        assert c.reachable_lsn == max(LSN(start), LSN(switch))
+        assert c.reachable_timeline == prev
+        return
     assert c.missing == (victim,)
     assert c.reachable_lsn == max(LSN(start), LSN(needed[victim_i][1] * segsz))
     assert c.reachable_timeline == needed[victim_i][0]
