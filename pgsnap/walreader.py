@@ -126,6 +126,7 @@ _MAJOR_OF_MAGIC: Final = {magic: major for major, magic in PAGE_MAGIC.items()}
 # xlp_info flags (xlog_internal.h, PostgreSQL 12-18).
 _XLP_FIRST_IS_CONTRECORD: Final = 0x0001
 _XLP_LONG_HEADER: Final = 0x0002
+_XLP_BKP_REMOVABLE: Final = 0x0004  # set on most pages; means nothing to a reader
 _XLP_FIRST_IS_OVERWRITE_CONTRECORD: Final = 0x0008
 _XLP_ALL_FLAGS: Final = 0x000F
 
@@ -1156,13 +1157,12 @@ class _Scan:
         buf = self.buf
         magic, info, tli, addr, _rem = _PAGE_HEADER.unpack_from(buf, i)
         seg_off = page % ctx.segsz
-        where = f"in WAL segment {self._name()}, LSN {LSN(page)}, offset {seg_off}"
         if magic != ctx.fmt.magic:
             other = _MAJOR_OF_MAGIC.get(magic)
             note = f" (PostgreSQL {other}'s)" if other is not None else ""
-            return f"invalid magic number {magic:04X}{note} {where}"
+            return f"invalid magic number {magic:04X}{note} {self._where(page)}"
         if info & ~_XLP_ALL_FLAGS:
-            return f"invalid info bits {info:04X} {where}"
+            return f"invalid info bits {info:04X} {self._where(page)}"
         if info & _XLP_LONG_HEADER:
             sysid, segsz, blcksz = _LONG_TAIL.unpack_from(buf, i + 24)
             if sysid != ctx.sysid:
@@ -1175,16 +1175,22 @@ class _Scan:
             if blcksz != ctx.blcksz:
                 return f"{_OTHER_SYSTEM}: incorrect XLOG_BLCKSZ in page header"
         elif seg_off == 0:
-            return f"invalid info bits {info:04X} {where}"
+            return f"invalid info bits {info:04X} {self._where(page)}"
         if addr != page:
-            return f"unexpected pageaddr {LSN(addr)} {where}"
+            return f"unexpected pageaddr {LSN(addr)} {self._where(page)}"
         if page > self.latest_page:
             if tli < self.latest_tli:
-                return f"out-of-sequence timeline ID {tli} (after {self.latest_tli}) {where}"
+                return (
+                    f"out-of-sequence timeline ID {tli} (after {self.latest_tli}) "
+                    f"{self._where(page)}"
+                )
             self.latest_page, self.latest_tli = page, tli
         if tli not in self.path_tlis and tli >= self.min_tli:
-            return f"unexpected timeline ID {tli} {where}"
+            return f"unexpected timeline ID {tli} {self._where(page)}"
         return None
+
+    def _where(self, page: int) -> str:
+        return f"in WAL segment {self._name()}, LSN {LSN(page)}, offset {page % self.ctx.segsz}"
 
     def _name(self) -> str:
         return segment_name(max(self.seg_tli, 1), max(self.segno, 0), self.ctx.segsz)
@@ -1233,8 +1239,8 @@ class _Scan:
             return f"record with incorrect prev-link {LSN(xprev)} at {LSN(rec)}"
         return None
 
-    def walk(self) -> Iterator[WalItem]:
-        """Records and events until the walk stops (no ScanEnd; see ``reason``)."""
+    def walk(self) -> Iterator[list[WalItem]]:
+        """Batches of records and events until the walk stops (no ScanEnd; see ``reason``)."""
         try:
             if self.end <= self.start:
                 self._finish(StopReason.END, self.start)
@@ -1243,15 +1249,16 @@ class _Scan:
             while True:
                 self._fast()
                 self._step()
-                if self.out:
-                    yield from self.out
-                    self.out.clear()
+                if len(self.out) >= 64:
+                    yield self.out
+                    self.out = []
         except _Stop:
-            if self.out:
-                yield from self.out
-                self.out.clear()
+            pass
         finally:
             self._close()
+        if self.out:
+            yield self.out
+            self.out = []
 
     def _find_first(self) -> None:
         """XLogFindNextRecord: from the page holding ``start``, skip a continuation."""
@@ -1279,35 +1286,41 @@ class _Scan:
         self.last_seg = self.pos // ctx.segsz
 
     def _fast(self) -> None:
-        """Walk the records of the current page that need no more than a look.
+        """Walk the records that need no more than a look, from the current page on.
 
-        That is every record whose header is valid, that lies in the page and
-        that is not decoded, plus plain commits and aborts (the bulk of the
-        decoded records), whose CRC is checked and whose main data is read in
-        place. Anything else (a page boundary, a record crossing it, another
-        decoded record, anything invalid) is left to :meth:`_step`. Under
-        Verify.ALL every record's CRC is checked here too.
+        That is every record with a valid header that is not decoded - within
+        a page, or over plain continuation pages of the same segment chunk
+        (whose headers are checked as :meth:`_check_page` and the contrecord
+        checks of :meth:`_assemble` would) - plus plain commits and aborts
+        within a page (the bulk of the decoded records), whose CRC is checked
+        and whose main data is read in place. Anything else (a page boundary, a
+        segment start, another decoded record, anything unusual or invalid) is
+        left to :meth:`_step`, which reads it (or reports it) the long way.
+        Under Verify.ALL every record's CRC is checked here too.
         """
         pos = self.pos
-        b = self.ctx.blcksz
-        assert b is not None
+        ctx = self.ctx
+        b = ctx.blcksz
+        assert b is not None and ctx.fmt is not None
         mask = b - 1
         poff = pos & mask
         if poff == 0 or not self.buf_lsn <= pos < self.buf_end:
             return
-        page_end = pos - poff + b
-        stop = min(self.end, self.limit)
-        if self.span_i + 1 < len(self.ctx.spans):
-            nxt = self.ctx.spans[self.span_i].end
-            if nxt is not None:
-                stop = min(stop, nxt.value)
-        if page_end > stop:
-            return
         prev = self.prev
         if prev < 0 or pos < self.start:
             return
+        stop = min(self.end, self.limit)
+        if self.span_i + 1 < len(ctx.spans):
+            switch = ctx.spans[self.span_i].end
+            if switch is not None:
+                stop = min(stop, switch.value)
+        page_end = pos - poff + b
+        if page_end > stop:
+            return
         buf = self.buf
         base = self.buf_lsn
+        latest_tli = self.latest_tli
+        last_page = -1
         hdr_limit = b - _REC_HDR
         unpack = _RECORD.unpack_from
         u32 = _U32.unpack_from
@@ -1315,40 +1328,87 @@ class _Scan:
         valid = self.valid_rmid
         interesting = _INTERESTING
         check_all = self.verify_all
-        tli = self.ctx.spans[self.span_i].timeline
+        tli = ctx.spans[self.span_i].timeline
         out = self.out
         n = 0
         while 0 < poff <= hdr_limit:
             off = pos - base
             tot_len, xid, xprev, info, rmid = unpack(buf, off)
-            if xprev != prev or tot_len < _REC_HDR or poff + tot_len > b or not valid[rmid]:
+            if xprev != prev or tot_len < _REC_HDR or not valid[rmid]:
                 break
-            nxt = pos + ((tot_len + 7) & ~7)
-            if interesting[(rmid << 8) | info]:
-                kind = _PLAIN_XACT.get(info & _XACT_OPMASK) if rmid == _RM_XACT else None
-                if kind is None or tot_len < 34:
+            if poff + tot_len <= b:
+                nxt = pos + ((tot_len + 7) & ~7)
+                if interesting[(rmid << 8) | info]:
+                    kind = _PLAIN_XACT.get(info & _XACT_OPMASK) if rmid == _RM_XACT else None
+                    if kind is None or tot_len < 34:
+                        break
+                    rec = buf[off : off + tot_len]
+                    # A plain commit or abort: the main data (xact_time first) right
+                    # after a short data header, no block references.
+                    if rec[24] != 255 or rec[25] != tot_len - 26:
+                        break
+                    if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
+                        break
+                    when = _pg_time(i64(rec, 26)[0])
+                    if when is None:
+                        break
+                    out.append(XactRecord(kind, LSN(pos), LSN(nxt), xid, when, tli))
+                elif check_all:
+                    rec = buf[off : off + tot_len]
+                    if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
+                        break
+            else:
+                # Over the next page(s): skipped by its length, each continuation
+                # page checked; anything unusual is left to _step.
+                if check_all or interesting[(rmid << 8) | info]:
                     break
-                rec = buf[off : off + tot_len]
-                # A plain commit or abort: the main data (xact_time first) right after
-                # a short data header, no block references.
-                if rec[24] != 255 or rec[25] != tot_len - 26:
+                over = self._skip_over(page_end, b - poff, tot_len, stop, latest_tli)
+                if over is None:
                     break
-                if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
-                    break
-                when = _pg_time(i64(rec, 26)[0])
-                if when is None:
-                    break
-                out.append(XactRecord(kind, LSN(pos), LSN(nxt), xid, when, tli))
-            elif check_all:
-                rec = buf[off : off + tot_len]
-                if crc32c(rec[24:] + rec[:20]) != u32(rec, 20)[0]:
-                    break
+                nxt, last_page, latest_tli = over
+                page_end = last_page + b
             prev = pos
             pos = nxt
             poff = pos & mask
             n += 1
         self.pos, self.prev = pos, prev
         self.records += n
+        if last_page >= 0:
+            self.latest_page = self.page_checked = last_page
+            self.latest_tli = latest_tli
+            self.page_hsize = _SHORT_PHD
+
+    def _skip_over(
+        self, page: int, got: int, tot_len: int, stop: int, latest_tli: int
+    ) -> tuple[int, int, int] | None:
+        """Follow a skipped record over its continuation pages from ``page``.
+
+        ``got`` bytes of its ``tot_len`` are before ``page``. Returns (the next
+        record pointer, the last page, that page's timeline), or None when a
+        page is not a plain continuation in the buffer before ``stop`` and the
+        next segment (left to :meth:`_step`, which says what is wrong).
+        """
+        ctx = self.ctx
+        b = ctx.blcksz
+        assert b is not None and ctx.fmt is not None
+        buf, base, buf_end = self.buf, self.buf_lsn, self.buf_end
+        while page + b <= stop and page + b <= buf_end and page % ctx.segsz:
+            magic, info, tli, addr, rem = _PAGE_HEADER.unpack_from(buf, page - base)
+            if (
+                magic != ctx.fmt.magic
+                or info & ~_XLP_BKP_REMOVABLE != _XLP_FIRST_IS_CONTRECORD
+                or addr != page
+                or rem != tot_len - got
+                or tli < latest_tli
+                or (tli not in self.path_tlis and tli >= self.min_tli)
+            ):
+                return None
+            latest_tli = tli
+            if rem <= b - _SHORT_PHD:
+                return page + _SHORT_PHD + ((rem + 7) & ~7), page, tli
+            got += b - _SHORT_PHD
+            page += b
+        return None
 
     def _step(self) -> None:
         """Read one record at ``pos`` (after a page header if there) and advance past it."""
@@ -1462,17 +1522,15 @@ class _Scan:
         assert b is not None
         page = rec - rec % b
         i = rec - self.buf_lsn
-        first = self.buf[i : i + (page + b - rec)]
-        got = len(first)
-        pieces: list[bytes] | None = [first]
+        got = page + b - rec
+        pieces: list[bytes] | None = None
         crc = -1  # running CRC of the body (after the record header), when streamed
         head24 = b""
-        if header is not None:
-            keep = bool(_INTERESTING[(header[3] << 8) | header[2]])
-            if not keep:
-                pieces = None
-                if self.verify_all:
-                    head24, crc = first[:_REC_HDR], crc32c(first[_REC_HDR:])
+        if header is None or _INTERESTING[(header[3] << 8) | header[2]]:
+            pieces = [self.buf[i : i + got]]
+        elif self.verify_all:
+            first = self.buf[i : i + got]
+            head24, crc = first[:_REC_HDR], crc32c(first[_REC_HDR:])
         rem = 0
         hsize = _SHORT_PHD
         while got < tot_len:
@@ -1502,10 +1560,9 @@ class _Scan:
             if page + hsize + take > self.end:
                 self._finish(StopReason.END, self.end)
             j = page - self.buf_lsn + hsize
-            piece = self.buf[j : j + take]
             if header is None:
                 assert pieces is not None
-                head = b"".join((*pieces, piece))
+                head = b"".join((*pieces, self.buf[j : j + take]))
                 tl, xid, xprev, xinfo, rmid = _RECORD.unpack_from(head, 0)
                 header = (xid, xprev, xinfo, rmid)
                 reason = self._check_header(rec, tl, xprev, rmid)
@@ -1518,9 +1575,9 @@ class _Scan:
                     if self.verify_all:
                         head24, crc = head[:_REC_HDR], crc32c(head[_REC_HDR:])
             elif pieces is not None:
-                pieces.append(piece)
+                pieces.append(self.buf[j : j + take])
             elif crc >= 0:
-                crc = crc32c(piece, crc)
+                crc = crc32c(memoryview(self.buf)[j : j + take], crc)
             got += take
         nxt = page + hsize + ((rem + 7) & ~7)
         assert header is not None
@@ -1709,13 +1766,14 @@ def read_wal(
     scan = _Scan(ctx, start_v, end_v, verify)
     hold = verify is Verify.TAIL
     pending: collections.deque[WalItem] = collections.deque()
-    for item in scan.walk():
+    for batch in scan.walk():
         if not hold:
-            yield item
+            yield from batch
             continue
-        pending.append(item)
-        if isinstance(item, SegmentRead):
-            keep = (item.segno - 1) * segsz
+        pending.extend(batch)
+        reads = [i for i in batch if type(i) is SegmentRead]
+        if reads:
+            keep = (reads[-1].segno - 1) * segsz
             while pending and _item_lsn(pending[0]) < keep:
                 yield pending.popleft()
     eow = scan.end_of_wal
@@ -1752,7 +1810,7 @@ def _reverify(ctx: _Context, scan: _Scan, eow: EndOfWal) -> EndOfWal | None:
     if pos >= eow.lsn.value:
         return None
     check = _Scan(ctx, pos, eow.lsn.value, Verify.ALL, pos=pos, prev=prev)
-    for _item in check.walk():
+    for _batch in check.walk():
         pass
     if check.reason is StopReason.END_OF_WAL and check.end_of_wal is not None:
         return check.end_of_wal

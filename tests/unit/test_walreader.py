@@ -87,6 +87,7 @@ class WalWriter:
         self.pos = segno * segsz
         self.prev = 0
         self.flags = 0  # extra xlp_info bits for the next page header written
+        self.removable = 0x0004  # XLP_BKP_REMOVABLE: PostgreSQL sets it outside backups
 
     # ----------------------------------------------------------------- layout
 
@@ -99,7 +100,7 @@ class WalWriter:
         seg[off : off + len(data)] = data
 
     def _page_header(self, page: int, rem: int) -> int:
-        info = self.flags | (0x0001 if rem else 0)
+        info = self.flags | self.removable | (0x0001 if rem else 0)
         self.flags = 0
         long = page % self.segsz == 0
         if long:
@@ -425,6 +426,7 @@ def test_records_that_span_pages_and_segments(tmp_path):
 def test_segment_sizes_and_small_chunks_read_the_same(tmp_path):
     for segsz in (MB, 4 * MB):
         w = WalWriter(segsz=segsz)
+        w.removable = 0 if segsz == MB else 0x0004  # pages with and without the flag
         for i in range(200):
             w.commit(1000 + i)
             w.filler(random.Random(i).randrange(40, 30000))
