@@ -171,7 +171,11 @@ class DirectoryWalArchive:
             return None
         return (
             f"{comp}-compressed, and the restore_command pgsnap writes "
-            + ("does not decompress it" if comp != "gz" else "decompresses only with gzip=True")
+            + (
+                "does not decompress it"
+                if comp != "gz"
+                else "decompresses only with gzip=True ([archive] gzip = true)"
+            )
         )
 
     def _file(self, name: str) -> str:

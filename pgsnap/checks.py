@@ -468,11 +468,10 @@ def gather_check_facts(
 def _configured_os_user(adapter: object) -> str | None:
     """The OS user the adapter was told runs the server (None: the data directory's owner).
 
-    Read from a public ``os_user`` when the adapter has one, else from the
-    :class:`~pgsnap.adapters.postgres.PostgresAdapter`'s setting.
+    Read from the adapter's public ``os_user`` (adapters without one have
+    no configured user).
     """
-    for name in ("os_user", "_os_user"):
-        value = getattr(adapter, name, None)
-        if isinstance(value, str) and value:
-            return value
+    value = getattr(adapter, "os_user", None)
+    if isinstance(value, str) and value:
+        return value
     return None

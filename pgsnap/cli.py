@@ -162,7 +162,7 @@ _DATABASE_KEYS = (
 )
 _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
-_ARCHIVE_KEYS = ("path",)
+_ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal")
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
@@ -364,6 +364,13 @@ def _volumes(conf: dict[str, Any], rel: Any) -> Any:
     return Layout(tuple(vols))
 
 
+def _flag(section: dict[str, Any], key: str, where: str) -> bool:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{where} {key} must be true or false, not {value!r}")
+    return value
+
+
 def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
     """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
 
@@ -447,7 +454,9 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
     return Cluster(
         adapter=adapter,
         backend=backend,
-        archive=DirectoryWalArchive(rel(_need(archive, "path", "[archive]"))),
+        archive=DirectoryWalArchive(
+            rel(_need(archive, "path", "[archive]")), gzip=_flag(archive, "gzip", "[archive]")
+        ),
         catalog=DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
         layout=layout,
         journal_dir=rel(journal),

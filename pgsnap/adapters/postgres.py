@@ -471,6 +471,11 @@ class PostgresAdapter:
         return self._host
 
     @property
+    def os_user(self) -> str | None:
+        """The OS user configured to run the server (None: the data directory's owner)."""
+        return self._os_user
+
+    @property
     def data_directory(self) -> str | None:
         """The data directory (given, or learnt by :meth:`describe`), or None."""
         return self._data_directory or self._learnt_data_directory

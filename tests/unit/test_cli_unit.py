@@ -737,7 +737,33 @@ def test_a_key_with_no_near_name_lists_the_valid_ones(run: Run, tmp_path: Path) 
     code, _, err = run("list", "-c", str(path))
     assert code == 2
     assert "[archive] has an unknown key 'zzz'" in err
-    assert "[archive] takes: path" in err
+    assert "[archive] takes: path, gzip" in err
+
+
+def test_archive_gzip_reads_compressed_segments(config: Path, tmp_path: Path) -> None:
+    import gzip as gz
+
+    from pgsnap.cli import load_cluster
+
+    name = "000000010000000000000001"
+    archive = Path(load_cluster(config).archive.path)
+    archive.mkdir(parents=True, exist_ok=True)
+    (archive / f"{name}.gz").write_bytes(gz.compress(b"\0" * 16))
+    plain = load_cluster(config).archive
+    assert plain.unusable(16)  # a .gz it will not decompress is reported, not ignored
+    assert "gzip -dc" not in plain.restore_command()
+    config.write_text(config.read_text().replace("[archive]\n", "[archive]\ngzip = true\n", 1))
+    zipped = load_cluster(config).archive
+    assert zipped.unusable(16) == ()
+    assert zipped.list_names(16) == (f"{name}.gz",)
+    assert "gzip -dc" in zipped.restore_command()
+
+
+def test_archive_gzip_must_be_a_boolean(run: Run, config: Path) -> None:
+    config.write_text(config.read_text().replace("[archive]\n", '[archive]\ngzip = "yes"\n', 1))
+    code, _, err = run("list", "-c", str(config))
+    assert code == 2
+    assert "[archive] gzip must be true or false, not 'yes'" in err
 
 
 # --------------------------------------------------------------------------- issue 7, item 10:
