@@ -36,7 +36,7 @@ What it does:
 
 4. prints the times (median, min, max), MB/s (1 MB = 2**20 bytes of the
    stretch scanned), the ratios of the medians to both pg_waldump runs, each
-   process's peak resident memory (``ru_maxrss`` from ``os.wait4``), and
+   method's peak resident memory (one more run under GNU time, ``%M``), and
    checks that the reader and scan_wal found the same commits and restore
    points.
 """
@@ -44,6 +44,7 @@ What it does:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -73,8 +74,6 @@ TARGET_RATIO = 3.0
 
 def child(args: argparse.Namespace) -> None:
     """Run one extraction in this (fresh) process and print JSON with its figures."""
-    if args.cpu is not None:
-        os.sched_setaffinity(0, {args.cpu})
     from pgsnap import waldump, walreader  # noqa: PLC0415 - after the baseline
 
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -88,15 +87,22 @@ def child(args: argparse.Namespace) -> None:
     else:
         events = waldump.scan_wal(Path(args.waldump), [args.dir], spans, start, end, timeout=3600)
     seconds = time.perf_counter() - t0
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    commits = hashlib.sha256(
+        repr([(str(c[0]), c[1].isoformat(), c[2]) for c in events.commits]).encode()
+    ).hexdigest()
+    points = hashlib.sha256(repr([(str(p[0]), p[1]) for p in events.restore_points]).encode())
     print(
         json.dumps(
             {
                 "seconds": seconds,
-                "commits": [[str(c[0]), c[1].isoformat(), c[2]] for c in events.commits],
-                "restore_points": [[str(p[0]), p[1]] for p in events.restore_points],
+                "commits": len(events.commits),
+                "commits_sha256": commits,
+                "restore_points": len(events.restore_points),
+                "restore_points_sha256": points.hexdigest(),
                 "complete": events.complete,
-                "scanned_to": str(events.scanned_to),
                 "base_kb": base_kb,
+                "peak_kb": peak_kb,
             }
         )
     )
@@ -105,33 +111,44 @@ def child(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- measuring
 
 
-def run_measured(argv: list[str], cpu: int | None, *, capture: bool) -> dict[str, Any]:
-    """Run ``argv``; wall time, peak RSS of that process, and its stdout when captured."""
-
-    def pin() -> None:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-
+def run_measured(argv: list[str], *, capture: bool) -> dict[str, Any]:
+    """Run ``argv``: wall time, exit code, and its stdout when captured."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(
+    proc = subprocess.run(
         argv,
         stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        preexec_fn=pin,  # noqa: PLW1509 - no threads here
+        check=False,
     )
-    out = proc.stdout.read() if proc.stdout is not None else b""
-    err = proc.stderr.read() if proc.stderr is not None else b""
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
     return {
-        "wall": wall,
-        "cpu": usage.ru_utime + usage.ru_stime,
-        "maxrss_kb": usage.ru_maxrss,
-        "stdout": out.decode(),
-        "stderr": err.decode(errors="replace"),
+        "wall": time.perf_counter() - t0,
+        "stdout": proc.stdout.decode() if capture else "",
+        "stderr": proc.stderr.decode(errors="replace"),
         "rc": proc.returncode,
     }
+
+
+def peak_rss_mb(argv: list[str]) -> tuple[float | None, str]:
+    """Peak resident memory of ``argv`` run under GNU time (None without it), and its output.
+
+    Through GNU time, not from ``wait4`` here: a child's ``ru_maxrss`` starts at
+    the RSS of the process it was forked from, and this one is larger than
+    pg_waldump.
+    """
+    gnu_time = shutil.which("time") or ("/usr/bin/time" if Path("/usr/bin/time").exists() else None)
+    if gnu_time is None:
+        return None, ""
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as out:
+        proc = subprocess.run(
+            [gnu_time, "-f", "%M", "-o", out.name, *argv],
+            capture_output=True,
+            check=False,
+        )
+        text = out.read().strip().splitlines()
+    stdout = proc.stdout.decode() if "--child" in argv else ""
+    if proc.returncode != 0 or not text or not text[-1].isdigit():
+        return None, stdout
+    return int(text[-1]) / 1024, stdout
 
 
 def fmt(values: list[float]) -> str:
@@ -222,7 +239,7 @@ def main() -> None:
         "--warmup", type=int, default=60, help="seconds of pgbench before the steady stretch"
     )
     parser.add_argument("--bindir", type=Path, help="PostgreSQL binaries (default: 15)")
-    parser.add_argument("--cpu", type=int, default=0, help="the CPU every measured process runs on")
+    parser.add_argument("--cpu", type=int, default=0, help="the CPU the measured processes run on")
     parser.add_argument("--child", choices=["reader", "scan_wal"], help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--start", help=argparse.SUPPRESS)
@@ -270,7 +287,7 @@ def measure(
 ) -> None:
     span_mb = (end.value - start.value) / MB
     me = [sys.executable, str(Path(__file__).resolve())]
-    common = ["--dir", str(wal), "--start", str(start), "--end", str(end), "--cpu", str(args.cpu)]
+    common = ["--dir", str(wal), "--start", str(start), "--end", str(end)]
     dump = [str(waldump), "-p", str(wal), "-s", str(start), "-e", str(end)]
     reader = [*me, "--child", "reader", *common]
     methods: dict[str, list[str]] = {
@@ -295,22 +312,27 @@ def measure(
         if line.startswith(("Transaction", "Heap ", "Btree", "Total")):
             print("  " + " ".join(line.split()))
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
-    for argv in methods.values():  # warm the page cache and the interpreter
-        run_measured(argv, args.cpu, capture=True)
-    for r in range(args.runs):
-        for name, argv in methods.items():
-            in_python = "--child" in argv
-            res = run_measured(argv, args.cpu, capture=in_python)
-            if res["rc"] != 0:
-                sys.exit(f"{name} failed ({res['rc']}): {res['stderr'][-2000:]}")
-            if in_python:
-                res["report"] = json.loads(res["stdout"])
-                res["seconds"] = res["report"]["seconds"]
-            else:
-                res["seconds"] = res["wall"]
-            results[name].append(res)
-        times = ", ".join(f"{results[n][-1]['seconds']:.3f}" for n in methods)
-        print(f"run {r + 1} (s, in the order below): {times}")
+    os.sched_setaffinity(0, {args.cpu})  # the measured processes inherit it
+    try:
+        for argv in methods.values():  # warm the page cache and the interpreter
+            run_measured(argv, capture=True)
+        for r in range(args.runs):
+            for name, argv in methods.items():
+                in_python = "--child" in argv
+                res = run_measured(argv, capture=in_python)
+                if res["rc"] != 0:
+                    sys.exit(f"{name} failed ({res['rc']}): {res['stderr'][-2000:]}")
+                if in_python:
+                    res["report"] = json.loads(res["stdout"])
+                    res["seconds"] = res["report"]["seconds"]
+                else:
+                    res["seconds"] = res["wall"]
+                results[name].append(res)
+            times = ", ".join(f"{results[n][-1]['seconds']:.3f}" for n in methods)
+            print(f"run {r + 1} (s, in the order below): {times}")
+        rss = {name: peak_rss_mb(argv) for name, argv in methods.items()}
+    finally:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
     def secs(name: str) -> list[float]:
         return [r["seconds"] for r in results[name]]
@@ -322,22 +344,28 @@ def measure(
     print("|---|---|---|---|---|---|")
     for name in methods:
         med = statistics.median(secs(name))
-        rss = max(r["maxrss_kb"] for r in results[name]) / 1024
+        mem = rss[name][0]
         print(
             f"| {name} | {fmt(secs(name))} | {span_mb / med:.1f} | {med / full:.2f} | "
-            f"{med / filtered:.2f} | {rss:.1f} |"
+            f"{med / filtered:.2f} | {'n/a' if mem is None else f'{mem:.1f}'} |"
         )
     reader = results["pgsnap scan_events (Verify.TAIL)"][0]["report"]
     today = results["scan_wal (pg_waldump + parsing, today)"][0]["report"]
-    print(
-        f"pgsnap's peak RSS includes the interpreter and its imports: "
-        f"{reader['base_kb'] / 1024:.1f} MB before the scan"
+    timed = rss["pgsnap scan_events (Verify.TAIL)"][1]
+    if timed:
+        base = json.loads(timed)["base_kb"] / 1024
+        print(
+            f"pgsnap's peak RSS includes the interpreter and its imports ({base:.1f} MB before "
+            "the scan) and the commits the WalEvents holds (about 300 bytes each)"
+        )
+    same = (reader["commits_sha256"], reader["restore_points_sha256"]) == (
+        today["commits_sha256"],
+        today["restore_points_sha256"],
     )
     print(
-        f"found: {len(reader['commits'])} commits, {len(reader['restore_points'])} restore points"
-        f" (scan_wal: {len(today['commits'])}, {len(today['restore_points'])}); the same "
-        f"(lsn, time, xid): {reader['commits'] == today['commits']}; the same restore points: "
-        f"{reader['restore_points'] == today['restore_points']}"
+        f"found: {reader['commits']} commits, {reader['restore_points']} restore points "
+        f"(scan_wal: {today['commits']}, {today['restore_points']}); the same (lsn, time, xid) "
+        f"and restore points: {same}"
     )
     ours = statistics.median(secs("pgsnap scan_events (Verify.TAIL)"))
     print(

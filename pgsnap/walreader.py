@@ -27,8 +27,9 @@ its length without decoding it:
 * last, how the scan ended (:class:`ScanEnd`).
 
 :func:`read_wal` is the streaming API (an iterator of those records; memory is
-bounded by one read chunk - the segment, at most 16 MiB - plus the records it
-decodes); :func:`scan_events` wraps it into a
+bounded by one read chunk - the segment, at most 16 MiB - plus the records
+decoded in the last 16 MiB of WAL, whatever the archive's size);
+:func:`scan_events` wraps it into a
 :class:`~pgsnap.planner.facts.WalEvents` and takes the same inputs as
 :func:`pgsnap.waldump.scan_wal` (minus the ``pg_waldump`` path).
 
@@ -38,7 +39,7 @@ path, the long header's system identifier, segment and block size), every
 record header is checked (length, resource manager, ``xl_prev`` chain) and
 continuations are checked against ``xlp_rem_len``. The CRC-32C of every record
 that is decoded is checked; with :attr:`Verify.TAIL` (the default) so is every
-record of the last two segments before an end of valid WAL, so a torn tail is
+record of the last 16 MiB before an end of valid WAL, so a torn tail is
 found where replay finds it; :attr:`Verify.ALL` checks every record.
 
 Errors are :class:`~pgsnap.errors.ArchiveError` naming the file (and offset):
@@ -243,10 +244,10 @@ class Verify(enum.Enum):
     RECORDS = "records"
     """The records it decodes (commits, restore points...), nothing else."""
     TAIL = "tail"
-    """As RECORDS, plus every record of the last two segments before an end of
-    valid WAL, so a torn tail ends the WAL where replay ends it (the default).
-    The records of the last two segments read are held back until they are known
-    to be good."""
+    """As RECORDS, plus every record of the last 16 MiB (two segments when that
+    is less) before an end of valid WAL, so a torn tail ends the WAL where replay
+    ends it (the default). The records read in that last stretch are held back
+    until they are known to be good."""
     ALL = "all"
     """Every record: what replay checks, several times slower."""
 
@@ -863,6 +864,9 @@ def _twophase_xid(op: int, info: int, main: bytes, fmt: _Format) -> int | None:
 
 _OTHER_SYSTEM: Final = "WAL file is from different database system"
 _DEFAULT_CHUNK: Final = 16 * 1024 * 1024
+_TAIL_WINDOW: Final = 16 * 1024 * 1024
+"""Verify.TAIL checks the last 16 MiB before an end of WAL (two segments when smaller):
+the most WAL a server has in flight (wal_buffers is at most 16 MB unless set higher)."""
 
 
 class _Stop(Exception):
@@ -938,8 +942,10 @@ class _Scan:
         ):
             self.span_i += 1
         self.overwritten = -1
-        self.seg_first: dict[int, tuple[int, int]] = {self.pos // ctx.segsz: (self.pos, prev)}
-        self.last_seg = self.pos // ctx.segsz
+        # (next record pointer, previous record) now and then, to check the tail again from
+        self.window = min(_TAIL_WINDOW, 2 * ctx.segsz)
+        self.mark_every = self.window // 8
+        self.marks: collections.deque[tuple[int, int]] = collections.deque([(self.pos, prev)])
         # the result
         self.reason: StopReason | None = None
         self.scanned_to = start
@@ -1072,8 +1078,8 @@ class _Scan:
         assert self.stream is not None and self.seg_file is not None
         ctx = self.ctx
         n = min(ctx.chunk, ctx.segsz - self.stream_off)
-        data = _read_exact(self.stream, n, self.seg_file.path, self.stream_off, ctx.segsz)
-        self.buf = data
+        self.buf = b""  # the previous chunk goes before the next one comes
+        self.buf = _read_exact(self.stream, n, self.seg_file.path, self.stream_off, ctx.segsz)
         self.buf_lsn = self.segno * ctx.segsz + self.stream_off
         self.buf_end = self.buf_lsn + n
         self.stream_off += n
@@ -1282,8 +1288,7 @@ class _Scan:
             else:
                 self.pos = page + hsize
             break
-        self.seg_first = {self.pos // ctx.segsz: (self.pos, -1)}
-        self.last_seg = self.pos // ctx.segsz
+        self.marks = collections.deque([(self.pos, -1)])
 
     def _fast(self) -> None:
         """Walk the records that need no more than a look, from the current page on.
@@ -1457,6 +1462,7 @@ class _Scan:
                 if wanted:
                     data = buf[i : i + tot_len]
             else:
+                del buf  # the next pages may be in the next chunk: one chunk in memory
                 try:
                     nxt, data, crc_ok, _hdr = self._assemble(rec, tot_len, (xid, xprev, info, rmid))
                 except _Restart:
@@ -1467,6 +1473,7 @@ class _Scan:
                 self._eow(
                     rec, f"invalid record length at {LSN(rec)}: expected at least 24, got {tot_len}"
                 )
+            del buf
             try:
                 nxt, data, crc_ok, (xid, xprev, info, rmid) = self._assemble(rec, tot_len, None)
             except _Restart:
@@ -1496,12 +1503,10 @@ class _Scan:
             self.records += 1
         self.prev = rec
         self.pos = nxt
-        seg = nxt // ctx.segsz
-        if seg != self.last_seg:
-            self.seg_first[seg] = (nxt, rec)
-            self.last_seg = seg
-            for old in [k for k in self.seg_first if k < seg - 2]:
-                del self.seg_first[old]
+        if nxt // self.mark_every != self.marks[-1][0] // self.mark_every:
+            self.marks.append((nxt, rec))
+            while len(self.marks) > 1 and self.marks[1][0] <= nxt - 2 * self.window:
+                self.marks.popleft()
         if item is not None and rec >= self.start:
             self.out.append(item)
 
@@ -1771,11 +1776,9 @@ def read_wal(
             yield from batch
             continue
         pending.extend(batch)
-        reads = [i for i in batch if type(i) is SegmentRead]
-        if reads:
-            keep = (reads[-1].segno - 1) * segsz
-            while pending and _item_lsn(pending[0]) < keep:
-                yield pending.popleft()
+        keep = scan.pos - scan.window
+        while pending and _item_lsn(pending[0]) < keep:
+            yield pending.popleft()
     eow = scan.end_of_wal
     if hold and eow is not None:
         earlier = _reverify(ctx, scan, eow)
@@ -1801,12 +1804,11 @@ def read_wal(
 
 
 def _reverify(ctx: _Context, scan: _Scan, eow: EndOfWal) -> EndOfWal | None:
-    """CRC-check every record of the last two segments read before ``eow`` (the
-    records held back); the end of the valid WAL if it is earlier, else None."""
-    firsts = sorted(s for s in scan.seg_first if s >= scan.segno - 1)
-    if not firsts:
-        return None
-    pos, prev = scan.seg_first[firsts[0]]
+    """CRC-check every record of the tail window before ``eow`` (whose records
+    were held back); the end of the valid WAL if it is earlier, else None."""
+    edge = eow.lsn.value - scan.window
+    marks = [m for m in scan.marks if m[0] <= edge] or [scan.marks[0]]
+    pos, prev = marks[-1]
     if pos >= eow.lsn.value:
         return None
     check = _Scan(ctx, pos, eow.lsn.value, Verify.ALL, pos=pos, prev=prev)
