@@ -1372,16 +1372,41 @@ class _Scan:
                     break
                 nxt, last_page, latest_tli = over
                 page_end = last_page + b
+                if nxt // self.mark_every != self.marks[-1][0] // self.mark_every:
+                    self._mark_at(nxt, pos)
             prev = pos
             pos = nxt
             poff = pos & mask
             n += 1
         self.pos, self.prev = pos, prev
         self.records += n
+        self._mark()
         if last_page >= 0:
             self.latest_page = self.page_checked = last_page
             self.latest_tli = latest_tli
             self.page_hsize = _SHORT_PHD
+
+    def _mark(self) -> None:
+        """Remember (next record pointer, previous record) now and then: where a
+        check of the tail can start reading (a record boundary with its prev-link)."""
+        if self.pos // self.mark_every != self.marks[-1][0] // self.mark_every:
+            self._mark_at(self.pos, self.prev)
+
+    def _mark_at(self, pos: int, prev: int) -> None:
+        self.marks.append((pos, prev))
+        while len(self.marks) > 2 and self.marks[1][0] <= pos - 2 * self.window:
+            self.marks.popleft()
+
+    def held_from(self) -> tuple[int, int]:
+        """The last mark at least a tail window before the position (the first mark
+        if none is): the records from there on are held back and checked again."""
+        edge = self.pos - self.window
+        best = self.marks[0]
+        for mark in self.marks:
+            if mark[0] > edge:
+                break
+            best = mark
+        return best
 
     def _skip_over(
         self, page: int, got: int, tot_len: int, stop: int, latest_tli: int
@@ -1503,10 +1528,7 @@ class _Scan:
             self.records += 1
         self.prev = rec
         self.pos = nxt
-        if nxt // self.mark_every != self.marks[-1][0] // self.mark_every:
-            self.marks.append((nxt, rec))
-            while len(self.marks) > 1 and self.marks[1][0] <= nxt - 2 * self.window:
-                self.marks.popleft()
+        self._mark()
         if item is not None and rec >= self.start:
             self.out.append(item)
 
@@ -1771,17 +1793,18 @@ def read_wal(
     scan = _Scan(ctx, start_v, end_v, verify)
     hold = verify is Verify.TAIL
     pending: collections.deque[WalItem] = collections.deque()
+    held: tuple[int, int] | None = None  # records from here on are held back (Verify.TAIL)
     for batch in scan.walk():
         if not hold:
             yield from batch
             continue
         pending.extend(batch)
-        keep = scan.pos - scan.window
-        while pending and _item_lsn(pending[0]) < keep:
+        held = scan.held_from() if held is None else max(held, scan.held_from())
+        while pending and _item_lsn(pending[0]) < held[0]:
             yield pending.popleft()
     eow = scan.end_of_wal
     if hold and eow is not None:
-        earlier = _reverify(ctx, scan, eow)
+        earlier = _reverify(ctx, held or scan.held_from(), eow)
         if earlier is not None:
             eow = earlier
             while pending and _item_lsn(pending[-1]) >= earlier.found_at.value:
@@ -1803,12 +1826,11 @@ def read_wal(
     )
 
 
-def _reverify(ctx: _Context, scan: _Scan, eow: EndOfWal) -> EndOfWal | None:
-    """CRC-check every record of the tail window before ``eow`` (whose records
-    were held back); the end of the valid WAL if it is earlier, else None."""
-    edge = eow.lsn.value - scan.window
-    marks = [m for m in scan.marks if m[0] <= edge] or [scan.marks[0]]
-    pos, prev = marks[-1]
+def _reverify(ctx: _Context, held: tuple[int, int], eow: EndOfWal) -> EndOfWal | None:
+    """CRC-check every record from ``held`` (a record boundary and its prev-link,
+    where the held-back records begin) to ``eow``; the end of the valid WAL if it
+    is earlier, else None."""
+    pos, prev = held
     if pos >= eow.lsn.value:
         return None
     check = _Scan(ctx, pos, eow.lsn.value, Verify.ALL, pos=pos, prev=prev)

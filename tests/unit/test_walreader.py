@@ -545,6 +545,43 @@ def test_torn_tail_is_found_as_replay_finds_it(tmp_path):
     assert [x.xid for x in of(loose, XactRecord)] == [1, 2]
 
 
+def test_the_tail_window_is_the_last_stretch_read(tmp_path):
+    """Verify.TAIL checks the last 2 MB here (two 1 MB segments): damage before that
+    is not found (records after it are reported, the end is the real one); damage in
+    it is (nothing after it is reported). Either way every record reported is before
+    the end of valid WAL reported."""
+    w = WalWriter()
+    early = w.filler(500)
+    for i in range(150):
+        w.commit(100 + i)
+        w.filler(20000)
+    late = w.filler(500)
+    w.commit(999)
+    d = w.write(tmp_path)
+    seg = {n: d / segment_name(1, n, MB) for n in (1, 2, 3, 4)}
+    clean = scan([d])
+    assert clean[-1].end_of_wal.lsn.value > 3 * MB
+
+    def damaged(at):
+        path = seg[at // MB]
+        data = bytearray(path.read_bytes())
+        data[at % MB] ^= 0x10
+        path.write_bytes(bytes(data))
+        items = scan([d])
+        data[at % MB] ^= 0x10
+        path.write_bytes(bytes(data))
+        eow = items[-1].end_of_wal
+        assert all(x.lsn < eow.lsn for x in of(items, XactRecord))
+        return items, eow
+
+    items, eow = damaged(early[0] + 300)
+    assert eow == clean[-1].end_of_wal
+    assert len(of(items, XactRecord)) == 151
+    items, eow = damaged(late[0] + 300)
+    assert eow.found_at == LSN(late[0]) and "checksum" in eow.reason
+    assert len(of(items, XactRecord)) == 150
+
+
 def test_all_verifies_records_on_every_page_and_across_pages(tmp_path):
     w = WalWriter()
     w.commit(1)
