@@ -906,7 +906,6 @@ class _Scan:
         self.ctx = ctx
         self.start = start
         self.end = end
-        self.verify = verify
         self.verify_all = verify is Verify.ALL
         self.pos = start if pos is None else pos  # PostgreSQL's NextRecPtr
         self.prev = prev  # the previous record's start; -1: not known (random access)
@@ -926,7 +925,6 @@ class _Scan:
         self.buf_lsn = 0
         self.buf_end = 0
         self.page_checked = -1
-        self.page_hsize = _SHORT_PHD
         # page header state (XLogReaderValidatePageHeader)
         self.latest_page = -1
         self.latest_tli = 0
@@ -1221,9 +1219,7 @@ class _Scan:
                 self._eow(page, reason)
             self.page_checked = page
         rem = _U32.unpack_from(self.buf, i + 16)[0]
-        hsize = _LONG_PHD if info & _XLP_LONG_HEADER else _SHORT_PHD
-        self.page_hsize = hsize
-        return info, hsize, rem
+        return info, _LONG_PHD if info & _XLP_LONG_HEADER else _SHORT_PHD, rem
 
     def _close(self) -> None:
         if self.stream is not None:
@@ -1384,7 +1380,6 @@ class _Scan:
         if last_page >= 0:
             self.latest_page = self.page_checked = last_page
             self.latest_tli = latest_tli
-            self.page_hsize = _SHORT_PHD
 
     def _mark(self) -> None:
         """Remember (next record pointer, previous record) now and then: where a

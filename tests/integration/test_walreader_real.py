@@ -15,9 +15,11 @@ the WAL with the reader and checks what it found against the servers:
   and after it;
 - the restore points are the ones created, in order, and each ends exactly
   where ``pg_create_restore_point`` said;
-- across a promotion (a point-in-time recovery to a restore point), the path
-  1 -> 2 holds timeline 1's records up to the switchpoint, the switch, the
-  end-of-recovery record, and timeline 2's records;
+- across a point-in-time recovery to a restore point that promotes (timeline
+  2: a shutdown checkpoint starts it) and a standby promoted with ``pg_ctl
+  promote`` (timeline 3: an end-of-recovery record starts it), each path holds
+  timeline 1's records up to the switchpoint, the switch, the record that
+  starts the new timeline, and the new timeline's records;
 - on a crashed primary's pg_wal (recycled and zero-filled segments after the
   last record) the end of valid WAL is where crash recovery ends: the last
   record is the one replay logs as "redo done at", and the server goes on
@@ -36,6 +38,7 @@ import random
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -465,11 +468,13 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
     first = segment_start_of(LSN.parse(a.sql("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
     w1 = Workload(a, rng, "a")
     b = pg_server.prepare(bindir, archive_dir=archive, settings=SETTINGS)
+    c = pg_server.prepare(bindir, archive_dir=archive, settings=SETTINGS)
     with a.connect() as conn:
         w1.run(conn, 40)
-        # A base backup in the middle of the workload, restored into b later.
+        # A base backup in the middle of the workload, restored into b and c later.
         start = backup_start(conn, major)
         b.copy_data_from(a.data_dir)
+        c.copy_data_from(a.data_dir)
         labelfile, spcmapfile = backup_stop(conn, major)
         w1.run(conn, 40)
         target = w1._lsn(conn)
@@ -576,8 +581,47 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
     # ---- the planner's view: scan_events over the same stretch
     events = walreader.scan_events([str(archive), str(b.wal_dir)], path, start, LSN_MAX)
     assert events.complete and events.end_of_wal == items2[-1].end_of_wal.lsn
-    assert [c[2] for c in events.commits] == [x.xid for x in x2 if x.kind.committed]
+    assert [e[2] for e in events.commits] == [x.xid for x in x2 if x.kind.committed]
     assert events.restore_point("pitr-target") is not None
+
+    # ---- a standby promoted with pg_ctl promote: an end-of-recovery record starts
+    # timeline 3 (2 is taken) after all of timeline 1 the archive holds.
+    c.write_backup_label(labelfile, spcmapfile)
+    c.enable_recovery(standby=True, recovery_target_timeline="1")
+    c.start()
+    replayed = None
+    while True:  # until the standby has replayed all it can find
+        time.sleep(0.5)
+        now = c.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0]
+        if now is not None and now == replayed:
+            break
+        replayed = now
+    c.pg_ctl("promote", "-w")
+    c.wait_for_promotion()
+    c.wait_for_archived("00000003.history")
+    w3 = Workload(c, random.Random(3000 + major), "c")
+    with c.connect() as conn:
+        w3.run(conn, 10)
+    c.stop()
+    path3 = list(DirectoryWalArchive(archive).histories().path(3))
+    assert [s.timeline for s in path3] == [1, 3]
+    switch3 = path3[0].end
+    assert switch3 is not None and switch3 > switch
+    items3 = scan([archive, c.wal_dir], path3, start)
+    assert items3[-1].reason is StopReason.END_OF_WAL
+    assert of(items3, TimelineSwitch) == [TimelineSwitch(switch3, 1, 3)]
+    # Timeline 1 as read before, up to where it was read (the restarted primary wrote
+    # and archived more of it, which the standby replayed too).
+    upto = min(switch3, eow.lsn)
+    before3 = [i for i in as_waldump(items1) if start <= i[1] < upto]
+    assert [i for i in as_waldump(items3) if i[1] < upto] == before3
+    eor = next(i for i in items3 if isinstance(i, EndOfRecoveryRecord))
+    gap = 40 if switch3.value % MB == 0 else 24 if switch3.value % 8192 == 0 else 0
+    assert (eor.lsn, eor.this_timeline, eor.prev_timeline) == (switch3 + gap, 3, 1)
+    assert eor.timeline == 3
+    c.start()
+    check_with_server(c, [x for x in of(items3, XactRecord) if x.lsn >= switch3])
+    check_workload(w3, [i for i in items3[:-1] if i.lsn >= switch3])
 
     if major == 15:
         s_items = scan([archive, b.wal_dir], [TimelineSpan(2, switch, None)], switch)

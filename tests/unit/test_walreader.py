@@ -51,6 +51,8 @@ from pgsnap.walreader import (
 
 MB = 1024 * 1024
 B = 8192
+MAGIC = {12: 0xD101, 13: 0xD106, 14: 0xD10D, 15: 0xD110, 16: 0xD113, 17: 0xD116, 18: 0xD118}
+"""XLOG_PAGE_MAGIC of each release (xlog_internal.h), written here independently of the reader."""
 SYSID = 7_300_000_000_000_000_001
 T0 = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
@@ -79,7 +81,7 @@ class WalWriter:
         files: dict[tuple[int, int], bytearray] | None = None,
     ) -> None:
         self.major = major
-        self.magic = PAGE_MAGIC[major]
+        self.magic = MAGIC[major]
         self.segsz = segsz
         self.tli = tli
         self.sysid = sysid
@@ -326,12 +328,20 @@ def test_crc32c_agrees_with_the_bitwise_one_and_continues():
         assert crc32c(data[cut:], crc32c(data[:cut])) == crc32c(data), (n, cut)
 
 
+REAL_COMMIT = bytes.fromhex(
+    "42000000d202000078046000000000008001000088e7581bff2887462e818404030009000080010000007f06"
+    "0000010000001500000000000000cd530dcc00000000"
+)
+"""A commit record (xid 722, at 0/6004F0) as PostgreSQL 15 wrote it, xl_crc 0x1B58E788."""
+
+
 def test_crc32c_of_a_real_record_header_order():
     """PostgreSQL's record CRC: the data after the header, then the header up to xl_crc."""
-    w = WalWriter()
-    start, _ = w.commit(900)
-    rec = bytes(w.files[(1, 1)][start - MB : start - MB + 34])
-    assert struct.unpack_from("<I", rec, 20)[0] == crc32c(rec[:20], crc32c(rec[24:]))
+    rec = REAL_COMMIT
+    assert struct.unpack_from("<I", rec, 20)[0] == 0x1B58E788
+    assert crc32c(rec[:20], crc32c(rec[24:])) == 0x1B58E788
+    assert walreader._record_crc(rec) == 0x1B58E788
+    assert crc32c(rec[:24]) != 0x1B58E788
 
 
 # =========================================================================== records
@@ -382,9 +392,10 @@ def test_decodes_every_kind_it_extracts(tmp_path):
     assert end.records == 12
 
 
-@pytest.mark.parametrize("major", sorted(PAGE_MAGIC))
+@pytest.mark.parametrize("major", sorted(MAGIC))
 def test_every_version_and_its_stats_items(tmp_path, major):
     """The magic of each version; 18's dropped-stats items are 16 bytes, 15-17's 12."""
+    assert PAGE_MAGIC[major] == MAGIC[major]
     w = WalWriter(major=major)
     parts = {"stats": 2} if major >= 15 else {}
     w.commit(
@@ -480,6 +491,14 @@ def test_end_of_wal_cases(tmp_path):
 
     # A bad prev-link: a stale record where the next one should be.
     case("prev", lambda w: w.commit(3, prev=12345), "incorrect prev-link")
+
+    # The same with the record's header split over two pages (checked once whole).
+    def split(w):
+        w.to_page_offset(B - 8)
+        w.commit(3, prev=12345)
+
+    items = case("split", split, "incorrect prev-link")
+    assert items[-1].end_of_wal.found_at.value % B == B - 8
     # A record with an unknown resource manager.
     case("rmgr", lambda w: w.record(77, 0, b"xx"), "invalid resource manager ID 77")
     # A bad checksum on a record it decodes: the end is before it.
@@ -508,10 +527,27 @@ def test_end_of_wal_cases(tmp_path):
     items = case("lost", lost, "invalid magic number 0000")
     eow = items[-1].end_of_wal
     assert eow.aborted_lsn is not None and eow.found_at.value % B == 0
+    assert eow.lsn == eow.aborted_lsn < eow.found_at  # the end of the record before it
+
+    # A continuation page of a skipped record: another version's magic, or a
+    # remaining length that does not add up.
+    def continuation(offset, value):
+        def build(w):
+            start, _end = w.filler(3 * B)
+            page = start - start % B + 2 * B
+            struct.pack_into(
+                "<H" if offset == 0 else "<I", w.files[(1, 1)], page % MB + offset, value
+            )
+
+        return build
+
+    case("cmagic", continuation(0, MAGIC[16]), "invalid magic number D113 (PostgreSQL 16's)")
+    items = case("clen", continuation(16, 100), "invalid contrecord length 100")
+    assert items[-1].end_of_wal.aborted_lsn is not None
 
     # Another version's page in the middle of the WAL.
     def other(w):
-        w.magic = PAGE_MAGIC[16]
+        w.magic = MAGIC[16]
         w.switch()
         w.commit(3)
 
@@ -810,6 +846,7 @@ def two_timelines(tmp_path):
     w2.commit(20)
     w2.filler(MB)
     w2.commit(21)
+    w2.commit(22, kind="abort")
     w1.commit(3)  # timeline 1 only, after S
     w1.filler(MB)
     w1.commit(4)
@@ -826,6 +863,7 @@ def test_a_timeline_path(tmp_path):
         (2, 1),
         (20, 2),
         (21, 2),
+        (22, 2),
     ]
     assert of(items, TimelineSwitch) == [TimelineSwitch(switch, 1, 2)]
     eor = of(items, EndOfRecoveryRecord)[0]
@@ -840,7 +878,7 @@ def test_a_timeline_path(tmp_path):
     # events over the path, as the planner gets them
     events = scan_events([str(d)], path, LSN(MB), LSN_MAX)
     assert isinstance(events, WalEvents)
-    assert [c[2] for c in events.commits] == [1, 2, 20, 21]
+    assert [c[2] for c in events.commits] == [1, 2, 20, 21]  # not the abort
     assert events.complete and events.end_of_wal is not None
     assert events.scanned_from == LSN(MB)
 
