@@ -42,8 +42,9 @@ from pgsnap.planner.facts import (
 )
 from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backups
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiveIndex, check, segment_start
-from pgsnap.waldump import find_waldump, scan_wal
+from pgsnap.wal import ArchiveIndex, TimelineSpan, check, segment_start
+from pgsnap.waldump import scan_wal
+from pgsnap.walreader import scan_events
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_Scanner = Callable[[list[str], tuple[TimelineSpan, ...], LSN, LSN], WalEvents]
+"""Reads the WAL of ``dirs`` along a timeline path from one LSN to another."""
 
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 """The segment size assumed when no backup, server or archive says (16 MiB)."""
@@ -107,7 +111,8 @@ class Observer:
     """Gathers facts for the planners from one cluster's collaborators.
 
     ``clock`` gives the (aware, UTC) time the facts are taken at;
-    ``waldump`` is a ``pg_waldump`` to use instead of the one found;
+    ``waldump`` is a ``pg_waldump`` to read the WAL with instead of
+    pgsnap's own reader (:mod:`pgsnap.walreader`);
     ``max_scan_segments`` bounds the WAL scanned for commit times.
     """
 
@@ -295,26 +300,9 @@ class Observer:
         if not usable:
             return None
         major = usable[-1].server_version // 10000
-        # The adapter's binaries first (PostgresAdapter.bindir, when it has one), then
-        # the usual places for the backup's major version, then PATH.
-        adapter_bindir = getattr(self.adapter, "bindir", None)
-        waldump = (
-            self.waldump
-            or (find_waldump(adapter_bindir) if adapter_bindir else None)
-            or find_waldump(major=major)
-        )
-        if waldump is None:
-            return None
-        try:
-            out = subprocess.run(
-                [str(waldump), "--version"], capture_output=True, text=True, timeout=10, check=False
-            ).stdout
-        except OSError:
-            return None
-        if f" {major}." not in out and f" {major}" not in out.split("(")[-1]:
-            log.info(
-                "pg_waldump (%s) does not match PostgreSQL %s: WAL not scanned", out.strip(), major
-            )
+        newest = usable[-1]
+        scanner = self._scanner(major, newest.system_identifier, newest.wal_segment_size)
+        if scanner is None:
             return None
         keep_wal = VolumeRole.WAL not in request.lost and facts.archive_with_local_wal is not None
         index = (
@@ -329,13 +317,52 @@ class Observer:
             return None
         dirs: list[str] = [self.archive.location]
         if keep_wal and local_dir is not None and isinstance(self.host.runner, LocalRunner):
-            # pg_waldump runs here: it reads a surviving pg_wal only on this machine.
+            # The WAL is read here: a surviving pg_wal only when it is on this machine.
             dirs.append(local_dir)
-        return self._scan_candidates(waldump, dirs, facts, request, index, candidates)
+        return self._scan_candidates(scanner, dirs, facts, request, index, candidates)
+
+    def _scanner(
+        self, major: int, system_identifier: str, segment_size: int
+    ) -> _Scanner | None:
+        """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given."""
+        if self.waldump is None:
+
+            def read(
+                dirs: list[str], path: tuple[TimelineSpan, ...], lo: LSN, hi: LSN
+            ) -> WalEvents:
+                return scan_events(
+                    dirs,
+                    path,
+                    lo,
+                    hi,
+                    segment_size=segment_size,
+                    system_identifier=system_identifier,
+                    major=major,
+                )
+
+            return read
+        waldump = self.waldump
+        try:
+            out = subprocess.run(
+                [str(waldump), "--version"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except OSError as exc:
+            log.warning("pg_waldump %s cannot run (%s): WAL not scanned", waldump, exc)
+            return None
+        if f" {major}." not in out and f" {major}" not in out.split("(")[-1]:
+            log.warning(
+                "pg_waldump (%s) does not match PostgreSQL %s: WAL not scanned", out.strip(), major
+            )
+            return None
+
+        def dump(dirs: list[str], path: tuple[TimelineSpan, ...], lo: LSN, hi: LSN) -> WalEvents:
+            return scan_wal(waldump, dirs, path, lo, hi)
+
+        return dump
 
     def _scan_candidates(
         self,
-        waldump: Path,
+        scan: _Scanner,
         dirs: list[str],
         facts: RecoveryFacts,
         request: RecoveryRequest,
@@ -380,7 +407,7 @@ class Observer:
                     lo = segment_start((hi.value - limit) // seg, seg)
                     complete = False
                 budget -= max(1, (hi - lo + seg - 1) // seg)
-                found = scan_wal(waldump, dirs, reach.path, lo, hi)
+                found = scan(dirs, reach.path, lo, hi)
                 complete = complete and found.complete
                 events = found if events is None else events.merge(found)
             if target.kind not in (TargetKind.XID, TargetKind.NAME):

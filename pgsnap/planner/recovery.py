@@ -483,7 +483,7 @@ def _check_target_reachable(
             warnings += _forked_timeline_warnings(facts, request, wal)
         elif ev is None:
             warnings.append(
-                "commit times in the WAL could not be read (no pg_waldump): the "
+                "commit times in the WAL were not read (the log says why): the "
                 "target time is not checked against the last commit"
             )
         else:

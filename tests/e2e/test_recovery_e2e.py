@@ -188,7 +188,7 @@ def test_target_past_the_end_of_the_archive_is_refused(e2e_env: Any) -> None:
     future = after_last_commit.replace(year=after_last_commit.year + 1)
     refused(env, TargetOutOfRange, RecoveryTarget.time(future), lost=[DATA, WAL])
     refused(env, TargetOutOfRange, RecoveryTarget.time(future))
-    # A time after the last commit in the archive (read from the WAL with pg_waldump).
+    # A time after the last commit in the archive (read from the WAL by pgsnap's reader).
     refused(env, TargetOutOfRange, RecoveryTarget.time(after_last_commit), lost=[DATA, WAL])
     # A restore point that does not exist.
     refused(env, TargetOutOfRange, RecoveryTarget.name("no_such_point"), lost=[DATA, WAL])

