@@ -535,8 +535,8 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
     sysid = int(a.sql("SELECT system_identifier FROM pg_control_system()")[0][0])
     assert reads[0].system_identifier == sysid
     a.stop()
-    after = scan([a.wal_dir], [TimelineSpan(1, None, None)], eow.lsn)
-    first_new = next(i for i in after if isinstance(i, CheckpointRecord | XactRecord))
+    after = scan([archive, a.wal_dir], [TimelineSpan(1, None, None)], eow.lsn)
+    first_new = next((i for i in after if isinstance(i, CheckpointRecord | XactRecord)), after)
     header = 40 if eow.lsn.value % MB == 0 else 24 if eow.lsn.value % 8192 == 0 else 0
     assert first_new.lsn == eow.lsn + header, (first_new, eow)
 
@@ -589,11 +589,16 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
     c.write_backup_label(labelfile, spcmapfile)
     c.enable_recovery(standby=True, recovery_target_timeline="1")
     c.start()
+    last_archived = max(
+        int(f.name[8:], 16)
+        for f in archive.iterdir()
+        if re.fullmatch("00000001[0-9A-F]{16}", f.name)
+    )
     replayed = None
-    while True:  # until the standby has replayed all it can find
+    while True:  # until the standby has replayed all it can find (in the last segment)
         time.sleep(0.5)
         now = c.sql("SELECT pg_last_wal_replay_lsn()::text")[0][0]
-        if now is not None and now == replayed:
+        if now is not None and now == replayed and LSN.parse(now).value // MB >= last_archived:
             break
         replayed = now
     c.pg_ctl("promote", "-w")
