@@ -163,7 +163,7 @@ _DATABASE_KEYS = (
 _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
 _ARCHIVE_KEYS = ("path", "gzip")
-_CATALOG_KEYS = ("path", "journal")
+_CATALOG_KEYS = ("path", "journal", "wal_index")
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -451,6 +451,13 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
     backend = create_backend(str(storage["backend"]), **options)
     catalog_path = rel(_need(catalog, "path", "[catalog]"))
     journal = catalog.get("journal", Path(catalog_path) / "journal")
+    wal_index = catalog.get("wal_index", True)
+    if not isinstance(wal_index, bool | str) or wal_index == "":
+        raise ConfigurationError(
+            f"[catalog] wal_index is {wal_index!r}",
+            hint="give a directory for the WAL index, or false for none "
+            "(default: wal-index in the catalog directory)",
+        )
     return Cluster(
         adapter=adapter,
         backend=backend,
@@ -460,6 +467,7 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
         catalog=DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
         layout=layout,
         journal_dir=rel(journal),
+        wal_index=rel(wal_index) if isinstance(wal_index, str) else wal_index,
     )
 
 

@@ -44,7 +44,7 @@ from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backup
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import ArchiveIndex, TimelineSpan, check, segment_start
 from pgsnap.waldump import scan_wal
-from pgsnap.walreader import scan_events
+from pgsnap.walindex import WalIndex, WalQuery, read_events
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
@@ -58,8 +58,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_Scanner = Callable[[list[str], tuple[TimelineSpan, ...], LSN, LSN], WalEvents]
-"""Reads the WAL of ``dirs`` along a timeline path from one LSN to another."""
+_Scanner = Callable[
+    [list[str], tuple[TimelineSpan, ...], LSN, LSN, WalQuery, int], tuple[WalEvents, int]
+]
+"""Reads the WAL of ``dirs`` along a timeline path from one LSN to another, answering a
+:class:`~pgsnap.walindex.WalQuery`, reading at most so many segments (the newest); returns
+what it found and how many segments it read."""
 
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 """The segment size assumed when no backup, server or archive says (16 MiB)."""
@@ -112,8 +116,11 @@ class Observer:
 
     ``clock`` gives the (aware, UTC) time the facts are taken at;
     ``waldump`` is a ``pg_waldump`` to read the WAL with instead of
-    pgsnap's own reader (:mod:`pgsnap.walreader`);
-    ``max_scan_segments`` bounds the WAL scanned for commit times.
+    pgsnap's own reader (:mod:`pgsnap.walreader`); ``wal_index`` keeps what
+    that reader found in each archived segment, so planning reads each
+    segment once (:mod:`pgsnap.walindex`; None: no index);
+    ``max_scan_segments`` bounds the segments read for commit times per
+    plan (segments the index answers are not counted).
     """
 
     adapter: DatabaseAdapter
@@ -124,6 +131,7 @@ class Observer:
     clock: Callable[[], dt.datetime]
     waldump: Path | None = None
     max_scan_segments: int = 256
+    wal_index: WalIndex | None = None
 
     def _now(self) -> dt.datetime:
         return self.clock()
@@ -326,11 +334,17 @@ class Observer:
     ) -> _Scanner | None:
         """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given."""
         if self.waldump is None:
+            wal_index = self.wal_index
 
             def read(
-                dirs: list[str], path: tuple[TimelineSpan, ...], lo: LSN, hi: LSN
-            ) -> WalEvents:
-                return scan_events(
+                dirs: list[str],
+                path: tuple[TimelineSpan, ...],
+                lo: LSN,
+                hi: LSN,
+                query: WalQuery,
+                budget: int,
+            ) -> tuple[WalEvents, int]:
+                found = read_events(
                     dirs,
                     path,
                     lo,
@@ -338,7 +352,19 @@ class Observer:
                     segment_size=segment_size,
                     system_identifier=system_identifier,
                     major=major,
+                    query=query,
+                    index=wal_index,
+                    max_read=budget,
                 )
+                log.debug(
+                    "WAL %s..%s: %d segments read, %d from the index (%d indexed now)",
+                    lo,
+                    hi,
+                    found.read,
+                    found.indexed,
+                    found.added,
+                )
+                return found.events, found.read
 
             return read
         waldump = self.waldump
@@ -355,8 +381,23 @@ class Observer:
             )
             return None
 
-        def dump(dirs: list[str], path: tuple[TimelineSpan, ...], lo: LSN, hi: LSN) -> WalEvents:
-            return scan_wal(waldump, dirs, path, lo, hi)
+        def dump(
+            dirs: list[str],
+            path: tuple[TimelineSpan, ...],
+            lo: LSN,
+            hi: LSN,
+            query: WalQuery,
+            budget: int,
+        ) -> tuple[WalEvents, int]:
+            del query  # pg_waldump reports every commit
+            first = lo
+            limit = budget * segment_size
+            if hi - lo > limit:  # the newest WAL within the budget
+                first = segment_start((hi.value - limit) // segment_size, segment_size)
+            found = scan_wal(waldump, dirs, path, first, hi)
+            if first != lo:
+                found = attrs.evolve(found, complete=False)
+            return found, max(1, (hi - first + segment_size - 1) // segment_size)
 
         return dump
 
@@ -384,7 +425,6 @@ class Observer:
         for cand in candidates:
             b = cand.backup
             assert b.stop_lsn is not None
-            seg = b.wal_segment_size
             try:
                 reach = check(
                     index, (b.start_timeline, b.start_lsn), None, cand.timeline, facts.timelines
@@ -398,16 +438,17 @@ class Observer:
                 if events is None
                 else list(events.uncovered(b.start_lsn, reach.reachable_lsn))
             )
-            for first, hi in reversed(todo):  # the newest WAL first
+            # The last commit before where each timeline of the path ends and before
+            # the end of the reachable WAL: the planner states those as times.
+            query = WalQuery.for_target(
+                target, [*(s.end for s in reach.path if s.end is not None), reach.reachable_lsn]
+            )
+            for lo, hi in reversed(todo):  # the newest WAL first
                 if budget <= 0:
                     complete = False
                     break
-                lo, limit = first, budget * seg
-                if hi - lo > limit:
-                    lo = segment_start((hi.value - limit) // seg, seg)
-                    complete = False
-                budget -= max(1, (hi - lo + seg - 1) // seg)
-                found = scan(dirs, reach.path, lo, hi)
+                found, used = scan(dirs, reach.path, lo, hi, query, budget)
+                budget -= used
                 complete = complete and found.complete
                 events = found if events is None else events.merge(found)
             if target.kind not in (TargetKind.XID, TargetKind.NAME):

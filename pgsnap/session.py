@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.catalog import CatalogScan, UnreadableEntry, is_valid_backup_id, scan_catalog
+from pgsnap.catalog import (
+    CatalogScan,
+    DirectoryCatalog,
+    UnreadableEntry,
+    is_valid_backup_id,
+    scan_catalog,
+)
 from pgsnap.checks import EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import (
     ArchiveError,
@@ -59,6 +65,7 @@ from pgsnap.planner.facts import (
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import ArchiverHealth, archiver_health
+from pgsnap.walindex import WalIndex
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
@@ -289,8 +296,37 @@ def _lost(value: object) -> frozenset[VolumeRole]:
     return frozenset(_role(v) for v in value)
 
 
+def _wal_index(value: object, catalog: Catalog) -> WalIndex | None:
+    if isinstance(value, WalIndex):
+        return value
+    if value is False:
+        return None
+    if value is None or value is True:
+        if isinstance(catalog, DirectoryCatalog):
+            return WalIndex(catalog.path / "wal-index")
+        if value is True:
+            raise ConfigurationError(
+                f"wal_index=True needs a directory catalog, not {catalog!r}",
+                hint="pass the directory to keep the WAL index in: wal_index='/path'",
+            )
+        return None
+    if isinstance(value, str | os.PathLike):
+        return WalIndex(value)
+    raise ConfigurationError(
+        f"wal_index must be a directory, a WalIndex, True or False, not {value!r}",
+        hint="pass wal_index='/path/to/index', or False for no index",
+    )
+
+
 class Cluster:
-    """One PostgreSQL cluster under pgsnap's care. See the module docstring."""
+    """One PostgreSQL cluster under pgsnap's care. See the module docstring.
+
+    ``wal_index``: where to keep what planning learnt from each archived WAL
+    segment (:class:`~pgsnap.walindex.WalIndex`), so each is read once: a
+    directory or an index; True or None (the default) for ``wal-index`` in
+    a :class:`~pgsnap.catalog.DirectoryCatalog`'s directory (no index with
+    another catalog); False for none.
+    """
 
     def __init__(
         self,
@@ -305,6 +341,7 @@ class Cluster:
         clock: Callable[[], dt.datetime] | None = None,
         on_event: Callable[[Event], None] | None = None,
         max_scan_segments: int = 256,
+        wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -316,6 +353,7 @@ class Cluster:
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self.on_event = on_event
         self.max_scan_segments = max_scan_segments
+        self.wal_index = _wal_index(wal_index, catalog)
 
     def __repr__(self) -> str:
         return (
@@ -342,6 +380,7 @@ class Cluster:
             clock=self._now,
             waldump=self._waldump,
             max_scan_segments=self.max_scan_segments,
+            wal_index=self.wal_index,
         )
 
     def backup_facts(self) -> BackupFacts:

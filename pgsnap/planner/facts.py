@@ -59,13 +59,17 @@ def _spans(values: Iterable[tuple[LSN, LSN]]) -> tuple[tuple[LSN, LSN], ...]:
 
 @attrs.frozen
 class WalEvents:
-    """What a scan of WAL records (``pg_waldump``) found, for stating targets as times.
+    """What a read of the WAL found, for placing targets and stating them as times.
 
     ``commits`` are ``(lsn, commit time, xid)`` of transaction commits in LSN
-    order; ``restore_points`` are ``(lsn, name)``. ``spans`` are the stretches
-    of WAL that were scanned (``[from, to)``, sorted, disjoint): the WAL each
-    candidate backup can reach, not more. ``complete`` when they cover all the
-    WAL every candidate backup can reach, up to ``end_of_wal`` when set.
+    order: every commit (:func:`pgsnap.walreader.scan_events`, ``pg_waldump``),
+    or those a plan's questions need (:func:`pgsnap.walindex.read_events`:
+    each segment's first and last, and those answering its
+    :class:`~pgsnap.walindex.WalQuery`); ``restore_points`` are ``(lsn, name)``.
+    ``spans`` are the stretches of WAL that were scanned (``[from, to)``,
+    sorted, disjoint): the WAL each candidate backup can reach, not more.
+    ``complete`` when they cover all the WAL every candidate backup can reach,
+    up to ``end_of_wal`` when set.
     """
 
     commits: tuple[tuple[LSN, dt.datetime, int], ...] = ()

@@ -8,7 +8,9 @@ recovered server. Refused plans are checked to touch nothing.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import time
 from typing import Any
@@ -486,6 +488,66 @@ def test_planning_scans_only_the_wal_the_chosen_backup_reaches(e2e_env: Any) -> 
     assert facts.events is not None and facts.events.spans
     assert facts.events.spans[0][0] >= b2.start_lsn, facts.events.spans
     assert facts.events.commits  # and it read what it needs
+
+
+def _segments_read(records: list[logging.LogRecord]) -> tuple[int, int]:
+    """(read, from the index) summed over the observer's WAL reads in ``records``."""
+    read = indexed = 0
+    for r in records:
+        m = re.search(r"(\d+) segments read, (\d+) from the index", r.getMessage())
+        if r.name == "pgsnap.observe" and m:
+            read += int(m[1])
+            indexed += int(m[2])
+    return read, indexed
+
+
+def test_a_second_plan_reads_the_wal_from_the_index_and_recovers_the_same(
+    e2e_env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 8 (the index): planning again reads only the segments it has not seen,
+    gives the answers a read without the index gives, and its plan recovers the
+    right rows."""
+    from pgsnap.planner.recovery import RecoveryRequest
+
+    env: Env = e2e_env()
+    backed_up(env)
+    when = None
+    for batch in range(2, 12):
+        env.write(batch)
+        if batch == 6:
+            when = env.now()
+        env.switch_wal()
+    assert when is not None
+    env.crash()
+    env.lose_data()
+    target = RecoveryTarget.time(when)
+    caplog.set_level(logging.DEBUG, logger="pgsnap.observe")
+    cold_plan = env.cluster.plan_recovery(target)
+    cold = _segments_read(caplog.records)
+    caplog.clear()
+    warm_plan = env.cluster.plan_recovery(target)
+    warm = _segments_read(caplog.records)
+    assert cold[1] == 0 and warm[1] > 0, (cold, warm)
+    assert warm[0] < cold[0], (cold, warm)
+    assert warm_plan.summary == cold_plan.summary
+    assert warm_plan.warnings == cold_plan.warnings
+
+    request = RecoveryRequest(target)
+    warm_facts = env.cluster.recovery_facts(request)
+    index, env.cluster.wal_index = env.cluster.wal_index, None
+    try:
+        plain = env.cluster.recovery_facts(request)
+    finally:
+        env.cluster.wal_index = index
+    assert warm_facts.events is not None and plain.events is not None
+    for ev in (warm_facts.events, plain.events):
+        assert ev.complete
+    assert warm_facts.events.first_commit_after(when) == plain.events.first_commit_after(when)
+    assert warm_facts.events.last_commit() == plain.events.last_commit()
+    assert warm_facts.events.end_of_wal == plain.events.end_of_wal
+
+    env.cluster.execute(warm_plan)
+    assert env.batches() == env.expect(1, 2, 3, 4, 5, 6)
 
 
 def test_times_before_and_after_a_fork_plan_right_and_say_which_timeline(e2e_env: Any) -> None:
