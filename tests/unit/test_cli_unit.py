@@ -951,3 +951,21 @@ def test_plan_recovery_names_an_unreadable_record(run: Run, config: Path) -> Non
     assert f"pgsnap: warning: catalog file {bad} is unreadable" in err
     assert "malformed LSN 'garbage'" in err
     assert err.count(str(bad)) == 1  # said once, not again by the catalog's log warning
+
+
+def test_catalog_wal_index_setting(config: Path, tmp_path: Path, run: Run) -> None:
+    """The WAL index lives in the catalog directory unless [catalog] wal_index says
+    where, or false for none; anything else is a usage error naming the key."""
+    from pgsnap.cli import load_cluster
+
+    index = load_cluster(config).wal_index
+    assert index is not None and Path(index.path) == tmp_path / "catalog" / "wal-index"
+    text = config.read_text()
+    config.write_text(text.replace("[catalog]\n", '[catalog]\nwal_index = "idx"\n', 1))
+    index = load_cluster(config).wal_index
+    assert index is not None and Path(index.path) == config.parent / "idx"
+    config.write_text(text.replace("[catalog]\n", "[catalog]\nwal_index = false\n", 1))
+    assert load_cluster(config).wal_index is None
+    config.write_text(text.replace("[catalog]\n", "[catalog]\nwal_index = 3\n", 1))
+    code, _out, err = run("list", "-c", str(config))
+    assert code == 2 and "[catalog] wal_index is 3" in err, err
