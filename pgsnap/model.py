@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import json
 import re
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, TypeVar, Union
 
 import attrs
@@ -787,92 +788,166 @@ def encode_value(value: Any) -> Any:
 
 def decode_value(tp: Any, data: Any, where: str) -> Any:
     """Plain JSON ``data`` as a value of type ``tp``; :class:`FormatError` naming ``where``."""
+    return _decoder(tp)(data, where)
+
+
+_Decode = Callable[[Any, str], Any]
+
+
+@functools.cache
+def _decoder(tp: Any) -> _Decode:
+    """The decoder of type ``tp``, built once per type (types are immutable), so that
+    decoding a record costs no reflection (``typing.get_type_hints``) per value."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
-        return data
+        return lambda data, where: data
     if origin in (Union, types.UnionType):
-        if data is None and type(None) in args:
+        return _union_decoder(args, tp)
+    if origin in (frozenset, set) or origin is tuple:
+        item = _decoder(args[0] if args else Any)
+        make: Callable[[Iterable[Any]], Any] = tuple if origin is tuple else frozenset
+
+        def sequence(data: Any, where: str) -> Any:
+            if not isinstance(data, list):
+                raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
+            return make(item(v, f"{where}[{i}]") for i, v in enumerate(data))
+
+        return sequence
+    if origin in (Mapping, dict) or tp is dict:
+        value = _decoder(args[1] if len(args) == 2 else Any)
+
+        def mapping(data: Any, where: str) -> Any:
+            if not isinstance(data, dict):
+                raise FormatError(f"{where}: expected an object, got {type(data).__name__}")
+            return {str(k): value(v, f"{where}.{k}") for k, v in data.items()}
+
+        return mapping
+    leaf = _LEAVES.get(tp)
+    if leaf is not None:
+        return leaf
+    if isinstance(tp, type) and attrs.has(tp):
+        return lambda data, where: _from_dict(tp, data, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum_decoder(tp)
+
+    def unknown(data: Any, where: str) -> Any:
+        raise FormatError(f"{where}: cannot decode type {tp!r}")
+
+    return unknown
+
+
+def _union_decoder(args: tuple[Any, ...], tp: Any) -> _Decode:
+    nullable = type(None) in args
+    # RecoveryTarget.value: the kind decides; otherwise try in order.
+    choices = [_decoder(a) for a in args if a is not type(None)]
+
+    def union(data: Any, where: str) -> Any:
+        if data is None and nullable:
             return None
-        non_none = [a for a in args if a is not type(None)]
-        # RecoveryTarget.value: the kind decides; try in order.
+        if len(choices) == 1:
+            return choices[0](data, where)
         errors: list[str] = []
-        for cand in non_none:
+        for choice in choices:
             try:
-                return decode_value(cand, data, where)
+                return choice(data, where)
             except (FormatError, LSNError, TargetError, TypeError, ValueError) as exc:
                 errors.append(str(exc))
         raise FormatError(f"{where}: {data!r} matches none of {tp}: {'; '.join(errors)}")
-    if origin in (frozenset, set):
-        if not isinstance(data, list):
-            raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
-        return frozenset(decode_value(args[0] if args else Any, v, f"{where}[]") for v in data)
-    if origin is tuple:
-        if not isinstance(data, list):
-            raise FormatError(f"{where}: expected a list, got {type(data).__name__}")
-        item = args[0] if args else Any
-        return tuple(decode_value(item, v, f"{where}[{i}]") for i, v in enumerate(data))
-    if origin in (Mapping, dict) or tp is dict:
-        if not isinstance(data, dict):
-            raise FormatError(f"{where}: expected an object, got {type(data).__name__}")
-        vt = args[1] if len(args) == 2 else Any
-        return {str(k): decode_value(vt, v, f"{where}.{k}") for k, v in data.items()}
-    if tp is LSN:
-        if not isinstance(data, str):
-            raise FormatError(f"{where}: expected an LSN string, got {data!r}")
-        return LSN.parse(data)
-    if isinstance(tp, type) and attrs.has(tp):
-        return _from_dict(tp, data, where)
-    if tp is dt.datetime:
-        if not isinstance(data, str):
-            raise FormatError(f"{where}: expected an ISO time string, got {data!r}")
-        try:
-            return dt.datetime.fromisoformat(data)
-        except ValueError as exc:
-            raise FormatError(f"{where}: malformed time {data!r}") from exc
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+
+    return union
+
+
+def _enum_decoder(tp: type[enum.Enum]) -> _Decode:
+    def decode(data: Any, where: str) -> Any:
         try:
             return tp(data)
         except ValueError as exc:
             raise FormatError(f"{where}: {data!r} is not a valid {tp.__name__}") from exc
-    if tp is bool:
-        if not isinstance(data, bool):
-            raise FormatError(f"{where}: expected true/false, got {data!r}")
-        return data
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise FormatError(f"{where}: expected an integer, got {data!r}")
-        return data
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise FormatError(f"{where}: expected a number, got {data!r}")
-        return float(data)
-    if tp is str:
-        if not isinstance(data, str):
-            raise FormatError(f"{where}: expected a string, got {data!r}")
-        return data
-    if tp is type(None):
-        if data is not None:
-            raise FormatError(f"{where}: expected null, got {data!r}")
-        return None
-    raise FormatError(f"{where}: cannot decode type {tp!r}")
+
+    return decode
+
+
+def _lsn_value(data: Any, where: str) -> LSN:
+    if not isinstance(data, str):
+        raise FormatError(f"{where}: expected an LSN string, got {data!r}")
+    return LSN.parse(data)
+
+
+def _time_value(data: Any, where: str) -> dt.datetime:
+    if not isinstance(data, str):
+        raise FormatError(f"{where}: expected an ISO time string, got {data!r}")
+    try:
+        return dt.datetime.fromisoformat(data)
+    except ValueError as exc:
+        raise FormatError(f"{where}: malformed time {data!r}") from exc
+
+
+def _bool_value(data: Any, where: str) -> bool:
+    if not isinstance(data, bool):
+        raise FormatError(f"{where}: expected true/false, got {data!r}")
+    return data
+
+
+def _int_value(data: Any, where: str) -> int:
+    if isinstance(data, bool) or not isinstance(data, int):
+        raise FormatError(f"{where}: expected an integer, got {data!r}")
+    return data
+
+
+def _float_value(data: Any, where: str) -> float:
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        raise FormatError(f"{where}: expected a number, got {data!r}")
+    return float(data)
+
+
+def _str_value(data: Any, where: str) -> str:
+    if not isinstance(data, str):
+        raise FormatError(f"{where}: expected a string, got {data!r}")
+    return data
+
+
+def _none_value(data: Any, where: str) -> None:
+    if data is not None:
+        raise FormatError(f"{where}: expected null, got {data!r}")
+
+
+_LEAVES: Final[dict[Any, _Decode]] = {
+    LSN: _lsn_value,
+    dt.datetime: _time_value,
+    bool: _bool_value,
+    int: _int_value,
+    float: _float_value,
+    str: _str_value,
+    type(None): _none_value,
+}
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, _Decode, bool], ...]:
+    """``(name, decoder, required)`` of each field of the attrs class ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (f.name, _decoder(hints[f.name]), f.default is attrs.NOTHING)
+        for f in attrs.fields(cls)
+    )
 
 
 def _from_dict(cls: type[_T], data: Any, where: str) -> _T:
     if not isinstance(data, dict):
         raise FormatError(f"{where}: expected an object for {cls.__name__}, got {data!r}")
-    hints = dict(typing.get_type_hints(cls))
-    if cls is RecoveryTarget:
-        # The kind decides the value's type (a NAME target may look like a time).
-        kind = decode_value(TargetKind, data.get("kind"), f"{where}.kind")
-        hints["value"] = _TARGET_VALUE_TYPES[kind]
     kwargs: dict[str, Any] = {}
-    for f in attrs.fields(cls):  # type: ignore[arg-type]
-        if f.name not in data:
-            if f.default is attrs.NOTHING:
-                raise FormatError(f"{where}: {cls.__name__} needs {f.name!r}")
+    for name, decode, required in _fields(typing.cast(Any, cls)):
+        if name not in data:
+            if required:
+                raise FormatError(f"{where}: {cls.__name__} needs {name!r}")
             continue
-        kwargs[f.name] = decode_value(hints[f.name], data[f.name], f"{where}.{f.name}")
+        if cls is RecoveryTarget and name == "value":
+            # The kind decides the value's type (a NAME target may look like a time).
+            kind = decode_value(TargetKind, data.get("kind"), f"{where}.kind")
+            kwargs[name] = decode_value(_TARGET_VALUE_TYPES[kind], data[name], f"{where}.value")
+            continue
+        kwargs[name] = decode(data[name], f"{where}.{name}")
     # Unknown keys (from a newer minor version) are ignored on purpose.
     try:
         return cls(**kwargs)
