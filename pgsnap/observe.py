@@ -263,8 +263,11 @@ class Observer:
             return None
         return [n for n, head in heads.items() if is_live_segment(n, head, segment_size)]
 
-    def recovery_facts(self, request: RecoveryRequest | None = None) -> RecoveryFacts:
-        """Observe what the recovery planner needs; scans WAL commit times when it can."""
+    def recovery_facts(
+        self, request: RecoveryRequest | None = None, *, read_wal: bool = True
+    ) -> RecoveryFacts:
+        """Observe what the recovery planner needs; reads WAL commit times when it can
+        (and ``read_wal``: without, ``events`` is None)."""
         request = request or RecoveryRequest()
         backups = self.catalog.list()
         seg = self._segment_size(backups)
@@ -298,6 +301,8 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
         )
+        if not read_wal:
+            return facts
         events = self._scan_events(facts, request, local_dir)
         return attrs.evolve(facts, events=events)
 

@@ -56,6 +56,7 @@ from pgsnap.model import (
     from_dict,
 )
 from pgsnap.observe import Observer
+from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
 from pgsnap.planner.facts import (
@@ -559,11 +560,23 @@ class Cluster:
     # ------------------------------------------------------------------ execute
 
     def _check_fresh(self, plan: Plan) -> None:
+        """Refuse a recovery plan whose facts changed since it was made.
+
+        Not a full re-plan: the facts its fingerprint covers are observed
+        again with the plan's backup pinned and without reading the WAL (the
+        fingerprint does not depend on what the WAL holds, and the target was
+        verified when planning), and the digest compared.
+        """
         if plan.kind != "recovery" or not plan.request:
             return
         request = from_dict(RecoveryRequest, plan.request)
+        label = WriteBackupLabel.name
+        planned = [s.params.get("backup_id") for s in plan.steps if s.action == label]
+        if len(planned) == 1 and isinstance(planned[0], str) and request.backup_id is None:
+            request = attrs.evolve(request, backup_id=planned[0])
         try:
-            now = self._plan_recovery(request)
+            facts = self.observer.recovery_facts(request, read_wal=False)
+            now = plan_recovery(facts, request)
         except PlanningError as exc:
             raise StalePlanError(
                 f"the plan no longer holds: {exc.message}", hint="make a new plan"

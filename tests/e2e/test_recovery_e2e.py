@@ -23,6 +23,7 @@ from pgsnap.errors import (
     NoBackupForTarget,
     PlanAlreadyRunError,
     PlanningError,
+    StalePlanError,
     TargetOutOfRange,
     WalGapError,
 )
@@ -548,6 +549,35 @@ def test_a_second_plan_reads_the_wal_from_the_index_and_recovers_the_same(
 
     env.cluster.execute(warm_plan)
     assert env.batches() == env.expect(1, 2, 3, 4, 5, 6)
+
+
+def test_a_plan_whose_facts_changed_is_refused_before_touching_anything(e2e_env: Any) -> None:
+    """execute checks the plan's facts without re-planning (its backup pinned, no WAL
+    read): a snapshot of its backup deleted since is a StalePlanError and nothing is
+    touched; a plan on another backup is not stale for it and recovers."""
+    env: Env = e2e_env()
+    first = backed_up(env)
+    env.write(2)
+    env.switch_wal()
+    second = env.cluster.backup("e2e second")
+    env.write(3)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    plan = env.cluster.plan_recovery(backup_id=first.id)
+    state = env.data_state()
+    snapshot = next(iter(second.snapshots.values()))
+    env.backend.delete_snapshot(next(iter(first.snapshots.values())))
+    with pytest.raises(StalePlanError):
+        env.cluster.execute(plan)
+    assert env.data_state() == state
+    assert not [j for j in env.journals() if not j.startswith("backup-")]
+    # a plan on the other backup is not stale for what happened to the first
+    plan = env.cluster.plan_recovery()
+    assert plan.summary["backup"].startswith(second.id)
+    assert snapshot in env.snapshot_ids()
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2, 3)
 
 
 def test_times_before_and_after_a_fork_plan_right_and_say_which_timeline(e2e_env: Any) -> None:
