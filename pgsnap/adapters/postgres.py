@@ -16,6 +16,7 @@ This is the only module of pgsnap that imports psycopg.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import posixpath
@@ -61,7 +62,9 @@ RecoveryState = Literal["promoted", "paused", "shutdown"]
 """How a recovery ended: promoted (read-write), paused (hot standby), or shut down."""
 
 _POLL: Final = 0.15
-_MAX_POLL: Final = 2.0
+_MAX_POLL: Final = 0.2
+"""The longest wait between two looks at a recovering server: its end is noticed
+within this (a connection and two queries each time)."""
 _LOST_HINT: Final = (
     "the backup is void: take a new backup; keep the backup session's connection "
     "direct (no transaction pooler), and check network timeouts and "
@@ -300,6 +303,13 @@ class _LogFollower:
         self.offset = offset
         self.data_dir = data_dir
         self.lines: list[str] = []
+        """The lines a recovery summary reads (:func:`_pglog.summarize`): FATAL and
+        PANIC lines with their DETAIL and HINT, and the recovery's LOG lines; the
+        rest (a line per restored segment...) is not kept, so each poll costs what
+        is new, not the whole log again."""
+        self.tail: collections.deque[str] = collections.deque(maxlen=200)
+        """The last lines of every kind (for error messages)."""
+        self._in_fatal = False
         self._partial = b""
         self._collector_start: dict[str, int] = {}
         self._switched = False
@@ -335,8 +345,23 @@ class _LogFollower:
                 self.offset = self._collector_start.get(target, 0)
                 self._partial = b""
                 new += self._read()
-        self.lines += new
+        self._keep(new)
         return new
+
+    def _keep(self, new: list[str]) -> None:
+        for raw in new:
+            self.tail.append(raw)
+            parsed = _pglog.parse_line(raw.rstrip("\r\n"))
+            if parsed is None:
+                continue
+            severity, message = parsed
+            if severity in ("DETAIL", "HINT"):
+                if self._in_fatal:
+                    self.lines.append(raw)
+                continue
+            self._in_fatal = severity in ("FATAL", "PANIC")
+            if self._in_fatal or (severity == "LOG" and message.startswith(_pglog.RELEVANT)):
+                self.lines.append(raw)
 
     def _read(self) -> list[str]:
         try:
@@ -890,7 +915,7 @@ class PostgresAdapter:
         if self._follower is None:
             return ()
         self._follower.read_new()
-        return _pglog.tail(self._follower.lines, count)
+        return _pglog.tail(list(self._follower.tail), count)
 
     def _recovery_failed(self, summary: _pglog.LogSummary, what: str) -> DatabaseError:
         fatal = " | ".join(line.strip() for line in summary.fatal) or "(no FATAL line in the log)"

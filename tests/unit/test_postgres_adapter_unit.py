@@ -10,6 +10,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pgsnap.adapters import _pgconf, _pgctl, _pglog
 from pgsnap.adapters._pgconf import (
@@ -500,3 +502,46 @@ def test_a_zombie_postmaster_is_not_a_live_server(tmp_path):
         assert postmaster_pid(Host(), str(tmp_path)) is None
     finally:
         child.wait()
+
+
+_LOG_VOCABULARY = [
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  starting point-in-time recovery to XID 900",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  restored log file \"000000010000000000000003\" "
+    "from archive",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  redo starts at 0/3000028",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  recovery stopping after commit of transaction 900",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  redo done at 0/4000060",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  selected new timeline ID: 2",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  archive recovery complete",
+    "2026-12-01 00:00:00.000 UTC [1] FATAL:  recovery ended before configured recovery "
+    "target was reached",
+    "2026-12-01 00:00:00.000 UTC [1] FATAL:  the database system is starting up",
+    "2026-12-01 00:00:00.000 UTC [1] DETAIL:  some detail",
+    "2026-12-01 00:00:00.000 UTC [1] HINT:  some hint",
+    "2026-12-01 00:00:00.000 UTC [1] WARNING:  something",
+    "\tcontinuation line",
+    "2026-12-01 00:00:00.000 UTC [1] LOG:  checkpoint starting: end-of-recovery",
+]
+
+
+@given(st.lists(st.sampled_from(_LOG_VOCABULARY), max_size=60), st.integers(1, 7))
+def test_the_log_follower_keeps_what_the_summary_reads(lines: list[str], chunks: int) -> None:
+    """The follower keeps only the lines a recovery summary reads (each poll then costs
+    what is new): the summary of what it keeps equals the summary of the whole log,
+    however the log is read in pieces."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "server.log"
+        path.write_bytes(b"")
+        follower = _LogFollower(Host(), str(path), 0, None)
+        data = "".join(line + "\n" for line in lines).encode()
+        step = max(1, len(data) // chunks)
+        for i in range(0, len(data), step):
+            with open(path, "ab") as f:
+                f.write(data[i : i + step])
+            follower.read_new()
+        follower.read_new()
+    assert _pglog.summarize(follower.lines) == _pglog.summarize(lines)
+    assert not any("restored log file" in line for line in follower.lines)
+    assert list(follower.tail) == lines[-200:]
