@@ -61,6 +61,7 @@ from pgsnap.journal import (
     StepState,
     is_locked,
     open_journal,
+    prune_journals,
     read_journal,
 )
 from pgsnap.model import Layout
@@ -282,6 +283,21 @@ class Executor:
             for n, step in enumerate(plan.steps, 1):
                 self._emit(EventKind.PLANNED, step, n, total)
             return ExecutionResult(plan, {}, {}, 0.0, dry_run=True)
+        try:
+            return self._run_journalled(plan, ops, undos)
+        finally:
+            if self.journal_dir is not None:
+                try:
+                    prune_journals(self.journal_dir, now=self.clock())
+                except OSError as exc:  # never fails a run
+                    log.warning("cannot prune the journals in %s: %s", self.journal_dir, exc)
+
+    def _run_journalled(
+        self,
+        plan: Plan,
+        ops: dict[str, Operation],
+        undos: dict[str, Operation | None],
+    ) -> ExecutionResult:
         with open_journal(
             self.journal_dir, plan.kind, plan.to_dict(), plan.id, self.clock
         ) as journal:

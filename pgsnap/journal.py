@@ -50,6 +50,7 @@ __all__ = [
     "is_locked",
     "journal_path",
     "open_journal",
+    "prune_journals",
     "read_journal",
 ]
 
@@ -59,6 +60,12 @@ JOURNAL_VERSION: Final = 2
 """Version of the journal file format (1: one JSON document rewritten per step)."""
 
 JOURNAL_SUFFIX: Final = ".journal"
+
+KEEP_JOURNALS: Final = 100
+""":func:`prune_journals` keeps at least this many ended journals (the newest)."""
+
+KEEP_JOURNAL_DAYS: Final = 30
+"""... and every ended journal younger than this many days."""
 
 
 class RunState(enum.Enum):
@@ -372,3 +379,72 @@ def open_journal(
                 path.unlink(missing_ok=True)
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def _ended_state(path: Path) -> RunState | None:
+    """The state a journal ended in (from its last line), None while it runs."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - 4096))
+        tail = f.read()
+    for line in reversed(tail.split(b"\n")):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None  # a torn last line: the run did not end cleanly
+        if isinstance(record, dict) and "run" in record:
+            try:
+                return RunState(record["run"])
+            except ValueError:
+                return None
+        return None
+    return None
+
+
+def prune_journals(
+    directory: str | os.PathLike[str],
+    *,
+    keep: int = KEEP_JOURNALS,
+    max_age: dt.timedelta = dt.timedelta(days=KEEP_JOURNAL_DAYS),
+    now: dt.datetime | None = None,
+) -> tuple[Path, ...]:
+    """Remove the journals of runs that ended well long ago; return what was removed.
+
+    The rule: a journal is removed only when its run ended ``done`` or
+    ``compensated`` (nothing left to resume or to look into), it is not among
+    the ``keep`` newest such journals, and it was last written more than
+    ``max_age`` ago. A running, interrupted or locked journal, and one whose
+    run ended ``failed`` (something was left for a person to see to), is never
+    removed. The executor applies the defaults after each run.
+    """
+    base = Path(directory)
+    if not base.is_dir():
+        return ()
+    when = (now or dt.datetime.now(dt.UTC)).timestamp()
+    ended: list[tuple[float, Path]] = []
+    for path in base.glob(f"*{JOURNAL_SUFFIX}"):
+        try:
+            mtime = path.stat().st_mtime
+            state = _ended_state(path)
+        except OSError:
+            continue
+        if state in (RunState.DONE, RunState.COMPENSATED):
+            ended.append((mtime, path))
+    ended.sort(reverse=True)
+    removed: list[Path] = []
+    for mtime, path in ended[keep:]:
+        if when - mtime <= max_age.total_seconds() or is_locked(path):
+            continue
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    if removed:
+        log.info("removed %d journals of runs that ended over %s ago", len(removed), max_age)
+    return tuple(removed)
