@@ -111,6 +111,8 @@ def _read_password(db: dict[str, Any], base: Path) -> str | None:
 
 
 def _conninfo_without_password(conninfo: str) -> str:
+    if not _may_hold_password(conninfo):
+        return conninfo  # parsed (psycopg imported) only when the server is asked
     import psycopg  # noqa: PLC0415 - only the CLI's configuration loading needs it here
 
     try:
@@ -127,6 +129,16 @@ def _conninfo_without_password(conninfo: str) -> str:
             hint="use password_env = 'NAME' or password_file = 'PATH'",
         )
     return conninfo
+
+
+def _may_hold_password(conninfo: str) -> bool:
+    """False only when ``conninfo`` cannot hold a password: no ``password``
+    keyword (in any case), no percent-escape, and no user information in a
+    URI. Otherwise it is parsed to know."""
+    text = conninfo.lower()
+    if "password" in text or "%" in text:
+        return True
+    return text.startswith(("postgresql://", "postgres://")) and "@" in text
 
 
 def _need(section: dict[str, Any], key: str, where: str, hint: str | None = None) -> Any:

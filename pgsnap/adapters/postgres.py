@@ -26,11 +26,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import attrs
-import psycopg
-import psycopg.conninfo
-import psycopg.errors
 
 from pgsnap.adapters import _pgconf, _pgctl, _pglog
+from pgsnap.adapters._lazy import psycopg
 from pgsnap.errors import (
     BackupFileError,
     BackupModeError,
@@ -433,20 +431,13 @@ class PostgresAdapter:
         connect_timeout: float = 10,
         host: Host | None = None,
     ) -> None:
-        params, parse_failed = self._parse(conninfo)
-        if parse_failed:
-            raise ConfigurationError(
-                "cannot parse the connection string",
-                hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
-            )
-        conn_password = params.pop("password", None)
-        self._password: str | None = password if password is not None else conn_password
-        self._conninfo = psycopg.conninfo.make_conninfo("", **params)
-        self._display = " ".join(
-            f"{k}={params[k]}"
-            for k in ("host", "hostaddr", "port", "user", "dbname")
-            if k in params
-        )
+        # Parsed on first use (psycopg is imported only then: commands that never
+        # talk to the server do not pay for it).
+        self._unparsed: str | None = conninfo
+        self._given_password = password
+        self._password: str | None = password
+        self._conninfo = ""
+        self._display = ""
         if control not in ("pg_ctl", "systemd"):
             raise ConfigurationError(f"unknown control {control!r}", hint="use pg_ctl or systemd")
         if control == "systemd" and not systemd_unit:
@@ -473,6 +464,27 @@ class PostgresAdapter:
         self._follower: _LogFollower | None = None
         self._settings: RecoverySettings | None = None
 
+    def _parse_conninfo(self) -> None:
+        """Parse the connection string (once); ``ConfigurationError`` if it cannot be."""
+        if self._unparsed is None:
+            return
+        params, parse_failed = self._parse(self._unparsed)
+        if parse_failed:
+            raise ConfigurationError(
+                "cannot parse the connection string",
+                hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
+            )
+        conn_password = params.pop("password", None)
+        if self._given_password is None:
+            self._password = conn_password
+        self._conninfo = psycopg.conninfo.make_conninfo("", **params)
+        self._display = " ".join(
+            f"{k}={params[k]}"
+            for k in ("host", "hostaddr", "port", "user", "dbname")
+            if k in params
+        )
+        self._unparsed = None  # it may hold the password: not kept
+
     @staticmethod
     def _parse(conninfo: str) -> tuple[dict[str, Any], bool]:
         # The driver's parse error may quote the string (and its password):
@@ -485,8 +497,9 @@ class PostgresAdapter:
 
     def __repr__(self) -> str:
         data = self.data_directory or "?"
+        shown = "(not parsed yet)" if self._unparsed is not None else self._display or "default"
         return (
-            f"<PostgresAdapter {self._display or 'default'} data={data} control={self._control} "
+            f"<PostgresAdapter {shown} data={data} control={self._control} "
             f"host={self._host.description}>"
         )
 
@@ -523,6 +536,7 @@ class PostgresAdapter:
 
     @property
     def _secrets(self) -> tuple[str | None, ...]:
+        self._parse_conninfo()
         return (self._password,)
 
     # ------------------------------------------------------------------ SQL plumbing
@@ -530,6 +544,7 @@ class PostgresAdapter:
     def _connect(
         self, *, timeout: float | None = None, application_name: str = "pgsnap", **extra: Any
     ) -> psycopg.Connection[Any]:
+        self._parse_conninfo()
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(2, math.ceil(timeout or self._connect_timeout)),

@@ -969,3 +969,38 @@ def test_catalog_wal_index_setting(config: Path, tmp_path: Path, run: Run) -> No
     config.write_text(text.replace("[catalog]\n", "[catalog]\nwal_index = 3\n", 1))
     code, _out, err = run("list", "-c", str(config))
     assert code == 2 and "[catalog] wal_index is 3" in err, err
+
+
+@pytest.mark.parametrize("conninfo", [
+    "host=/x port=1 user=u PassWord=" + SECRET,
+    "postgresql://u:" + SECRET + "@localhost:1/d",
+    "postgres://u:" + SECRET + "@localhost:1/d?sslmode=disable",
+    "postgresql://u@localhost:1/d?password=" + SECRET,
+])
+def test_every_form_of_a_password_in_conninfo_is_refused(
+    run: Run, tmp_path: Path, conninfo: str
+) -> None:
+    """The check that spares `list` the psycopg import still parses any conninfo that
+    could hold a password."""
+    path = write_config(tmp_path)
+    text = path.read_text()
+    start = text.index("conninfo = ")
+    end = text.index("\n", start)
+    path.write_text(text[:start] + f"conninfo = {json.dumps(conninfo)}" + text[end:])
+    code, out, err = run("list", "-c", str(path))
+    assert code == 2, (out, err)
+    assert SECRET not in out + err
+
+
+def test_list_does_not_import_the_database_driver(config: Path) -> None:
+    """Commands that do not talk to the server do not pay for importing psycopg."""
+    code = (
+        "import sys\n"
+        "from pgsnap.cli import main\n"
+        f"assert main(['list', '-c', {str(config)!r}]) == 0\n"
+        "assert 'psycopg' not in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip().endswith("ok"), out.stdout + out.stderr

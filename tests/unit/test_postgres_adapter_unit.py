@@ -296,13 +296,35 @@ def test_adapter_repr_strips_conninfo_password():
     assert repr(a).count("\n") == 0
     b = PostgresAdapter("postgresql://u:hunter2@localhost:1/d")
     assert "hunter2" not in repr(b)
+    b._parse_conninfo()  # parsed on first use
+    assert "hunter2" not in repr(b) and "u" in repr(b)
     assert "hunter2" not in b._conninfo
     assert b._password == "hunter2"
+    assert b._unparsed is None  # the raw string (with its password) is not kept
+
+
+def test_the_adapter_imports_psycopg_only_to_talk_to_the_server(tmp_path: Path) -> None:
+    """Building the adapter (every command does) does not import psycopg; asking the
+    server does."""
+    code = (
+        "import sys\n"
+        "from pgsnap.adapters.postgres import PostgresAdapter\n"
+        "a = PostgresAdapter('host=/x port=1 user=u')\n"
+        "repr(a)\n"
+        "assert 'psycopg' not in sys.modules, 'imported at construction'\n"
+        "a.is_running()\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.strip() == "ok", out.stderr
 
 
 def test_unparsable_conninfo_does_not_leak():
-    with pytest.raises(ConfigurationError) as info:
-        PostgresAdapter("host=x password='hunter2")
+    adapter = PostgresAdapter("host=x password='hunter2")  # parsed on first use
+    assert "hunter2" not in repr(adapter)
+    with pytest.raises(ConfigurationError, match="cannot parse") as info:
+        adapter.describe()
     assert "hunter2" not in str(info.value)
     assert info.value.__context__ is None
     assert info.value.__cause__ is None
