@@ -564,8 +564,10 @@ class Cluster:
 
         Not a full re-plan: the facts its fingerprint covers are observed
         again with the plan's backup pinned and without reading the WAL (the
-        fingerprint does not depend on what the WAL holds, and the target was
-        verified when planning), and the digest compared.
+        target was verified when planning), and the digest compared. Only
+        when that does not confirm the plan (a target the planner can place
+        only with the WAL, such as a time just before a gap) is the WAL read
+        too (from the index) before the plan is refused.
         """
         if plan.kind != "recovery" or not plan.request:
             return
@@ -575,8 +577,15 @@ class Cluster:
         if len(planned) == 1 and isinstance(planned[0], str) and request.backup_id is None:
             request = attrs.evolve(request, backup_id=planned[0])
         try:
-            facts = self.observer.recovery_facts(request, read_wal=False)
-            now = plan_recovery(facts, request)
+            try:
+                facts = self.observer.recovery_facts(request, read_wal=False)
+                now = plan_recovery(facts, request)
+            except PlanningError:
+                now = None
+            if now is None or now.fingerprint != plan.fingerprint:
+                # Without the WAL the planner cannot place every target (a time just
+                # before a gap needs the commit after it): ask again with the WAL.
+                now = plan_recovery(self.observer.recovery_facts(request), request)
         except PlanningError as exc:
             raise StalePlanError(
                 f"the plan no longer holds: {exc.message}", hint="make a new plan"
