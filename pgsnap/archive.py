@@ -15,6 +15,7 @@ import lzma
 import os
 import shlex
 import zlib
+from collections.abc import Sequence
 from typing import Final
 
 import attrs
@@ -35,7 +36,6 @@ __all__ = ["DirectoryWalArchive"]
 logger = logging.getLogger(__name__)
 
 _SEGMENT_NAME_LEN: Final = 24
-_HEX: Final = frozenset("0123456789ABCDEFabcdef")
 
 MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
 """Largest ``.history``/``.backup`` file :meth:`DirectoryWalArchive.read_text` reads (1 MiB)."""
@@ -45,6 +45,14 @@ _DECOMPRESSORS: Final = {
     "bz2": bz2.decompress,
     "xz": lzma.decompress,
 }
+
+
+def _is_hex(name: str) -> bool:
+    try:
+        bytes.fromhex(name)
+    except ValueError:
+        return False
+    return True
 
 
 class DirectoryWalArchive:
@@ -92,22 +100,31 @@ class DirectoryWalArchive:
 
     # -- listing ----------------------------------------------------------------------
 
-    def list_names(self, segment_size: int | None = None) -> tuple[str, ...]:
+    def list_names(
+        self, segment_size: int | None = None, *, check_sizes: bool = True
+    ) -> tuple[str, ...]:
         """The names of the archive's files, sorted (see the class docstring).
 
-        With ``segment_size``, only files a recovery can use as WAL: a segment
-        file of another size (a truncated copy, a stray file named like a
-        segment) is left out, and so is a compressed segment the
-        ``restore_command`` cannot fetch (see :meth:`unusable`).
+        With ``segment_size``, only files a recovery can use as WAL: a
+        compressed segment the ``restore_command`` cannot fetch is left out,
+        and (``check_sizes``) so is a segment file of another size (a truncated
+        copy, a stray file named like a segment; see :meth:`unusable`). Without
+        ``check_sizes`` no file is stat'ed: a listing of a million segments
+        costs the directory read alone.
         """
-        return tuple(n for n, _why in self._scan(segment_size) if _why is None)
+        return tuple(n for n, _why in self._scan(segment_size, check_sizes) if _why is None)
 
     def unusable(self, segment_size: int) -> tuple[tuple[str, str], ...]:
         """``(name, why)`` of the files named like WAL that a recovery cannot use."""
         return tuple((n, why) for n, why in self._scan(segment_size) if why is not None)
 
-    def _scan(self, segment_size: int | None) -> list[tuple[str, str | None]]:
-        """Every file name, sorted, with why it cannot be used as WAL (None: it can)."""
+    def _scan(
+        self, segment_size: int | None, check_sizes: bool = True, *, ordered: bool = True
+    ) -> list[tuple[str, str | None]]:
+        """Every file name (sorted when ``ordered``), with why it cannot be used as WAL
+        (None: it can)."""
+        if segment_size is not None and not check_sizes:
+            return self._scan_names(segment_size, ordered)
         found: list[tuple[str, str | None]] = []
         try:
             with os.scandir(self._path) as it:
@@ -120,46 +137,93 @@ class DirectoryWalArchive:
                             continue
                         why = None
                         if segment_size is not None:
-                            why = self._unusable_because(name, entry, segment_size)
+                            why = self._unusable_because(name, entry, segment_size, check_sizes)
                     except OSError:  # vanished (or unreadable) while listing
                         logger.debug("skipping %s: it vanished while listing", name)
                         continue
                     found.append((name, why))
-        except FileNotFoundError:
-            raise ArchiveError(
+        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+            raise self._listing_error(exc) from None
+        except OSError as exc:
+            raise self._listing_error(exc) from exc
+        if ordered:
+            found.sort()
+        return found
+
+    def _scan_names(self, segment_size: int, ordered: bool) -> list[tuple[str, str | None]]:
+        """:meth:`_scan` by names alone (see :meth:`_names_only`)."""
+        usable, rejected = self._names_only(segment_size)
+        found: list[tuple[str, str | None]] = [(n, None) for n in usable]
+        found += rejected
+        if ordered:
+            found.sort()
+        return found
+
+    def _names_only(self, segment_size: int) -> tuple[list[str], list[tuple[str, str]]]:
+        """The usable names and the rejected ones (with why), unsorted, by names alone:
+        the directory is read, and nothing is stat'ed but the few names that are not
+        segment names (are they files?)."""
+        try:
+            names = os.listdir(self._path)
+        except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+            raise self._listing_error(exc) from None
+        except OSError as exc:
+            raise self._listing_error(exc) from exc
+        usable: list[str] = []
+        rejected: list[tuple[str, str]] = []
+        keep = usable.append
+        for name in names:
+            if len(name) == _SEGMENT_NAME_LEN and name[0] != ".":
+                keep(name)  # (not hex: the index classifies it)
+                continue
+            if name.startswith(".") or name.endswith(".tmp"):
+                continue
+            if not os.path.isfile(os.path.join(self._path, name)):
+                continue
+            why = self._unusable_because(name, None, segment_size, False)
+            if why is None:
+                keep(name)
+            else:
+                rejected.append((name, why))
+        return usable, rejected
+
+    def _listing_error(self, exc: OSError) -> ArchiveError:
+        if isinstance(exc, FileNotFoundError):
+            return ArchiveError(
                 f"the WAL archive directory {self._path} does not exist",
                 hint="check the archive path (the directory archive_command copies into) and "
                 "that its file system is mounted",
                 path=self._path,
-            ) from None
-        except NotADirectoryError:
-            raise ArchiveError(
+            )
+        if isinstance(exc, NotADirectoryError):
+            return ArchiveError(
                 f"the WAL archive path {self._path} is not a directory",
                 hint="give the directory that archive_command copies WAL files into",
                 path=self._path,
-            ) from None
-        except PermissionError:
-            raise ArchiveError(
+            )
+        if isinstance(exc, PermissionError):
+            return ArchiveError(
                 f"permission denied reading the WAL archive directory {self._path}",
                 hint="run as a user that can read the archive (e.g. postgres) or fix its "
                 "permissions",
                 path=self._path,
-            ) from None
-        except OSError as exc:
-            raise ArchiveError(
-                f"cannot list the WAL archive directory {self._path}: {exc.strerror or exc}",
-                hint="check that the archive's file system is mounted and healthy",
-                path=self._path,
-            ) from exc
-        found.sort()
-        return found
+            )
+        return ArchiveError(
+            f"cannot list the WAL archive directory {self._path}: {exc.strerror or exc}",
+            hint="check that the archive's file system is mounted and healthy",
+            path=self._path,
+        )
 
     def _unusable_because(
-        self, name: str, entry: os.DirEntry[str], segment_size: int
+        self,
+        name: str,
+        entry: os.DirEntry[str] | None,
+        segment_size: int,
+        check_sizes: bool,
     ) -> str | None:
         if len(name) == _SEGMENT_NAME_LEN:
-            if not all(c in _HEX for c in name):
-                return None  # not a segment name: the index classifies it
+            if not check_sizes or entry is None or not _is_hex(name):
+                return None  # (not a segment name: the index classifies it)
             size = entry.stat().st_size
             if size != segment_size:
                 return f"{size} bytes, not a {segment_size}-byte WAL segment"
@@ -277,15 +341,20 @@ class DirectoryWalArchive:
 
     # -- derived facts ----------------------------------------------------------------
 
-    def index(self, segment_size: int) -> ArchiveIndex:
+    def index(self, segment_size: int, *, check_sizes: bool = True) -> ArchiveIndex:
         """Classify the archive's files (see :meth:`ArchiveIndex.build`).
 
         Files a recovery cannot use as WAL (:meth:`unusable`) are not segments
         of the index: they are among its ``unknown_names``.
         """
-        scanned = self._scan(segment_size)
-        index = ArchiveIndex.build((n for n, why in scanned if why is None), segment_size)
-        rejected = tuple(n for n, why in scanned if why is not None)
+        if check_sizes:
+            scanned = self._scan(segment_size, check_sizes, ordered=False)
+            usable = [n for n, why in scanned if why is None]
+            rejected = tuple(n for n, why in scanned if why is not None)
+        else:
+            usable, bad = self._names_only(segment_size)
+            rejected = tuple(n for n, _why in bad)
+        index = ArchiveIndex.build(usable, segment_size)
         if rejected:
             index = attrs.evolve(index, unknown_names=(*index.unknown_names, *rejected))
         return index
@@ -298,6 +367,8 @@ class DirectoryWalArchive:
         """
         chosen: dict[int, str] = {}
         for name in self.list_names() if names is None else names:
+            if ".history" not in name:
+                continue  # most names are segments: no parsing for them
             entry = parse_archive_name(name)
             if entry.kind is not WalFileKind.HISTORY or entry.timeline is None:
                 continue
@@ -319,9 +390,12 @@ class DirectoryWalArchive:
                 ) from exc
         return tuple(out)
 
-    def histories(self) -> TimelineGraph:
-        """The timeline graph of every ``.history`` file in the archive."""
-        return TimelineGraph.from_histories(self.read_histories())
+    def histories(self, names: Sequence[str] | None = None) -> TimelineGraph:
+        """The timeline graph of the ``.history`` files among ``names`` (None: every
+        one in the archive, which is then listed)."""
+        return TimelineGraph.from_histories(
+            self.read_histories(None if names is None else tuple(names))
+        )
 
     # -- recovery ---------------------------------------------------------------------
 

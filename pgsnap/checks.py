@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -336,7 +336,9 @@ class EmptyArchive:
         """Where the (unreadable) archive is."""
         return self._location
 
-    def list_names(self, segment_size: int | None = None) -> tuple[str, ...]:
+    def list_names(
+        self, segment_size: int | None = None, *, check_sizes: bool = True
+    ) -> tuple[str, ...]:
         """Nothing."""
         return ()
 
@@ -348,11 +350,11 @@ class EmptyArchive:
         """Nothing can be read."""
         raise ArchiveError(f"{name} cannot be read: the archive {self._location} is unreadable")
 
-    def index(self, segment_size: int) -> ArchiveIndex:
+    def index(self, segment_size: int, *, check_sizes: bool = True) -> ArchiveIndex:
         """An empty index."""
         return ArchiveIndex.build((), segment_size)
 
-    def histories(self) -> TimelineGraph:
+    def histories(self, names: Sequence[str] | None = None) -> TimelineGraph:
         """No history."""
         return TimelineGraph()
 

@@ -42,7 +42,7 @@ from pgsnap.planner.facts import (
 )
 from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backups
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiveIndex, TimelineSpan, check, segment_start
+from pgsnap.wal import ArchiveIndex, TimelineGraph, TimelineSpan, check, segment_start
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
 
@@ -139,7 +139,7 @@ class Observer:
     def backup_facts(self) -> BackupFacts:
         """Observe what the backup planner needs (server, archiver, volumes, catalog)."""
         server = self.adapter.describe()
-        index = self.archive.index(server.wal_segment_size)
+        index = self.archive.index(server.wal_segment_size, check_sizes=False)
         sysid = None
         for tli in sorted(index.timelines(), reverse=True):
             ranges = index.ranges(tli)
@@ -158,13 +158,17 @@ class Observer:
             catalog=self.catalog.list(),
             archive_location=self.archive.location,
             archive_timelines=tuple(
-                sorted(set(index.timelines()) | set(self.archive.histories().timelines()))
+                sorted(set(index.timelines()) | set(self._histories(index).timelines()))
             ),
             archive_system_identifier=sysid,
             host=self.host.name,
             volume_facts=self._volume_facts(),
             paths=self._path_facts(server),
         )
+
+    def _histories(self, index: ArchiveIndex) -> TimelineGraph:
+        """The timeline graph of the history files the listing found (no second listing)."""
+        return self.archive.histories(index.history_names)
 
     @property
     def host(self) -> Host:
@@ -271,14 +275,15 @@ class Observer:
         request = request or RecoveryRequest()
         backups = self.catalog.list()
         seg = self._segment_size(backups)
-        names = self.archive.list_names(segment_size=seg)
-        index = ArchiveIndex.build(names, seg)
+        # One listing, names only (no stat of each file): the reader checks the
+        # sizes of the segments it reads (a truncated copy is passed over or refused).
+        index = self.archive.index(seg, check_sizes=False)
         merged = None
         local_dir = self._local_wal_dir(backups)
         local = None if local_dir is None else self._surviving_segments(local_dir, seg)
         if local is not None:
-            merged = ArchiveIndex.build((*names, *local), seg)
-        graph = self.archive.histories()
+            merged = index.merged(ArchiveIndex.build(local, seg))
+        graph = self._histories(index)
         server = None
         try:
             if self.adapter.is_running():

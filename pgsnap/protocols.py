@@ -350,12 +350,16 @@ class WalArchive(Protocol):
         """Where the archive is, for messages (a path or URL, never a secret)."""
         ...
 
-    def list_names(self, segment_size: int | None = None) -> tuple[str, ...]:
+    def list_names(
+        self, segment_size: int | None = None, *, check_sizes: bool = True
+    ) -> tuple[str, ...]:
         """Every file name in the archive; ``ArchiveError`` if unreadable.
 
-        With ``segment_size``, only the files a recovery can use: a segment file
-        of another size, or a compressed one the ``restore_command`` cannot
-        fetch, is left out.
+        With ``segment_size``, only the files a recovery can use: a compressed
+        segment the ``restore_command`` cannot fetch is left out, and (with
+        ``check_sizes``) a segment file of another size. Without
+        ``check_sizes`` no file is looked at beyond its name (planning: the
+        WAL reader checks the sizes of the segments it reads).
         """
         ...
 
@@ -367,13 +371,16 @@ class WalArchive(Protocol):
         """The content of a small text file (``.history``, ``.backup``)."""
         ...
 
-    def index(self, segment_size: int) -> ArchiveIndex:
+    def index(self, segment_size: int, *, check_sizes: bool = True) -> ArchiveIndex:
         """An :class:`~pgsnap.wal.ArchiveIndex` of the archive as it is now (files a
-        recovery cannot use among its ``unknown_names``)."""
+        recovery cannot use among its ``unknown_names``; ``check_sizes`` as in
+        :meth:`list_names`)."""
         ...
 
-    def histories(self) -> TimelineGraph:
-        """The timeline graph from every ``.history`` file in the archive."""
+    def histories(self, names: Sequence[str] | None = None) -> TimelineGraph:
+        """The timeline graph from the ``.history`` files among ``names`` (as
+        :meth:`list_names` or :attr:`ArchiveIndex.history_names` gave them), or
+        from every one in the archive (None: the archive is listed)."""
         ...
 
     def restore_command(self) -> str:

@@ -1114,6 +1114,38 @@ class ArchiveIndex:
             ranges.extend(_runs(tli, by_tli[tli]))
         return cls(segsz, tuple(ranges), history, backup, partial, unknown)
 
+    def merged(self, other: ArchiveIndex) -> ArchiveIndex:
+        """What this index and ``other`` (of the same segment size) hold together:
+        e.g. the archive and a surviving ``pg_wal``, without listing the archive again."""
+        if other.segment_size != self.segment_size:
+            raise WalNameError(
+                f"cannot merge indexes of {self.segment_size}- and "
+                f"{other.segment_size}-byte segments",
+                hint="build both with the cluster's segment size",
+            )
+        by_tli: dict[int, list[SegmentRange]] = {}
+        for r in (*self.segment_ranges, *other.segment_ranges):
+            by_tli.setdefault(r.timeline, []).append(r)
+        ranges: list[SegmentRange] = []
+        for tli in sorted(by_tli):
+            runs = sorted(by_tli[tli], key=lambda r: r.first)
+            first, last = runs[0].first, runs[0].last
+            for r in runs[1:]:
+                if r.first <= last + 1:
+                    last = max(last, r.last)
+                else:
+                    ranges.append(SegmentRange(tli, first, last))
+                    first, last = r.first, r.last
+            ranges.append(SegmentRange(tli, first, last))
+        return ArchiveIndex(
+            self.segment_size,
+            tuple(ranges),
+            {*self.history_names, *other.history_names},
+            {*self.backup_names, *other.backup_names},
+            {*self.partial_names, *other.partial_names},
+            {*self.unknown_names, *other.unknown_names},
+        )
+
     # -- queries ------------------------------------------------------------------
 
     def timelines(self) -> tuple[int, ...]:

@@ -185,9 +185,8 @@ def _consistent_before(
 
 
 def _snapshots_present(
-    facts: RecoveryFacts, backup: BackupRecord, volumes: Iterable[Volume]
+    present: frozenset[str], backup: BackupRecord, volumes: Iterable[Volume]
 ) -> list[str]:
-    present = {s.id for s in facts.snapshots}
     missing = []
     for v in volumes:
         snap = backup.snapshots.get(v.id)
@@ -251,6 +250,7 @@ def candidate_backups(
     done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
     passed: list[str] = []
     found: list[Candidate] = []
+    present = frozenset(s.id for s in facts.snapshots)
     for b in done:
         tli = _target_timeline(facts, request, b)
         assert b.stop_lsn is not None
@@ -276,7 +276,7 @@ def candidate_backups(
                 "not before the target"
             )
             continue
-        missing = _snapshots_present(facts, b, volumes)
+        missing = _snapshots_present(present, b, volumes)
         if missing:
             passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
             continue

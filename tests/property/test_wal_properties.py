@@ -100,6 +100,29 @@ def test_parse_archive_name_near_misses(name):
 # ----------------------------------------------------------------------------- index gaps
 
 
+_NAMES = st.lists(
+    st.one_of(
+        st.builds(lambda t, s: segment_name(t, s, 16 * 1024 * 1024),
+                  st.integers(1, 3), st.integers(0, 300)),
+        st.sampled_from(["00000002.history", "00000003.history", "junk",
+                         "000000010000000000000010.partial",
+                         "000000010000000000000010.00000028.backup"]),
+    ),
+    max_size=120,
+    unique=True,  # a directory listing names a file once
+)
+
+
+@settings(max_examples=80)
+@given(_NAMES, _NAMES)
+def test_merged_indexes_hold_what_one_index_of_both_holds(a, b):
+    """The observer merges the archive's index with a surviving pg_wal's instead of
+    listing the archive twice: the same index as one built from both listings."""
+    seg = 16 * 1024 * 1024
+    merged = ArchiveIndex.build(a, seg).merged(ArchiveIndex.build(b, seg))
+    assert merged == ArchiveIndex.build({*a, *b}, seg)
+
+
 @settings(max_examples=60)
 @given(
     seg_sizes,

@@ -121,7 +121,7 @@ class FakeArchive:
         self.location = "/archive"
         self.arrive = None  # called on every probe, before answering
 
-    def list_names(self, segment_size=None):
+    def list_names(self, segment_size=None, *, check_sizes=True):
         return tuple(sorted(self.names))
 
     def exists(self, name):
@@ -132,10 +132,10 @@ class FakeArchive:
     def read_text(self, name):
         raise NotImplementedError
 
-    def index(self, segment_size):
+    def index(self, segment_size, *, check_sizes=True):
         return ArchiveIndex.build(self.names, segment_size)
 
-    def histories(self):
+    def histories(self, names=None):
         return TimelineGraph()
 
     def restore_command(self):
