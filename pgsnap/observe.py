@@ -15,7 +15,7 @@ import posixpath
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
@@ -453,6 +453,23 @@ class Observer:
             query = WalQuery.for_target(
                 target, [*(s.end for s in reach.path if s.end is not None), reach.reachable_lsn]
             )
+            if target.kind is TargetKind.TIME and isinstance(target.value, dt.datetime):
+                # Forward from the backup, until the first commit after the time:
+                # the WAL after it does not change the plan (what it costs does not
+                # grow with the archive after the target).
+                events, budget, ok = self._scan_forward(
+                    scan, dirs, reach.path, todo, query, budget, target.value, events,
+                    index.segment_size,
+                )
+                complete = complete and ok
+                break
+            if target.kind in (TargetKind.LATEST, TargetKind.IMMEDIATE) and todo:
+                # Replay runs to the end whatever lies before it: only the newest
+                # segments are read (where the valid WAL ends, the last commit).
+                lo, hi = todo[-1]
+                seg = index.segment_size
+                lo = max(lo, segment_start(max(0, (hi.value - 1) // seg - _TAIL), seg))
+                todo = [(lo, hi)]
             for lo, hi in reversed(todo):  # the newest WAL first
                 if budget <= 0:
                     complete = False
@@ -469,6 +486,46 @@ class Observer:
         if events is None:
             return None
         return attrs.evolve(events, complete=complete and events.complete)
+
+
+    @staticmethod
+    def _scan_forward(
+        scan: _Scanner,
+        dirs: list[str],
+        path: tuple[TimelineSpan, ...],
+        todo: list[tuple[LSN, LSN]],
+        query: WalQuery,
+        budget: int,
+        when: dt.datetime,
+        events: WalEvents | None,
+        seg: int,
+    ) -> tuple[WalEvents | None, int, bool]:
+        """Read ``todo`` oldest first, in growing windows, until a commit after
+        ``when`` is seen (or the budget ends: then incomplete)."""
+        complete = True
+        for lo, hi in todo:
+            at, window = lo, _FIRST_WINDOW
+            while at < hi:
+                if budget <= 0:
+                    return events, budget, False
+                upto = min(hi, segment_start(at.value // seg + window, seg))
+                found, used = scan(dirs, path, at, upto, query, budget)
+                budget -= used
+                complete = complete and found.complete
+                events = found if events is None else events.merge(found)
+                if found.first_commit_after(when) is not None or not found.complete:
+                    return events, budget, complete
+                if found.end_of_wal is not None:
+                    return events, budget, complete
+                at, window = upto, window * 2
+        return events, budget, complete
+
+
+_TAIL: Final = 3
+"""Segments before the last one read for a 'latest' or 'immediate' target."""
+
+_FIRST_WINDOW: Final = 8
+"""Forward reads go in windows of 8, 16, 32... segments."""
 
 
 def _located(events: WalEvents | None, target: RecoveryTarget) -> LSN | None:

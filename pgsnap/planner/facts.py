@@ -130,6 +130,17 @@ class WalEvents:
                 return c
         return None
 
+    def known_last_commit(self, before: LSN) -> tuple[LSN, dt.datetime, int] | None:
+        """The last commit before ``before``, when the WAL read proves it is the last:
+        it lies in a scanned stretch that runs on, without a hole, to ``before``."""
+        last = self.last_commit(before=before)
+        if last is None:
+            return None
+        for lo, hi in self.spans:
+            if lo <= last[0] < hi:
+                return last if hi >= before else None
+        return None
+
     def restore_point(self, name: str) -> LSN | None:
         """The LSN of the first restore point called ``name`` (None if not seen)."""
         for lsn, n in self.restore_points:

@@ -383,7 +383,7 @@ def _check_wal(
 def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:
     if facts.events is None:
         return ""
-    last = facts.events.last_commit(before=lsn)
+    last = facts.events.known_last_commit(before=lsn)
     if last is None:
         return ""
     return f" (last commit before it at {_fmt_time(last[1])})"
@@ -465,7 +465,17 @@ def _check_target_reachable(
                 hint="choose a time in the past; for the newest state use the 'latest' target",
             )
         assert backup.stop_lsn is not None
-        if ev is not None and not ev.uncovered(backup.start_lsn, reach):
+        after = None if ev is None else ev.first_commit_after(target.value)
+        if (
+            ev is not None
+            and after is not None
+            and after < reach
+            and not ev.uncovered(backup.start_lsn, after)
+        ):
+            # Read from the backup on up to a commit after the time: replay stops
+            # there, whatever the WAL holds after it.
+            warnings += _forked_timeline_warnings(facts, request, wal)
+        elif ev is not None and not ev.uncovered(backup.start_lsn, reach):
             last = ev.last_commit(before=reach)
             beyond = last is None or (
                 target.value >= last[1] if target.inclusive else target.value > last[1]

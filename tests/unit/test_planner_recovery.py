@@ -169,6 +169,28 @@ def test_time_in_the_future_and_after_the_last_commit():
     assert "last commit before it at 2026-11-30 00:03:00" in plan.summary["recoverable to"]
 
 
+def test_a_time_target_is_checked_by_reading_only_up_to_a_commit_after_it():
+    """Issue 9: the observer reads forward from the backup until a commit after the
+    target time; the WAL after it is not read. The plan is then checked (no warning),
+    and it states no 'last commit' it did not see."""
+    f = facts([B1], now=T0 + dt.timedelta(hours=1))
+    prefix = WalEvents(commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
+                       scanned_from=lsn(2), scanned_to=lsn(8, 0), complete=True)
+    plan = plan_recovery(attrs.evolve(f, events=prefix),
+                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))))
+    assert not plan.warnings, plan.warnings
+    assert "last commit" not in plan.summary["recoverable to"]
+    # no commit after the time in what was read, and the read stopped early: unproven
+    plan = plan_recovery(attrs.evolve(f, events=prefix),
+                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=30))))
+    assert any("read only up to" in w for w in plan.warnings), plan.warnings
+    # a hole between the backup and the commit: unproven too
+    holed = attrs.evolve(prefix, spans=((lsn(2), lsn(3, 0)), (lsn(4, 0), lsn(8, 0))))
+    plan = plan_recovery(attrs.evolve(f, events=holed),
+                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))))
+    assert plan.warnings
+
+
 def test_restore_point_located_by_scan():
     ev = WalEvents(restore_points=((lsn(12, 0x80), "rp1"),), scanned_from=lsn(2),
                    scanned_to=lsn(21, 0), complete=True)
