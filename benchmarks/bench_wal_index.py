@@ -198,7 +198,7 @@ def prepare(
     with contextlib.suppress(FileNotFoundError, ValueError):
         current = json.loads(manifest.read_text())
     if current == wanted and archive.is_dir():
-        say(f"reusing {archive} ({args.names:,} files, manifest {manifest})")
+        say(f"reusing {archive} (--names {args.names:,}, manifest {manifest})")
         return archive, manifest, cleanup
     if archive.exists():
         say(f"{archive} does not match {manifest_for(args.names)}: made again")
