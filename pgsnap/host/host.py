@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
 import posixpath
 import re
 import socket
@@ -23,7 +24,7 @@ from pgsnap.errors import (
     MountBusyError,
     MountError,
 )
-from pgsnap.host.runners import CommandResult
+from pgsnap.host.runners import CommandResult, LocalRunner
 from pgsnap.model import Mount
 from pgsnap.protocols import Runner
 
@@ -100,8 +101,6 @@ class Host:
 
     def __init__(self, runner: Runner | None = None, *, name: str | None = None) -> None:
         if runner is None:
-            from pgsnap.host.runners import LocalRunner  # noqa: PLC0415
-
             runner = LocalRunner()
         self._runner = runner
         if name is None:
@@ -301,6 +300,8 @@ class Host:
         _check_path(directory)
         if not 0 < size <= 65536:
             raise InputError(f"read_heads reads 1 to 65536 bytes per file, not {size}")
+        if type(self._runner) is LocalRunner:
+            return self._read_heads_here(directory, size)
         result = self._script(_HEADS_SCRIPT, [_operand(directory), str(size)], timeout=300.0)
         if not result.ok:
             raise self._file_error(result, directory, what=f"reading the files of {directory}")
@@ -308,6 +309,35 @@ class Host:
         heads: dict[str, bytes] = {}
         for name, hexed in zip(fields[::2], fields[1::2], strict=True):
             heads[name.decode("utf-8", "surrogateescape")] = bytes.fromhex(hexed.decode())
+        return heads
+
+    def _read_heads_here(self, directory: str, size: int) -> dict[str, bytes]:
+        """:meth:`read_heads` on this machine, in-process (a process per file costs
+        more than reading it: a pg_wal of 257 segments took 0.65 s through the script)."""
+        heads: dict[str, bytes] = {}
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        if not entry.is_file(follow_symlinks=False):
+                            continue
+                        with open(entry.path, "rb") as f:
+                            heads[entry.name] = f.read(size)
+                    except OSError:
+                        continue  # vanished or unreadable: as the script's head 2>/dev/null
+        except FileNotFoundError:
+            raise HostFileNotFound(
+                f"{directory} does not exist on {self.description}",
+                path=directory,
+                host=self.description,
+            ) from None
+        except OSError as exc:
+            raise HostError(
+                f"reading the files of {directory} on {self.description} failed: "
+                f"{exc.strerror or exc}",
+                hint="check the path and its permissions",
+                host=self.description,
+            ) from None
         return heads
 
     def write_atomic(
@@ -677,7 +707,7 @@ find -H "$1" -mindepth 1 -maxdepth 1 -type f -exec sh -c '
   n=$1; shift
   for f do
     printf "%s\0" "${f##*/}"
-    head -c "$n" -- "$f" 2>/dev/null | od -An -v -tx1 | tr -d " \n"
+    od -An -v -tx1 -N "$n" -- "$f" 2>/dev/null | tr -d " \n"
     printf "\0"
   done' sh "$2" {} +
 """

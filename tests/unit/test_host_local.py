@@ -586,20 +586,32 @@ def test_read_heads_reads_the_start_of_every_file_in_one_round_trip(tmp_path):
     (tmp_path / "odd\nname \\x").write_bytes(b"\x00\xff\n\x00")
     (tmp_path / "dir").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "seg")
-    calls = []
-    host = Host()
-    real_run = host.runner.run
-    host.runner.run = lambda *a, **kw: calls.append(a) or real_run(*a, **kw)  # type: ignore[method-assign]
-    heads = host.read_heads(str(tmp_path), 16)
-    assert len(calls) == 1
-    assert heads == {
+    expected = {
         "seg": bytes(range(16)),
         "short": b"ab",
         "empty": b"",
         "odd\nname \\x": b"\x00\xff\n\x00",
     }
-    with pytest.raises(HostFileNotFound):
-        host.read_heads(str(tmp_path / "missing"), 16)
+
+    class Remote:
+        """A runner that is not the local one: the script path (as over ssh)."""
+
+        def __init__(self) -> None:
+            self.inner = LocalRunner()
+            self.calls = 0
+            self.description = "remote"
+
+        def run(self, *a, **kw):
+            self.calls += 1
+            return self.inner.run(*a, **kw)
+
+    remote = Remote()
+    assert Host(remote).read_heads(str(tmp_path), 16) == expected
+    assert remote.calls == 1  # one round trip for the whole directory
+    assert Host().read_heads(str(tmp_path), 16) == expected  # on this machine, in-process
+    for host in (Host(), Host(Remote())):
+        with pytest.raises(HostFileNotFound):
+            host.read_heads(str(tmp_path / "missing"), 16)
 
 
 def test_read_heads_follows_a_directory_given_as_a_symbolic_link(tmp_path):
