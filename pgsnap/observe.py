@@ -462,6 +462,17 @@ class Observer:
                     index.segment_size,
                 )
                 complete = complete and ok
+                if len(dirs) > 1 and todo and budget > 0 and (
+                    events is None or events.uncovered(todo[-1][0], todo[-1][1])
+                ):
+                    # A surviving pg_wal may end before its last file does: read its
+                    # end too, so the plan says where the valid WAL ends.
+                    lo, hi = todo[-1]
+                    seg = index.segment_size
+                    lo = max(lo, segment_start(max(0, (hi.value - 1) // seg - _TAIL), seg))
+                    found, used = scan(dirs, reach.path, lo, hi, query, budget)
+                    budget -= used
+                    events = found if events is None else events.merge(found)
                 break
             if target.kind in (TargetKind.LATEST, TargetKind.IMMEDIATE) and todo:
                 # Replay runs to the end whatever lies before it: only the newest
@@ -501,14 +512,20 @@ class Observer:
         seg: int,
     ) -> tuple[WalEvents | None, int, bool]:
         """Read ``todo`` oldest first, in growing windows, until a commit after
-        ``when`` is seen (or the budget ends: then incomplete)."""
+        ``when`` is seen (or the budget ends: then incomplete).
+
+        A window never holds more segments than the budget has left (the oldest
+        WAL is wanted: a cut read would keep the newest), and each starts two
+        segments before the last one ended, so that its last segments, read
+        there only to finish its records, are read whole once and indexed."""
         complete = True
         for lo, hi in todo:
             at, window = lo, _FIRST_WINDOW
             while at < hi:
                 if budget <= 0:
                     return events, budget, False
-                upto = min(hi, segment_start(at.value // seg + window, seg))
+                size = max(1, min(window, budget))
+                upto = min(hi, segment_start(at.value // seg + size, seg))
                 found, used = scan(dirs, path, at, upto, query, budget)
                 budget -= used
                 complete = complete and found.complete
@@ -517,7 +534,7 @@ class Observer:
                     return events, budget, complete
                 if found.end_of_wal is not None:
                     return events, budget, complete
-                at, window = upto, window * 2
+                at, window = LSN(max(upto.value - 2 * seg, at.value + seg)), window * 2
         return events, budget, complete
 
 

@@ -539,6 +539,20 @@ class _Reader:
             self._listing = found
         return self._listing
 
+    def _begun(self, segno: int) -> int | None:
+        """The newest timeline of the path that has begun by segment ``segno``."""
+        begun = [
+            s.timeline
+            for s in self.path
+            if s.start is None or s.start.value // self.segsz <= segno
+        ]
+        return begun[-1] if begun else None
+
+    def _present(self, segno: int) -> bool:
+        """Whether a file replay would read for ``segno`` is in one of the directories."""
+        tli = self._begun(segno)
+        return tli is not None and (tli, segno) in self._files()
+
     def _indexed(self, segno: int) -> SegmentSummary | None:
         """The index's summary of the file replay would read for ``segno``, if current.
 
@@ -548,18 +562,14 @@ class _Reader:
         """
         if self.index is None or self.archive is None:
             return None
-        begun = [
-            s.timeline
-            for s in self.path
-            if s.start is None or s.start.value // self.segsz <= segno
-        ]
-        if not begun:
+        tli = self._begun(segno)
+        if tli is None:
             return None
-        choice = self._files().get((begun[-1], segno))
+        choice = self._files().get((tli, segno))
         if choice is None or choice[0] != 0:
             return None
         name = choice[2]
-        summary = self.index.get(self.sysid, self.segsz, segment_name(begun[-1], segno, self.segsz))
+        summary = self.index.get(self.sysid, self.segsz, segment_name(tli, segno, self.segsz))
         if summary is None or summary.file != name:
             return None
         st = _stat(os.path.join(self.archive, name))
@@ -609,9 +619,13 @@ class _Reader:
         run_start: int | None = None
         for segno in range(lo // segsz, (hi - 1) // segsz + 1):
             s_lo, s_hi = max(lo, segno * segsz), min(hi, (segno + 1) * segsz)
-            # The segment holding the end is read: a record beginning in it may end
-            # after the end, and a full read leaves it out.
-            whole = s_lo == segno * segsz and (segno + 1) * segsz < hi
+            # The segment holding the end is read (a record beginning in it may end
+            # after the end, and a full read leaves it out when the WAL stops there),
+            # unless the end is its end and the next segment is there to finish it.
+            whole = s_lo == segno * segsz and (
+                (segno + 1) * segsz < hi
+                or ((segno + 1) * segsz == hi and self._present(segno + 1))
+            )
             summary = self._indexed(segno) if whole else None
             if summary is not None:
                 if run_start is not None:

@@ -284,12 +284,19 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
     w.write(root / "a")
     hi = (w.pos // MB + 1) * MB
     idx = WalIndex(root / "idx")
+    boundary = st.integers(1, hi // MB).map(lambda n: n * MB)
     for _ in range(data.draw(st.integers(0, 3))):  # earlier reads of random stretches
-        a = data.draw(st.integers(MB, hi - 1))
-        b = data.draw(st.integers(a + 1, hi))
+        if data.draw(st.booleans()):  # windows on segment boundaries, as the observer reads
+            a = data.draw(st.integers(1, hi // MB - 1)) * MB
+            b = data.draw(st.integers(a // MB + 1, hi // MB)) * MB
+        else:
+            a = data.draw(st.integers(MB, hi - 1))
+            b = data.draw(st.integers(a + 1, hi))
         read(root / "a", b, index=idx, lo=a)
     lo = data.draw(st.sampled_from([MB, data.draw(st.integers(MB, hi - 1))]))
-    end = data.draw(st.sampled_from([hi, data.draw(st.integers(lo + 1, hi))]))
+    end = data.draw(st.sampled_from([
+        hi, data.draw(st.integers(lo + 1, hi)), max(lo + 1, data.draw(boundary)),
+    ]))
     q = WalQuery(
         xid=data.draw(st.sampled_from([None, *xids, 7])),
         time=data.draw(st.sampled_from([None, *times, T0 - dt.timedelta(1), T0 + dt.timedelta(1)])),
