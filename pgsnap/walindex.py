@@ -59,6 +59,7 @@ from pgsnap.walreader import (
     SegmentRead,
     StopReason,
     XactRecord,
+    _Files,
     read_wal,
 )
 
@@ -511,33 +512,19 @@ class _Reader:
         self.summaries: dict[int, SegmentSummary] = {}
         self.read = 0
         self.added: list[SegmentSummary] = []
-        self._listing: dict[tuple[int, int], tuple[int, int, str]] | None = None
+        self.files = _Files(dirs)  # found by name: no listing of the archive
 
     # -- which file replay would read --------------------------------------------
 
-    def _files(self) -> dict[tuple[int, int], tuple[int, int, str]]:
-        """(timeline, segno) -> (directory number, compression rank, name) of the copy
-        the reader prefers: the first directory holding it, a plain file first."""
-        if self._listing is None:
-            found: dict[tuple[int, int], tuple[int, int, str]] = {}
-            per_id = 0x100000000 // self.segsz
-            for di, d in enumerate(self.dirs):
-                try:
-                    names = os.listdir(d)
-                except OSError as exc:
-                    log.debug("cannot list %s: %s", d, exc)
-                    continue
-                for name in names:
-                    entry = parse_archive_name(name)
-                    if entry.kind is not WalFileKind.SEGMENT or entry.timeline is None:
-                        continue
-                    assert entry.log is not None and entry.seg is not None
-                    key = (entry.timeline, entry.log * per_id + entry.seg)
-                    choice = (di, 0 if entry.compression is None else 1, name)
-                    if key not in found or choice < found[key]:
-                        found[key] = choice
-            self._listing = found
-        return self._listing
+    def _choice(self, tli: int, segno: int) -> tuple[bool, str] | None:
+        """The copy of segment ``segno`` of ``tli`` the reader prefers (the first
+        directory holding it, a plain file first): (in the archive?, file name)."""
+        copies = self.files.get(tli, segno, self.segsz)
+        if not copies:
+            return None
+        path = copies[0].path
+        name = os.path.basename(path)
+        return bool(self.dirs) and path == os.path.join(self.dirs[0], name), name
 
     def _begun(self, segno: int) -> int | None:
         """The newest timeline of the path that has begun by segment ``segno``."""
@@ -551,7 +538,7 @@ class _Reader:
     def _present(self, segno: int) -> bool:
         """Whether a file replay would read for ``segno`` is in one of the directories."""
         tli = self._begun(segno)
-        return tli is not None and (tli, segno) in self._files()
+        return tli is not None and self._choice(tli, segno) is not None
 
     def _indexed(self, segno: int) -> SegmentSummary | None:
         """The index's summary of the file replay would read for ``segno``, if current.
@@ -565,10 +552,10 @@ class _Reader:
         tli = self._begun(segno)
         if tli is None:
             return None
-        choice = self._files().get((tli, segno))
-        if choice is None or choice[0] != 0:
+        choice = self._choice(tli, segno)
+        if choice is None or not choice[0]:
             return None
-        name = choice[2]
+        name = choice[1]
         summary = self.index.get(self.sysid, self.segsz, segment_name(tli, segno, self.segsz))
         if summary is None or summary.file != name:
             return None

@@ -61,6 +61,7 @@ import logging
 import lzma
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import zlib
@@ -665,7 +666,11 @@ class _File:
 
 
 class _Files:
-    """The segment files in the directories: ``(tli, log, seg, partial) -> copies``.
+    """The segment files in the directories, found by name: ``get`` probes the names
+    a segment can have (plain, then each compression; ``.partial`` forms) in each
+    directory, so reading a few segments of an archive of a million costs a few
+    ``stat`` calls, not a listing. Only telling the segment size from the files
+    (:meth:`first`, :meth:`detect_segment_size`) lists the directories.
 
     Copies are in order of preference: the first directory holding a segment
     wins (as ``scan_wal``: the archive, then a surviving pg_wal), and within
@@ -677,6 +682,44 @@ class _Files:
 
     def __init__(self, dirs: Sequence[str | os.PathLike[str]]) -> None:
         self.dirs = [os.fspath(d) for d in dirs]
+        self._cache: dict[tuple[int, int, int, bool], list[_File]] = {}
+        self._listed: dict[tuple[int, int, int, bool], list[_File]] | None = None
+
+    def get(self, tli: int, segno: int, segsz: int, *, partial: bool = False) -> list[_File]:
+        """The copies of a segment, best first (empty: none)."""
+        per_id = 0x100000000 // segsz
+        key = (tli, segno // per_id, segno % per_id, partial)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = self._probe(key)
+        return found
+
+    def _probe(self, key: tuple[int, int, int, bool]) -> list[_File]:
+        tli, log_id, seg, partial = key
+        base = f"{tli:08X}{log_id:08X}{seg:08X}"
+        names: list[tuple[str, str | None]] = []
+        for comp in sorted(_COMPRESSION_RANK, key=lambda c: _COMPRESSION_RANK[c]):
+            suffix = "" if comp is None else f".{comp}"
+            if partial:
+                names.append((f"{base}.partial{suffix}", comp))
+                names.append((f"{base}{suffix}.partial", comp))
+            else:
+                names.append((f"{base}{suffix}", comp))
+        out: list[_File] = []
+        for d in self.dirs:
+            for name, comp in names:
+                path = os.path.join(d, name)
+                try:
+                    if stat.S_ISREG(os.stat(path).st_mode):
+                        out.append(_File(path, comp))
+                except OSError:
+                    continue
+        return out
+
+    def _listing(self) -> dict[tuple[int, int, int, bool], list[_File]]:
+        """Every segment file of the directories (for telling the segment size)."""
+        if self._listed is not None:
+            return self._listed
         found: dict[tuple[int, int, int, bool], list[tuple[int, int, _File]]] = {}
         for di, d in enumerate(self.dirs):
             try:
@@ -698,27 +741,24 @@ class _Files:
                 key = (entry.timeline, entry.log, entry.seg, entry.kind is WalFileKind.PARTIAL)
                 rank = _COMPRESSION_RANK.get(entry.compression, 9)
                 found.setdefault(key, []).append((di, rank, _File(e.path, entry.compression)))
-        self._found = {
+        self._listed = {
             k: [f for _d, _r, f in sorted(v, key=lambda c: c[:2])] for k, v in found.items()
         }
-
-    def get(self, tli: int, segno: int, segsz: int, *, partial: bool = False) -> list[_File]:
-        """The copies of a segment, best first (empty: none)."""
-        per_id = 0x100000000 // segsz
-        return self._found.get((tli, segno // per_id, segno % per_id, partial), [])
+        return self._listed
 
     def first(self) -> _File | None:
         """Some segment file (the first by name), None when there is none."""
-        if not self._found:
+        listed = self._listing()
+        if not listed:
             return None
-        return self._found[min(self._found)][0]
+        return listed[min(listed)][0]
 
     def detect_segment_size(self) -> int | None:
         """The segment size from the first segment file whose first page is a long
         header of a supported version (plain files first)."""
         copies = sorted(
             (f.compression is not None, k[3], k, f.path, f)
-            for k, fs in self._found.items()
+            for k, fs in self._listing().items()
             for f in fs
         )
         for *_ignored, f in copies[:16]:
