@@ -415,7 +415,7 @@ def gather_check_facts(
     try:
         names = archive.list_names()
         index = archive.index(seg)
-        graph = archive.histories()
+        graph = archive.histories(index.history_names)
     except ArchiveError as exc:
         archive_error = exc.message
     except PgsnapError as exc:  # a malformed history file: the WAL report shows the rest

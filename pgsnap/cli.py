@@ -730,7 +730,7 @@ def cmd_wal(args: argparse.Namespace) -> int:
     _warn_unreadable_entries(backups.unreadable)
     seg = backups[-1].wal_segment_size if backups else _archive_segment_size(cluster)
     index = cluster.archive.index(seg)
-    graph = cluster.archive.histories()
+    graph = cluster.archive.histories(index.history_names)  # no second listing
     report: dict[str, Any] = {
         "archive": cluster.archive.location,
         "segment_size": seg,

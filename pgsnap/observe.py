@@ -462,8 +462,12 @@ class Observer:
                     index.segment_size,
                 )
                 complete = complete and ok
-                if len(dirs) > 1 and todo and budget > 0 and (
-                    events is None or events.uncovered(todo[-1][0], todo[-1][1])
+                if (
+                    len(dirs) > 1
+                    and todo
+                    and budget > 0
+                    and (events is None or events.end_of_wal is None)
+                    and (events is None or events.uncovered(todo[-1][0], todo[-1][1]))
                 ):
                     # A surviving pg_wal may end before its last file does: read its
                     # end too, so the plan says where the valid WAL ends.
