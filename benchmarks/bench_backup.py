@@ -87,6 +87,8 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _report import table
+
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
 
 TARGET_OVERHEAD_SECONDS = 0.3
@@ -400,17 +402,6 @@ def stats(values: Sequence[float | None], digits: int = 3) -> str:
     if len(vals) == 1:
         return med
     return f"{med} ({min(vals):.{digits}f} .. {max(vals):.{digits}f})"
-
-
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = [
-        "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-        for r in rows
-    ]
-    return "\n".join([line, sep, *body])
 
 
 # --------------------------------------------------------------------------- methods

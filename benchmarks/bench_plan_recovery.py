@@ -85,6 +85,8 @@ SOURCE_ENV = "PGSNAP_BENCH_SOURCE"
 """The copy of pgsnap the measured processes import (taken when the run starts)."""
 sys.path.insert(0, os.environ.get(SOURCE_ENV) or str(REPO))
 
+from _report import table  # noqa: E402 - the benchmarks' shared helpers, beside this file
+
 MiB = 1024 * 1024
 GB = 1000**3
 SEGSZ = 16 * MiB
@@ -305,17 +307,6 @@ def spread(values: Sequence[float], digits: int = 3) -> str:
     if len(values) == 1:
         return f"{med:.{digits}f}"
     return f"{med:.{digits}f} ({min(values):.{digits}f}, {max(values):.{digits}f})"
-
-
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = [
-        "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-        for r in rows
-    ]
-    return "\n".join([line, sep, *body])
 
 
 # --------------------------------------------------------------------------- workload

@@ -69,6 +69,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _report import table
+
 from pgsnap.archive import DirectoryWalArchive
 from pgsnap.model import LSN
 from pgsnap.wal import ArchiveIndex, TimelineGraph, WalCheck, check, segment_name
@@ -328,17 +330,6 @@ def verdict(values: Sequence[float], limit: float) -> str:
     if not over:
         return f"met (all {len(values)} runs)"
     return f"NOT met ({over} of {len(values)} runs over)"
-
-
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = [
-        "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-        for r in rows
-    ]
-    return "\n".join([line, sep, *body])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
