@@ -462,18 +462,14 @@ class Observer:
                     index.segment_size,
                 )
                 complete = complete and ok
-                if (
-                    len(dirs) > 1
-                    and todo
-                    and budget > 0
-                    and (events is None or events.end_of_wal is None)
-                    and (events is None or events.uncovered(todo[-1][0], todo[-1][1]))
-                ):
+                unread = bool(todo) and (
+                    events is None
+                    or (events.end_of_wal is None and bool(events.uncovered(*todo[-1])))
+                )
+                if len(dirs) > 1 and unread and budget > 0:
                     # A surviving pg_wal may end before its last file does: read its
                     # end too, so the plan says where the valid WAL ends.
-                    lo, hi = todo[-1]
-                    seg = index.segment_size
-                    lo = max(lo, segment_start(max(0, (hi.value - 1) // seg - _TAIL), seg))
+                    lo, hi = _tail(*todo[-1], index.segment_size)
                     found, used = scan(dirs, reach.path, lo, hi, query, budget)
                     budget -= used
                     events = found if events is None else events.merge(found)
@@ -481,10 +477,7 @@ class Observer:
             if target.kind in (TargetKind.LATEST, TargetKind.IMMEDIATE) and todo:
                 # Replay runs to the end whatever lies before it: only the newest
                 # segments are read (where the valid WAL ends, the last commit).
-                lo, hi = todo[-1]
-                seg = index.segment_size
-                lo = max(lo, segment_start(max(0, (hi.value - 1) // seg - _TAIL), seg))
-                todo = [(lo, hi)]
+                todo = [_tail(*todo[-1], index.segment_size)]
             for lo, hi in reversed(todo):  # the newest WAL first
                 if budget <= 0:
                     complete = False
@@ -547,6 +540,11 @@ _TAIL: Final = 3
 
 _FIRST_WINDOW: Final = 8
 """Forward reads go in windows of 8, 16, 32... segments."""
+
+
+def _tail(lo: LSN, hi: LSN, seg: int) -> tuple[LSN, LSN]:
+    """The end of the stretch ``[lo, hi)``: its last segment and the ``_TAIL`` before it."""
+    return max(lo, segment_start(max(0, (hi.value - 1) // seg - _TAIL), seg)), hi
 
 
 def _located(events: WalEvents | None, target: RecoveryTarget) -> LSN | None:
