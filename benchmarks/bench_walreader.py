@@ -22,7 +22,7 @@ What it does:
      few hundred bytes (the hard case for a reader that walks each record in
      Python);
 
-3. measures each stretch, ``--runs`` times each method and in turns, every
+3. measures each stretch, ``--runs`` times each method, in turns (the order rotated per run), every
    process pinned to the same CPU:
 
    - ``pgsnap``: :func:`~pgsnap.walreader.scan_events` in a fresh Python process
@@ -317,7 +317,9 @@ def measure(
         for argv in methods.values():  # warm the page cache and the interpreter
             run_measured(argv, capture=True)
         for r in range(args.runs):
-            for name, argv in methods.items():
+            order = list(methods.items())
+            order = order[r % len(order) :] + order[: r % len(order)]  # rotated per run
+            for name, argv in order:
                 in_python = "--child" in argv
                 res = run_measured(argv, capture=in_python)
                 if res["rc"] != 0:
