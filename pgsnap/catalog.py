@@ -7,6 +7,15 @@ files are mode 0600 (labels name paths and hosts), and writers take an
 exclusive ``fcntl`` lock on ``.lock`` so concurrent writers cannot interleave.
 :class:`MemoryCatalog` is the same contract in memory, for tests and notebooks.
 
+Beside the records, ``.index`` holds a copy of each one with the identity of
+its file (inode, size, modification time), appended under the same lock by
+every write. It is a cache, checked against the files on every read: a record
+whose file changed behind pgsnap's back (or that the index does not know) is
+read from its file, and an index that is missing, damaged or long is
+rewritten by the next listing. Listing ten thousand records reads one file
+instead of ten thousand; :meth:`DirectoryCatalog.newest` answers from it
+without decoding every record.
+
 A file that cannot be read back as a record (truncated, hand-edited, a field
 such as an LSN that does not parse) never aborts a listing: ``list()`` skips
 it with a warning naming the file, and ``scan()`` returns it as an
@@ -20,6 +29,8 @@ import contextlib
 import datetime as dt
 import errno
 import fcntl
+import gc
+import json
 import logging
 import os
 import re
@@ -28,12 +39,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pgsnap.errors import BackupNotFound, CatalogError, CatalogLockedError, PgsnapError
-from pgsnap.model import BackupRecord, from_json, to_json
+from pgsnap.model import FORMAT_VERSION, BackupRecord, BackupState, from_dict, from_json, to_dict
 
 if TYPE_CHECKING:
     from pgsnap.protocols import Catalog
@@ -50,6 +61,16 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+_INDEX = ".index"
+_FIELDS: tuple[str, ...] = tuple(f.name for f in attrs.fields(BackupRecord))
+_INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(_FIELDS)}
+"""The first line of ``.index``. Each further line is ``["put", id, identity,
+[the record's values in the order of "fields"]]`` or ``["delete", id]``: values
+by position, so that reading ten thousand records parses no repeated keys. An
+index with other fields (another pgsnap version) is ignored and rewritten."""
+_Identity = tuple[int, int, int]
+"""A record file's inode, size and modification time (ns): a rewrite changes it."""
 
 
 def is_valid_backup_id(value: object) -> bool:
@@ -118,13 +139,16 @@ class DirectoryCatalog:
 
     The directory is created (mode 0700) when missing. ``lock_timeout`` bounds
     how long a writer waits for another writer before
-    :class:`~pgsnap.errors.CatalogLockedError`.
+    :class:`~pgsnap.errors.CatalogLockedError`. Records decoded once are kept
+    by this object (by file identity), so listing again in one process reads
+    only what changed.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 10.0) -> None:
         self.path = Path(path)
         self.lock_timeout = lock_timeout
         self._reported: set[tuple[str, int, int]] = set()
+        self._decoded: dict[str, tuple[_Identity, BackupRecord]] = {}
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -141,11 +165,11 @@ class DirectoryCatalog:
         return self.path / f"{_check_id(backup_id)}.json"
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, *, wait: bool = True) -> Iterator[None]:
         lock_path = self.path / ".lock"
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            deadline = time.monotonic() + self.lock_timeout
+            deadline = time.monotonic() + (self.lock_timeout if wait else 0.0)
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -167,7 +191,8 @@ class DirectoryCatalog:
     def put(self, record: BackupRecord) -> None:
         """Write ``record`` atomically (temp file, fsync, rename), mode 0600."""
         target = self._file(record.id)
-        data = to_json(record).encode()
+        document = to_dict(record)
+        data = json.dumps(document, indent=2).encode()
         with self._locked():
             fd, tmp = tempfile.mkstemp(prefix=f".{record.id}.", suffix=".tmp", dir=self.path)
             try:
@@ -186,6 +211,8 @@ class DirectoryCatalog:
                 os.fsync(dir_fd)
             finally:
                 os.close(dir_fd)
+            values = [document.get(name) for name in _FIELDS]
+            self._append_index(["put", record.id, _identity(os.stat(target)), values])
         log.debug("catalog %s: wrote %s (%s)", self.path, record.id, record.state.value)
 
     def get(self, backup_id: str) -> BackupRecord:
@@ -213,7 +240,15 @@ class DirectoryCatalog:
                 path=str(path),
                 reason=reason,
             ) from exc
+        return self._decode(backup_id, path, text)
+
+    @staticmethod
+    def _decode(backup_id: str, path: Path, text: bytes | list[Any]) -> BackupRecord:
         try:
+            if isinstance(text, list):  # the index's values, by position
+                document = dict(zip(_FIELDS, text, strict=True))
+                document["format_version"] = FORMAT_VERSION
+                return from_dict(BackupRecord, document)
             return from_json(BackupRecord, text)
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             # FormatError, LSNError, TargetError, TimeError (all ValueErrors), bad UTF-8
@@ -228,31 +263,162 @@ class DirectoryCatalog:
                 reason=reason,
             ) from exc
 
+    # -- the index -------------------------------------------------------------------
+
+    def _append_index(self, entry: list[Any]) -> None:
+        """Append one entry to ``.index`` (the caller holds the lock). Best effort:
+        the index is a cache checked against the files, so a failure only costs speed."""
+        line = json.dumps(entry, separators=(",", ":")) + "\n"
+        path = self.path / _INDEX
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                if os.fstat(fd).st_size == 0:
+                    line = json.dumps(_INDEX_HEADER) + "\n" + line
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.debug("catalog %s: index not updated: %s", self.path, exc)
+
+    def _read_index(self) -> tuple[dict[str, tuple[_Identity, list[Any]]], int]:
+        """The index's entries by backup id (the last entry of an id wins; a deletion
+        removes it), and how many lines it has. Damaged lines are skipped."""
+        try:
+            raw = (self.path / _INDEX).read_bytes()
+        except OSError:
+            return {}, 0
+        lines = raw.split(b"\n")
+        if _json_or_none(lines[0]) != _INDEX_HEADER:
+            log.debug("catalog %s: index of another format or version ignored", self.path)
+            return {}, len(lines)
+        body = [line for line in lines[1:] if line]
+        try:  # one parse for the whole log; line by line only if a line is damaged
+            parsed: list[Any] = json.loads(b"[" + b",".join(body) + b"]")
+        except ValueError:
+            parsed = [_json_or_none(line) for line in body]
+        entries: dict[str, tuple[_Identity, list[Any]]] = {}
+        width = len(_FIELDS)
+        for item in parsed:
+            if not isinstance(item, list) or len(item) < 2:
+                continue
+            if item[0] == "delete":
+                entries.pop(str(item[1]), None)
+            elif item[0] == "put" and len(item) == 4:
+                ident, values = item[2], item[3]
+                if (
+                    isinstance(ident, list)
+                    and len(ident) == 3
+                    and all(isinstance(v, int) for v in ident)
+                    and isinstance(values, list)
+                    and len(values) == width
+                ):
+                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values)
+        return entries, len(body)
+
+    def _rewrite_index(self, records: dict[str, tuple[_Identity, list[Any]]]) -> None:
+        """Replace ``.index`` by one entry per record (atomic rename; skipped while
+        another process writes the catalog, or when the directory is read-only)."""
+        try:
+            with self._locked(wait=False):
+                fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".tmp", dir=self.path)
+                try:
+                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                        os.fchmod(fh.fileno(), 0o600)
+                        fh.write(json.dumps(_INDEX_HEADER) + "\n")
+                        for backup_id, (ident, values) in records.items():
+                            entry = ["put", backup_id, ident, values]
+                            fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                    os.replace(tmp, self.path / _INDEX)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp)
+                    raise
+        except (OSError, CatalogLockedError) as exc:
+            log.debug("catalog %s: index not rewritten: %s", self.path, exc)
+            return
+        log.debug("catalog %s: index rewritten (%d records)", self.path, len(records))
+
+    # -- reading everything ------------------------------------------------------------
+
+    def _load(self) -> tuple[list[BackupRecord], list[tuple[os.DirEntry[str], str, CatalogError]]]:
+        """Every readable record (unsorted) and every unreadable entry with its error.
+
+        A record comes from this object's memory or the index when its file's
+        identity matches, else from its file; the index is rewritten when it
+        missed records or holds more than twice as many entries as records.
+        """
+        with _gc_paused():
+            return self._load_all()
+
+    def _load_all(
+        self,
+    ) -> tuple[list[BackupRecord], list[tuple[os.DirEntry[str], str, CatalogError]]]:
+        index, lines = self._read_index()
+        records: list[BackupRecord] = []
+        unreadable: list[tuple[os.DirEntry[str], str, CatalogError]] = []
+        fresh: dict[str, tuple[_Identity, list[Any]]] = {}
+        missed = 0
+        decoded: dict[str, tuple[_Identity, BackupRecord]] = {}
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                name = entry.name
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                backup_id = name[: -len(".json")]
+                try:
+                    ident = _identity(entry.stat())
+                except FileNotFoundError:
+                    continue  # deleted while listing
+                except OSError:
+                    ident = (0, 0, 0)
+                known = self._decoded.get(backup_id)
+                if known is not None and known[0] == ident:
+                    record = known[1]
+                else:
+                    cached = index.get(backup_id)
+                    try:
+                        if cached is not None and cached[0] == ident:
+                            record = self._decode(backup_id, self.path / name, cached[1])
+                        elif is_valid_backup_id(backup_id):
+                            record = self.get(backup_id)
+                            missed += 1  # the index will learn it
+                        else:
+                            record = _bad_name(self.path / name, backup_id)
+                    except BackupNotFound:
+                        continue  # deleted while listing
+                    except CatalogError as exc:
+                        unreadable.append((entry, backup_id, exc))
+                        continue
+                decoded[backup_id] = (ident, record)
+                records.append(record)
+                if backup_id in index and index[backup_id][0] == ident:
+                    fresh[backup_id] = index[backup_id]
+                else:
+                    document = to_dict(record)
+                    fresh[backup_id] = (ident, [document.get(name) for name in _FIELDS])
+        self._decoded = decoded
+        if missed or lines > 2 * len(fresh) + 16:
+            self._rewrite_index(fresh)
+        return records, unreadable
+
     def scan(self) -> CatalogScan:
         """Every readable record (oldest start time first) and every unreadable entry.
 
         Nothing is logged: the caller reports the unreadable entries (with
         their paths); a later :meth:`list` does not warn again about them.
         """
-        records: list[BackupRecord] = []
-        unreadable: list[UnreadableEntry] = []
-        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
-            if not entry.name.endswith(".json") or entry.name.startswith("."):
-                continue
-            backup_id = entry.name[: -len(".json")]
-            try:
-                records.append(self.get(backup_id))
-            except BackupNotFound:
-                continue  # deleted while listing
-            except CatalogError as exc:
-                self._reported.add(self._identity(entry))
-                unreadable.append(
-                    UnreadableEntry(
-                        path=str(self.path / entry.name),
-                        backup_id=backup_id,
-                        error=str(getattr(exc, "reason", exc.message)),
-                    )
+        records, bad = self._load()
+        unreadable = []
+        for entry, backup_id, exc in sorted(bad, key=lambda b: b[1]):
+            self._reported.add(self._identity(entry))
+            unreadable.append(
+                UnreadableEntry(
+                    path=str(self.path / entry.name),
+                    backup_id=backup_id,
+                    error=str(getattr(exc, "reason", exc.message)),
                 )
+            )
         return CatalogScan(tuple(sorted(records, key=_sort_key)), tuple(unreadable))
 
     @staticmethod
@@ -270,20 +436,61 @@ class DirectoryCatalog:
         Unreadable files are skipped, with a warning naming the file (once per
         file and version for this catalog object); :meth:`scan` returns them.
         """
-        records: list[BackupRecord] = []
-        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
-            if not entry.name.endswith(".json") or entry.name.startswith("."):
-                continue
-            try:
-                records.append(self.get(entry.name[: -len(".json")]))
-            except BackupNotFound:
-                continue  # deleted while listing
-            except CatalogError as exc:
-                identity = self._identity(entry)
-                if identity not in self._reported:
-                    self._reported.add(identity)
-                    log.warning("skipping catalog entry %s: %s", entry.name, exc)
+        records, bad = self._load()
+        for entry, _backup_id, exc in sorted(bad, key=lambda b: b[1]):
+            identity = self._identity(entry)
+            if identity not in self._reported:
+                self._reported.add(identity)
+                log.warning("skipping catalog entry %s: %s", entry.name, exc)
         return tuple(sorted(records, key=_sort_key))
+
+    def newest(self, timeline: int | None = None) -> BackupRecord | None:
+        """The newest DONE backup (on ``timeline``: stopped on it), or None.
+
+        Answered from the index: one record is decoded, not every one. The
+        candidates are ranked by start time and the first whose file still
+        matches the index is returned. When the index does not cover the
+        directory exactly (a record copied in by hand, or written by an older
+        pgsnap), it answers from :meth:`list` instead.
+        """
+        with _gc_paused():
+            index, _lines = self._read_index()
+        with os.scandir(self.path) as entries:
+            names = {
+                e.name[: -len(".json")]
+                for e in entries
+                if e.name.endswith(".json") and not e.name.startswith(".")
+            }
+        if names != index.keys():
+            return _newest_of(self.list(), timeline)
+        state, start, stop_tli, start_tli = (
+            _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
+        )
+        ranked = sorted(
+            (
+                (str(values[start]), backup_id)
+                for backup_id, (_ident, values) in index.items()
+                if values[state] == BackupState.DONE.value
+                and (timeline is None or (values[stop_tli] or values[start_tli]) == timeline)
+            ),
+            reverse=True,
+        )
+        for _start, backup_id in ranked:
+            ident, values = index[backup_id]
+            path = self._file(backup_id)
+            try:
+                current: _Identity | None = _identity(os.stat(path))
+            except OSError:
+                current = None
+            if current != ident:
+                return _newest_of(self.list(), timeline)
+            try:
+                record = self._decode(backup_id, path, values)
+            except CatalogError:
+                continue
+            if record.is_usable:
+                return record
+        return None
 
     def delete(self, backup_id: str) -> None:
         """Remove the record; ``BackupNotFound`` if there is none."""
@@ -295,6 +502,50 @@ class DirectoryCatalog:
                 raise BackupNotFound(
                     f"no backup {backup_id!r} in the catalog {self.path}", backup_id=backup_id
                 ) from None
+            self._append_index(["delete", backup_id])
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while thousands of records are built (they hold
+    no cycles; the collector's passes over them cost a third of a listing)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _json_or_none(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+def _bad_name(path: Path, backup_id: str) -> BackupRecord:
+    raise CatalogError(
+        f"catalog file {path} is unreadable: its name is not a backup id",
+        hint="move the file out of the catalog",
+        backup_id=backup_id,
+        path=str(path),
+        reason="its name is not a backup id",
+    )
+
+
+def _newest_of(records: tuple[BackupRecord, ...], timeline: int | None) -> BackupRecord | None:
+    done = [
+        r
+        for r in records
+        if r.is_usable and (timeline is None or (r.stop_timeline or r.start_timeline) == timeline)
+    ]
+    return done[-1] if done else None
 
 
 class MemoryCatalog:

@@ -1,0 +1,218 @@
+"""DirectoryCatalog's ``.index``: a cache of the records, never trusted over the files.
+
+Every test compares what a catalog with an index answers with what the record
+files alone say (a fresh catalog object over a copy of the directory without
+the index), after writes through pgsnap and changes made behind its back.
+"""
+
+import datetime as dt
+import json
+import shutil
+
+import attrs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pgsnap.catalog import DirectoryCatalog
+from pgsnap.model import BackupState, to_json
+from tests.unit.test_model import _record
+
+UTC = dt.UTC
+
+
+def _rec(i: int, **kw):
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC) + dt.timedelta(hours=i)
+    return attrs.evolve(
+        _record(id=f"b-{i:03d}", label=f"n{i}"),
+        start_time=start,
+        stop_time=start + dt.timedelta(seconds=5),
+        **kw,
+    )
+
+
+def _from_files(path, tmp_path):
+    """What the record files alone say: a copy of the directory without the index."""
+    copy = tmp_path / "files-only"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(path, copy)
+    (copy / ".index").unlink(missing_ok=True)
+    return DirectoryCatalog(copy).list()
+
+
+def test_put_appends_to_the_index_and_a_fresh_object_lists_from_it(tmp_path, monkeypatch):
+    cat = DirectoryCatalog(tmp_path / "c")
+    for i in range(5):
+        cat.put(_rec(i))
+    lines = (tmp_path / "c" / ".index").read_text().splitlines()
+    assert json.loads(lines[0])["format"] == "pgsnap-catalog-index"
+    assert len(lines) == 6
+    assert oct((tmp_path / "c" / ".index").stat().st_mode & 0o777) == "0o600"
+
+    def no_file_reads(self, backup_id):
+        raise AssertionError(f"read {backup_id} from its file")
+
+    monkeypatch.setattr(DirectoryCatalog, "get", no_file_reads)
+    fresh = DirectoryCatalog(tmp_path / "c")
+    assert [r.id for r in fresh.list()] == [f"b-{i:03d}" for i in range(5)]
+    assert fresh.list() == tuple(_rec(i) for i in range(5))
+
+
+def test_a_record_changed_behind_pgsnaps_back_is_read_from_its_file(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    cat.list()
+    edited = attrs.evolve(_rec(1), state=BackupState.FAILED, failure_reason="by hand")
+    (path / "b-001.json").write_text(to_json(edited))  # same name, new content
+    assert cat.get("b-001") == edited
+    assert DirectoryCatalog(path).list()[1] == edited
+    assert cat.list()[1] == edited  # this object's memory is checked too
+    assert cat.list() == _from_files(path, tmp_path)
+
+
+def test_records_added_or_removed_by_hand(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    (path / "b-000.json").unlink()
+    (path / "b-009.json").write_text(to_json(_rec(9)))
+    assert [r.id for r in DirectoryCatalog(path).list()] == ["b-001", "b-002", "b-009"]
+    assert [r.id for r in cat.list()] == ["b-001", "b-002", "b-009"]
+
+
+def test_missing_damaged_or_foreign_index_is_rebuilt(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(4):
+        cat.put(_rec(i))
+    expected = cat.list()
+    index = path / ".index"
+
+    index.unlink()
+    assert DirectoryCatalog(path).list() == expected
+    assert index.exists()  # rebuilt by the listing
+
+    with index.open("ab") as fh:
+        fh.write(b'["put","b-003",[1,2')  # a write cut short
+    assert DirectoryCatalog(path).list() == expected
+
+    text = index.read_text().splitlines()
+    text[2] = "not json at all"
+    index.write_text("\n".join(text) + "\n")
+    assert DirectoryCatalog(path).list() == expected
+
+    header = json.loads(text[0])
+    header["fields"] = ["id", "something", "else"]
+    index.write_text(json.dumps(header) + "\n")
+    assert DirectoryCatalog(path).list() == expected
+    assert json.loads(index.read_text().splitlines()[0])["fields"] != ["id", "something", "else"]
+
+
+def test_the_index_is_compacted_by_a_listing(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for round_ in range(12):
+        for i in range(3):
+            cat.put(_rec(i, label=f"round {round_}"))
+    assert len((path / ".index").read_text().splitlines()) == 1 + 36
+    assert DirectoryCatalog(path).list() == _from_files(path, tmp_path)
+    assert len((path / ".index").read_text().splitlines()) == 1 + 3
+
+
+def test_an_index_that_cannot_be_written_costs_only_speed(tmp_path):
+    path = tmp_path / "c"
+    (path / ".index").mkdir(parents=True)  # neither appended to nor replaced
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    cat.delete("b-001")
+    assert [r.id for r in DirectoryCatalog(path).list()] == ["b-000", "b-002"]
+    assert DirectoryCatalog(path).newest().id == "b-002"
+    assert (path / ".index").is_dir()
+
+
+def test_newest_reads_one_record_and_follows_the_files(tmp_path, monkeypatch):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(6):
+        cat.put(_rec(i, start_timeline=1 + i % 2, stop_timeline=1 + i % 2))
+    cat.put(_rec(6, state=BackupState.FAILED, failure_reason="x"))
+    assert cat.newest().id == "b-005"
+    assert cat.newest(1).id == "b-004"
+    assert cat.newest(2).id == "b-005"
+    assert cat.newest(3) is None
+
+    decoded = []
+    real = DirectoryCatalog._decode
+
+    def counting(backup_id, where, text):
+        decoded.append(backup_id)
+        return real(backup_id, where, text)
+
+    monkeypatch.setattr(DirectoryCatalog, "_decode", staticmethod(counting))
+    assert DirectoryCatalog(path).newest(1).id == "b-004"
+    assert decoded == ["b-004"]
+
+    # Changed behind pgsnap's back: the files win.
+    (path / "b-004.json").write_text(
+        to_json(_rec(4, start_timeline=1, stop_timeline=1, state=BackupState.FAILED))
+    )
+    assert DirectoryCatalog(path).newest(1).id == "b-002"
+    (path / "b-010.json").write_text(to_json(_rec(10, start_timeline=1, stop_timeline=1)))
+    assert DirectoryCatalog(path).newest(1).id == "b-010"
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "delete", "edit by hand", "remove by hand", "damage index"]),
+        st.integers(0, 5),
+        st.sampled_from(list(BackupState)),
+    ),
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(ops=_ops)
+def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
+    path = tmp_path / "prop"
+    shutil.rmtree(path, ignore_errors=True)
+    cat = DirectoryCatalog(path)
+    for op, i, state in ops:
+        rec = _rec(i, state=state, failure_reason="x" if state is BackupState.FAILED else None)
+        if op == "put":
+            cat.put(rec)
+        elif op == "delete" and (path / f"b-{i:03d}.json").exists():
+            cat.delete(rec.id)
+        elif op == "edit by hand":
+            (path / f"b-{i:03d}.json").write_text(to_json(attrs.evolve(rec, label="by hand")))
+        elif op == "remove by hand":
+            (path / f"b-{i:03d}.json").unlink(missing_ok=True)
+        elif op == "damage index" and (path / ".index").exists():
+            raw = (path / ".index").read_bytes()
+            (path / ".index").write_bytes(raw[: len(raw) * 2 // 3])
+        expected = _from_files(path, tmp_path)
+        assert cat.list() == expected
+        assert DirectoryCatalog(path).list() == expected
+        done = [r for r in expected if r.is_usable]
+        newest = DirectoryCatalog(path).newest()
+        assert (newest.id if newest else None) == (done[-1].id if done else None)
+
+
+def test_delete_is_recorded_so_newest_needs_no_listing(tmp_path, monkeypatch):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    cat.delete("b-002")
+    assert json.loads((path / ".index").read_text().splitlines()[-1]) == ["delete", "b-002"]
+
+    def no_listing(self):
+        raise AssertionError("newest() fell back to list()")
+
+    monkeypatch.setattr(DirectoryCatalog, "list", no_listing)
+    assert DirectoryCatalog(path).newest().id == "b-001"
