@@ -54,6 +54,7 @@ __all__ = [
     "DirectoryCatalog",
     "MemoryCatalog",
     "UnreadableEntry",
+    "catalog_system_identifiers",
     "is_valid_backup_id",
     "scan_catalog",
 ]
@@ -132,6 +133,20 @@ def scan_catalog(catalog: Catalog) -> CatalogScan:
         if isinstance(result, CatalogScan):
             return result
     return CatalogScan(tuple(catalog.list()))
+
+
+def catalog_system_identifiers(catalog: Catalog) -> frozenset[str]:
+    """The system identifiers of the clusters ``catalog`` holds backups of.
+
+    A :class:`DirectoryCatalog` answers from its index without decoding the
+    records; another catalog from ``list()``.
+    """
+    fast = getattr(catalog, "system_identifiers", None)
+    if callable(fast):
+        found = fast()
+        if isinstance(found, frozenset):
+            return found
+    return frozenset(r.system_identifier for r in catalog.list())
 
 
 class DirectoryCatalog:
@@ -491,6 +506,30 @@ class DirectoryCatalog:
             if record.is_usable:
                 return record
         return None
+
+    def system_identifiers(self) -> frozenset[str]:
+        """The system identifiers of the backups' clusters, from the index when it
+        covers every record file unchanged (else from :meth:`list`)."""
+        with _gc_paused():
+            index, _lines = self._read_index()
+        at = _FIELDS.index("system_identifier")
+        matched = 0
+        with os.scandir(self.path) as entries:
+            for e in entries:
+                name = e.name
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                cached = index.get(name[: -len(".json")])
+                try:
+                    if cached is None or cached[0] != _identity(e.stat()):
+                        break
+                except OSError:
+                    break
+                matched += 1
+            else:
+                if matched == len(index):  # no entry whose file is gone
+                    return frozenset(str(values[at]) for _ident, values in index.values())
+        return frozenset(r.system_identifier for r in self.list())
 
     def delete(self, backup_id: str) -> None:
         """Remove the record; ``BackupNotFound`` if there is none."""

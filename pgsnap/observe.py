@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
+from pgsnap.catalog import catalog_system_identifiers
 from pgsnap.errors import HostFileNotFound, PgsnapError, VolumeNotFound
 from pgsnap.host import FileKind, LocalRunner
 from pgsnap.model import (
@@ -42,7 +43,14 @@ from pgsnap.planner.facts import (
 )
 from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backups
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiveIndex, TimelineGraph, TimelineSpan, check, segment_start
+from pgsnap.wal import (
+    ArchiveIndex,
+    TimelineGraph,
+    TimelineSpan,
+    check,
+    segment_name,
+    segment_start,
+)
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
 
@@ -69,6 +77,10 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 """The segment size assumed when no backup, server or archive says (16 MiB)."""
 
 _SEGMENT_NAME_LEN = 24
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789ABCDEFabcdef" for c in text)
 
 
 def read_archive_system_identifier(path: str | os.PathLike[str]) -> str | None:
@@ -137,34 +149,65 @@ class Observer:
         return self.clock()
 
     def backup_facts(self) -> BackupFacts:
-        """Observe what the backup planner needs (server, archiver, volumes, catalog)."""
-        server = self.adapter.describe()
-        index = self.archive.index(server.wal_segment_size, check_sizes=False)
-        sysid = None
-        for tli in sorted(index.timelines(), reverse=True):
-            ranges = index.ranges(tli)
-            if ranges:
-                from pgsnap.wal import segment_name  # noqa: PLC0415
+        """Observe what the backup planner needs (server, archiver, volumes, catalog).
 
-                name = segment_name(tli, ranges[-1].last, server.wal_segment_size)
-                sysid = self._segment_sysid(name)
-                break
+        The archive is not listed: the timelines ahead of the server's are found
+        by their ``.history`` files (a timeline above 1 always has one), and the
+        archive's system identifier is read from the segment the server archived
+        last. Only a server that has archived nothing yet costs a listing, to
+        find some segment to read it from. The catalog gives its clusters'
+        system identifiers (:func:`~pgsnap.catalog.catalog_system_identifiers`).
+        """
+        server = self.adapter.describe()
+        archiver = self.adapter.archiver_status()
+        last = archiver.last_archived_wal
+        if last is not None and len(last) == _SEGMENT_NAME_LEN and _is_hex(last):
+            sysid = self._segment_sysid(last)
+            timelines = self._timelines_from(server.timeline)
+        else:
+            sysid, timelines = self._listed_sysid_and_timelines(server.wal_segment_size)
         return BackupFacts(
             server=server,
-            archiver=self.adapter.archiver_status(),
+            archiver=archiver,
             layout=self.layout,
             volumes=self.backend.list_volumes(),
             capabilities=self.backend.capabilities,
-            catalog=self.catalog.list(),
+            catalog=(),
+            catalog_system_identifiers=catalog_system_identifiers(self.catalog),
             archive_location=self.archive.location,
-            archive_timelines=tuple(
-                sorted(set(index.timelines()) | set(self._histories(index).timelines()))
-            ),
+            archive_timelines=timelines,
             archive_system_identifier=sysid,
             host=self.host.name,
             volume_facts=self._volume_facts(),
             paths=self._path_facts(server),
         )
+
+    def _timelines_from(self, timeline: int) -> tuple[int, ...]:
+        """``timeline`` and the timelines after it whose ``.history`` the archive holds
+        (probed upwards until two in a row are missing)."""
+        found = [timeline]
+        probe, misses = timeline + 1, 0
+        while misses < 2:
+            if self.archive.exists(f"{probe:08X}.history"):
+                found.append(probe)
+                misses = 0
+            else:
+                misses += 1
+            probe += 1
+        return tuple(found)
+
+    def _listed_sysid_and_timelines(self, segment_size: int) -> tuple[str | None, tuple[int, ...]]:
+        """The system identifier of the newest segment of the newest timeline, and every
+        timeline, from a listing of the archive."""
+        index = self.archive.index(segment_size, check_sizes=False)
+        sysid = None
+        for tli in sorted(index.timelines(), reverse=True):
+            ranges = index.ranges(tli)
+            if ranges:
+                sysid = self._segment_sysid(segment_name(tli, ranges[-1].last, segment_size))
+                break
+        timelines = set(index.timelines()) | set(self._histories(index).timelines())
+        return sysid, tuple(sorted(timelines))
 
     def _histories(self, index: ArchiveIndex) -> TimelineGraph:
         """The timeline graph of the history files the listing found (no second listing)."""
@@ -339,9 +382,7 @@ class Observer:
             dirs.append(local_dir)
         return self._scan_candidates(scanner, dirs, facts, request, index, candidates)
 
-    def _scanner(
-        self, major: int, system_identifier: str, segment_size: int
-    ) -> _Scanner | None:
+    def _scanner(self, major: int, system_identifier: str, segment_size: int) -> _Scanner | None:
         """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given."""
         if self.waldump is None:
             wal_index = self.wal_index
@@ -458,7 +499,14 @@ class Observer:
                 # the WAL after it does not change the plan (what it costs does not
                 # grow with the archive after the target).
                 events, budget, ok = self._scan_forward(
-                    scan, dirs, reach.path, todo, query, budget, target.value, events,
+                    scan,
+                    dirs,
+                    reach.path,
+                    todo,
+                    query,
+                    budget,
+                    target.value,
+                    events,
                     index.segment_size,
                 )
                 complete = complete and ok
@@ -494,7 +542,6 @@ class Observer:
         if events is None:
             return None
         return attrs.evolve(events, complete=complete and events.complete)
-
 
     @staticmethod
     def _scan_forward(

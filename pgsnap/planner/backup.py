@@ -243,7 +243,8 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
             )
 
     # Same cluster as the catalog and the archive.
-    foreign = sorted({b.system_identifier for b in facts.catalog} - {s.system_identifier})
+    known = {b.system_identifier for b in facts.catalog} | facts.catalog_system_identifiers
+    foreign = sorted(known - {s.system_identifier})
     if foreign:
         out.append(
             Finding(

@@ -225,8 +225,10 @@ class BackupFacts:
     volumes: tuple[StorageVolume, ...]
     capabilities: frozenset[Capability]
     catalog: tuple[BackupRecord, ...]
+    """Catalog records (the observer leaves them out: it gives their system identifiers)."""
     archive_location: str
     archive_timelines: tuple[int, ...]
+    """Timelines the archive holds (at least those ahead of the server's)."""
     archive_system_identifier: str | None = None
     """System identifier read from an archived segment's header (None if none)."""
     host: str = ""
@@ -235,6 +237,8 @@ class BackupFacts:
     """Per layout volume (archive excluded): location, restore profile, mount."""
     paths: tuple[PathFacts, ...] = ()
     """The data directory, pg_wal and every tablespace, as the host resolves them."""
+    catalog_system_identifiers: frozenset[str] = frozenset()
+    """The system identifiers of the catalog's backups (besides those in ``catalog``)."""
 
     def volume(self, volume_id: str) -> VolumeFacts | None:
         """The facts of ``volume_id`` (None when not gathered)."""

@@ -13,7 +13,7 @@ import attrs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgsnap.catalog import DirectoryCatalog
+from pgsnap.catalog import DirectoryCatalog, MemoryCatalog, catalog_system_identifiers
 from pgsnap.model import BackupState, to_json
 from tests.unit.test_model import _record
 
@@ -184,6 +184,7 @@ def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
     cat = DirectoryCatalog(path)
     for op, i, state in ops:
         rec = _rec(i, state=state, failure_reason="x" if state is BackupState.FAILED else None)
+        rec = attrs.evolve(rec, system_identifier=f"73{i % 3:017d}")
         if op == "put":
             cat.put(rec)
         elif op == "delete" and (path / f"b-{i:03d}.json").exists():
@@ -201,6 +202,9 @@ def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
         done = [r for r in expected if r.is_usable]
         newest = DirectoryCatalog(path).newest()
         assert (newest.id if newest else None) == (done[-1].id if done else None)
+        assert catalog_system_identifiers(DirectoryCatalog(path)) == {
+            r.system_identifier for r in expected
+        }
 
 
 def test_delete_is_recorded_so_newest_needs_no_listing(tmp_path, monkeypatch):
@@ -216,3 +220,16 @@ def test_delete_is_recorded_so_newest_needs_no_listing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(DirectoryCatalog, "list", no_listing)
     assert DirectoryCatalog(path).newest().id == "b-001"
+
+
+def test_system_identifiers_from_the_index_or_the_records(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    cat.put(_rec(0))
+    cat.put(attrs.evolve(_rec(1), system_identifier="7300000000000000999"))
+    assert cat.system_identifiers() == {"7300000000000000001", "7300000000000000999"}
+    (path / "b-001.json").unlink()  # by hand: the index still names it
+    assert cat.system_identifiers() == {"7300000000000000001"}
+    mem = MemoryCatalog()
+    mem.put(_rec(0))
+    assert catalog_system_identifiers(mem) == {"7300000000000000001"}

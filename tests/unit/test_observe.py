@@ -77,3 +77,82 @@ def test_a_time_target_is_read_forward_within_the_budget(start, length, found_at
         assert not events.uncovered(lo, hi)  # nothing found: read to the end
     else:
         assert not complete or not events.uncovered(lo, hi)
+
+
+# --------------------------------------------------------------------------- backup facts
+
+
+class _Adapter:
+    """What backup observation asks of a database adapter, and nothing else."""
+
+    def __init__(self, server, archiver):
+        from pgsnap.host import Host, LocalRunner
+
+        self.server, self.archiver = server, archiver
+        self.host = Host(LocalRunner())
+
+    def describe(self):
+        return self.server
+
+    def archiver_status(self):
+        return self.archiver
+
+
+def _segment(path, name, sysid):
+    """A segment file whose long page header carries ``sysid``."""
+    path.joinpath(name).write_bytes(bytes(24) + int(sysid).to_bytes(8, "little") + bytes(32))
+
+
+def _backup_observer(tmp_path, archiver, server_tli=1):
+    import attrs
+
+    from pgsnap.archive import DirectoryWalArchive
+    from pgsnap.backends.mock import MockBackend
+    from pgsnap.catalog import DirectoryCatalog
+    from tests.unit.test_planner_backup import ARCHIVER, LAYOUT, SERVER
+
+    archive = tmp_path / "archive"
+    archive.mkdir(exist_ok=True)
+    adapter = _Adapter(
+        attrs.evolve(SERVER, timeline=server_tli), attrs.evolve(ARCHIVER, **archiver)
+    )
+    return Observer(
+        adapter=adapter,
+        backend=MockBackend(),
+        archive=DirectoryWalArchive(archive),
+        catalog=DirectoryCatalog(tmp_path / "catalog"),
+        layout=LAYOUT,
+        clock=lambda: T,
+    ), archive
+
+
+def test_backup_facts_read_the_last_archived_segment_and_probe_histories(tmp_path, monkeypatch):
+    """Issue 9: backup planning does not list the archive when the server has archived."""
+    observer, archive = _backup_observer(
+        tmp_path, {"last_archived_wal": "000000020000000000000007"}, server_tli=2
+    )
+    _segment(archive, "000000020000000000000007", "7300000000000000001")
+    _segment(archive, "000000010000000000000009", "7399999999999999999")  # not read
+    for tli in (2, 3, 5, 8):
+        archive.joinpath(f"{tli:08X}.history").write_text("1\t0/5000000\tno recovery target\n")
+
+    def no_listing(*_a, **_k):
+        raise AssertionError("the archive was listed")
+
+    monkeypatch.setattr(type(observer.archive), "index", no_listing)
+    monkeypatch.setattr(type(observer.archive), "list_names", no_listing)
+    facts = observer.backup_facts()
+    assert facts.archive_system_identifier == "7300000000000000001"
+    # 4 is missing, 5 is there; 6 and 7 missing in a row end the probe before 8.
+    assert facts.archive_timelines == (2, 3, 5)
+    assert facts.catalog_system_identifiers == frozenset()
+
+
+def test_backup_facts_list_the_archive_when_nothing_was_archived_yet(tmp_path):
+    observer, archive = _backup_observer(tmp_path, {"last_archived_wal": None})
+    _segment(archive, "000000010000000000000009", "7399999999999999999")
+    _segment(archive, "000000030000000000000002", "7377777777777777777")
+    archive.joinpath("00000003.history").write_text("1\t0/1000000\tno recovery target\n")
+    facts = observer.backup_facts()
+    assert facts.archive_system_identifier == "7377777777777777777"  # newest timeline's
+    assert facts.archive_timelines == (1, 3)
