@@ -25,11 +25,15 @@ names are produced in upper case (PostgreSQL's form) and accepted in either case
 
 from __future__ import annotations
 
+import array
 import bisect
+import collections
 import datetime as dt
 import enum
 import itertools
+import operator
 import re
+import sys
 from collections.abc import Iterable
 from typing import Final
 
@@ -1059,6 +1063,14 @@ class ArchiveIndex:
         backup: list[str] = []
         partial: list[str] = []
         unknown: list[str] = []
+        names = names if isinstance(names, list) else list(names)
+        ranges: list[SegmentRange] = []
+        is_plain = list(map((24).__eq__, map(len, names)))
+        whole = _whole_runs(list(itertools.compress(names, is_plain)), per_id)
+        if whole is not None:  # every 24-character name is a segment name: done at C speed
+            ranges = whole
+            names = list(itertools.compress(names, map(operator.not_, is_plain)))
+        del is_plain
         cur_tli = -1
         placeholder: list[int] = []
         cur_append = placeholder.append  # replaced before first use
@@ -1109,9 +1121,10 @@ class ArchiveIndex:
                 partial.append(name)
             else:
                 unknown.append(name)
-        ranges: list[SegmentRange] = []
         for tli in sorted(by_tli):
             ranges.extend(_runs(tli, by_tli[tli]))
+        if whole is not None and by_tli:  # a few long names spelled segments: merge
+            ranges = _merge_ranges(ranges)
         return cls(segsz, tuple(ranges), history, backup, partial, unknown)
 
     def merged(self, other: ArchiveIndex) -> ArchiveIndex:
@@ -1205,6 +1218,84 @@ class ArchiveIndex:
             f"histories={len(self.history_names)}, backups={len(self.backup_names)}, "
             f"partials={len(self.partial_names)}, unknown={len(self.unknown_names)})"
         )
+
+
+def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
+    """The runs of segments named by ``plain`` (names of 24 characters), or None when
+    one of them is not a segment name of this segment size (the caller then
+    classifies them one by one).
+
+    A million names are checked and counted without a Python step per name:
+    joined by newlines, they decode as hex at once (``bytes.fromhex`` skips
+    whitespace between bytes, so a name with a space or newline in it shows as
+    a short result), 12 bytes a name; the segment numbers are checked as an
+    array; the names are counted per timeline and log (their first 16
+    characters). A log with all ``per_id`` segments is one run; the names of
+    the few incomplete logs (the ends of runs, gaps) are found in the bytes.
+    """
+    if not plain:
+        return []
+    try:
+        raw = bytes.fromhex("\n".join(plain))
+    except ValueError:
+        return None
+    words = array.array("I")
+    if len(raw) != 12 * len(plain) or words.itemsize != 4:
+        return None
+    words.frombytes(raw)
+    if sys.byteorder == "little":
+        words.byteswap()
+    if max(words[2::3]) >= per_id:
+        return None  # a segment number past this segment size's last
+    del words
+    counts = collections.Counter(map(operator.itemgetter(slice(0, 16)), plain))
+    spans: list[tuple[int, int, int]] = []  # (timeline, first, last)
+    partial: dict[str, list[int]] = {}
+    for prefix, count in counts.items():
+        if prefix.startswith("00000000"):
+            return None  # timeline 0
+        if count == per_id:
+            tli, log = int(prefix[:8], 16), int(prefix[8:], 16)
+            spans.append((tli, log * per_id, log * per_id + per_id - 1))
+        else:
+            partial[prefix] = []
+    if len(partial) <= 64:
+        for prefix, segs in partial.items():  # its 8 bytes, at a multiple of 12 in raw
+            needle = bytes.fromhex(prefix)
+            pos = raw.find(needle)
+            while pos >= 0:
+                if pos % 12 == 0:
+                    segs.append(int.from_bytes(raw[pos + 8 : pos + 12], "big"))
+                    pos = raw.find(needle, pos + 12)
+                else:
+                    pos = raw.find(needle, pos + 1)
+    else:
+        key = operator.itemgetter(slice(0, 16))
+        for name in itertools.compress(plain, map(partial.__contains__, map(key, plain))):
+            partial[name[:16]].append(int(name[16:], 16))
+    for prefix, segs in partial.items():
+        tli, base = int(prefix[:8], 16), int(prefix[8:], 16) * per_id
+        spans.extend((r.timeline, r.first, r.last) for r in _runs(tli, [base + s for s in segs]))
+    spans.sort()
+    merged: list[list[int]] = []
+    for tli, first, last in spans:
+        if merged and merged[-1][0] == tli and first <= merged[-1][2] + 1:
+            merged[-1][2] = max(merged[-1][2], last)
+        else:
+            merged.append([tli, first, last])
+    return [SegmentRange(tli, first, last) for tli, first, last in merged]
+
+
+def _merge_ranges(ranges: list[SegmentRange]) -> list[SegmentRange]:
+    """``ranges`` sorted, with overlapping and touching runs of a timeline joined."""
+    out: list[SegmentRange] = []
+    for r in sorted(ranges, key=lambda r: (r.timeline, r.first)):
+        if out and out[-1].timeline == r.timeline and r.first <= out[-1].last + 1:
+            if r.last > out[-1].last:
+                out[-1] = SegmentRange(r.timeline, out[-1].first, r.last)
+            continue
+        out.append(r)
+    return out
 
 
 def _runs(tli: int, segnos: list[int]) -> list[SegmentRange]:

@@ -315,3 +315,65 @@ def test_check_on_generated_trees(tree, data):
     assert c.missing == (victim,)
     assert c.reachable_lsn == max(LSN(start), LSN(needed[victim_i][1] * segsz))
     assert c.reachable_timeline == needed[victim_i][0]
+
+
+def _reference_index(names, segsz):
+    """ArchiveIndex.build the slow way: every name parsed on its own."""
+    per_id = 0x100000000 // segsz
+    present: dict[int, set[int]] = {}
+    unknown = []
+    for n in names:
+        e = parse_archive_name(n)
+        if e.kind is WalFileKind.SEGMENT and e.seg is not None and e.seg < per_id:
+            present.setdefault(e.timeline, set()).add(e.segment_number(segsz))
+        elif e.kind is WalFileKind.SEGMENT or e.kind is WalFileKind.UNKNOWN:
+            unknown.append(n)
+    return present, sorted(unknown)
+
+
+@settings(max_examples=150)
+@given(
+    st.sampled_from([1 << 30, 256 << 20, 16 << 20]),
+    st.lists(
+        st.tuples(st.integers(1, 4), st.integers(0, 3000), st.integers(1, 600)),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sets(st.integers(0, 3600), max_size=30),
+    st.lists(
+        st.sampled_from([
+            "00000000000000000000000A",  # timeline 0
+            "0000000100000000000000ff",  # lower case: PostgreSQL never writes it
+            "000000010000000 00000001",  # a space
+            "0000000100000000FFFFFFFF",  # past the last segment of a log
+            "ZZZZZZZZ0000000000000001",
+            "000000010000000000000001.gz",
+            "00000002.history",
+        ]),
+        max_size=2,
+        unique=True,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_index_of_long_runs_and_odd_names_matches_a_name_by_name_reading(
+    segsz, runs, holes, odd, rnd
+):
+    """Issue 9: the index counts whole logs of segment names at once (no step per
+    name) and reads only the incomplete logs name by name; it must say exactly what
+    parsing every name on its own says, whole logs, holes and odd names included."""
+    names = {
+        segment_name(t, s, segsz)
+        for t, first, length in runs
+        for s in range(first, first + length)
+        if s not in holes
+    }
+    listing = [*names, *odd]
+    rnd.shuffle(listing)
+    idx = ArchiveIndex.build(listing, segsz)
+    present, unknown = _reference_index(listing, segsz)
+    assert idx.timelines() == tuple(sorted(present))
+    for t, segs in present.items():
+        ranges = idx.ranges(t)
+        assert {s for r in ranges for s in range(r.first, r.last + 1)} == segs
+        assert all(b.first > a.last + 1 for a, b in itertools.pairwise(ranges))
+    assert sorted(idx.unknown_names) == unknown
