@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import itertools
 import logging
 import lzma
+import operator
 import os
 import shlex
 import zlib
@@ -163,29 +165,41 @@ class DirectoryWalArchive:
         """The usable names and the rejected ones (with why), unsorted, by names alone:
         the directory is read, and nothing is stat'ed but the few names that are not
         segment names (are they files?)."""
+        plain, other, rejected = self._split_names(segment_size)
+        plain += other
+        return plain, rejected
+
+    def _split_names(self, segment_size: int) -> tuple[list[str], list[str], list[tuple[str, str]]]:
+        """:meth:`_names_only` with the usable names split: those of 24 characters,
+        and the others."""
         try:
             names = os.listdir(self._path)
         except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
             raise self._listing_error(exc) from None
         except OSError as exc:
             raise self._listing_error(exc) from exc
-        usable: list[str] = []
+        # A million names are split without a Python step per name: segment names
+        # (24 characters; not hex: the index classifies them) go as they are.
+        is_plain = list(map((_SEGMENT_NAME_LEN).__eq__, map(len, names)))
+        usable = list(itertools.compress(names, is_plain))
+        if usable and min(usable) < "0":  # "." sorts before every hex digit
+            usable = [n for n in usable if not n.startswith(".")]
         rejected: list[tuple[str, str]] = []
-        keep = usable.append
-        for name in names:
-            if len(name) == _SEGMENT_NAME_LEN and name[0] != ".":
-                keep(name)  # (not hex: the index classifies it)
-                continue
+        other: list[str] = []
+        keep = other.append
+        for name in itertools.compress(names, map(operator.not_, is_plain)):
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
-            if not os.path.isfile(os.path.join(self._path, name)):
+            # One .backup file per backup: thousands, never read here, so not
+            # stat'ed; the other few names are (is it a file?).
+            if not name.endswith(".backup") and not os.path.isfile(os.path.join(self._path, name)):
                 continue
             why = self._unusable_because(name, None, segment_size, False)
             if why is None:
                 keep(name)
             else:
                 rejected.append((name, why))
-        return usable, rejected
+        return usable, other, rejected
 
     def _listing_error(self, exc: OSError) -> ArchiveError:
         if isinstance(exc, FileNotFoundError):
@@ -228,18 +242,17 @@ class DirectoryWalArchive:
             if size != segment_size:
                 return f"{size} bytes, not a {segment_size}-byte WAL segment"
             return None
-        comp = parse_archive_name(name).compression if "." in name else None
+        if "." not in name or name.endswith(".backup"):
+            return None  # not a compressed segment (one .backup per backup: thousands)
+        comp = parse_archive_name(name).compression
         if comp is None or parse_archive_name(name).kind is not WalFileKind.SEGMENT:
             return None
         if comp == "gz" and self._gzip:
             return None
-        return (
-            f"{comp}-compressed, and the restore_command pgsnap writes "
-            + (
-                "does not decompress it"
-                if comp != "gz"
-                else "decompresses only with gzip=True ([archive] gzip = true)"
-            )
+        return f"{comp}-compressed, and the restore_command pgsnap writes " + (
+            "does not decompress it"
+            if comp != "gz"
+            else "decompresses only with gzip=True ([archive] gzip = true)"
         )
 
     def _file(self, name: str) -> str:
@@ -351,10 +364,11 @@ class DirectoryWalArchive:
             scanned = self._scan(segment_size, check_sizes, ordered=False)
             usable = [n for n, why in scanned if why is None]
             rejected = tuple(n for n, why in scanned if why is not None)
+            index = ArchiveIndex.build(usable, segment_size)
         else:
-            usable, bad = self._names_only(segment_size)
+            plain, other, bad = self._split_names(segment_size)
             rejected = tuple(n for n, _why in bad)
-        index = ArchiveIndex.build(usable, segment_size)
+            index = ArchiveIndex.from_split(plain, other, segment_size)
         if rejected:
             index = attrs.evolve(index, unknown_names=(*index.unknown_names, *rejected))
         return index

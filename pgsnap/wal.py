@@ -1056,6 +1056,18 @@ class ArchiveIndex:
     @classmethod
     def build(cls, names: Iterable[str], segment_size: int) -> ArchiveIndex:
         """Classify every name (see :func:`parse_archive_name`) and index the segments."""
+        names = names if isinstance(names, list) else list(names)
+        is_plain = list(map((24).__eq__, map(len, names)))
+        return cls.from_split(
+            list(itertools.compress(names, is_plain)),
+            list(itertools.compress(names, map(operator.not_, is_plain))),
+            segment_size,
+        )
+
+    @classmethod
+    def from_split(cls, plain: list[str], other: list[str], segment_size: int) -> ArchiveIndex:
+        """:meth:`build` from names already split: ``plain`` the names of 24
+        characters, ``other`` the rest (a listing that split them saves a pass)."""
         segsz = validate_segment_size(segment_size)
         per_id = 0x100000000 // segsz
         by_tli: dict[int, list[int]] = {}
@@ -1063,14 +1075,12 @@ class ArchiveIndex:
         backup: list[str] = []
         partial: list[str] = []
         unknown: list[str] = []
-        names = names if isinstance(names, list) else list(names)
         ranges: list[SegmentRange] = []
-        is_plain = list(map((24).__eq__, map(len, names)))
-        whole = _whole_runs(list(itertools.compress(names, is_plain)), per_id)
+        whole = _whole_runs(plain, per_id)
         if whole is not None:  # every 24-character name is a segment name: done at C speed
-            ranges = whole
-            names = list(itertools.compress(names, map(operator.not_, is_plain)))
-        del is_plain
+            ranges, names = whole, other
+        else:
+            names = [*plain, *other]
         cur_tli = -1
         placeholder: list[int] = []
         cur_append = placeholder.append  # replaced before first use
