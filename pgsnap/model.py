@@ -102,7 +102,7 @@ def _check_lsn_value(_inst: object, _attr: object, value: int) -> None:
         )
 
 
-@attrs.frozen(order=True)
+@attrs.frozen(order=False)
 class LSN:
     """A WAL location (log sequence number): a 64-bit byte position in the WAL.
 
@@ -140,6 +140,28 @@ class LSN:
     def low(self) -> int:
         """The lower 32 bits."""
         return self.value & 0xFFFFFFFF
+
+    # Ordering by value, written out: attrs' generated comparisons build tuples
+    # (a planner compares LSNs hundreds of thousands of times over a big catalog).
+    def __lt__(self, other: object) -> bool:
+        if other.__class__ is not LSN:
+            return NotImplemented
+        return self.value < other.value
+
+    def __le__(self, other: object) -> bool:
+        if other.__class__ is not LSN:
+            return NotImplemented
+        return self.value <= other.value
+
+    def __gt__(self, other: object) -> bool:
+        if other.__class__ is not LSN:
+            return NotImplemented
+        return self.value > other.value
+
+    def __ge__(self, other: object) -> bool:
+        if other.__class__ is not LSN:
+            return NotImplemented
+        return self.value >= other.value
 
     def __str__(self) -> str:
         return f"{self.high:X}/{self.low:X}"
