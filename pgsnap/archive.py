@@ -182,12 +182,14 @@ class DirectoryWalArchive:
         # (24 characters; not hex: the index classifies them) go as they are.
         is_plain = list(map((_SEGMENT_NAME_LEN).__eq__, map(len, names)))
         usable = list(itertools.compress(names, is_plain))
+        others = list(itertools.compress(names, map(operator.not_, is_plain)))
+        del names, is_plain  # a million-entry list each: not kept through the classification
         if usable and min(usable) < "0":  # "." sorts before every hex digit
             usable = [n for n in usable if not n.startswith(".")]
         rejected: list[tuple[str, str]] = []
         other: list[str] = []
         keep = other.append
-        for name in itertools.compress(names, map(operator.not_, is_plain)):
+        for name in others:
             if name.startswith(".") or name.endswith(".tmp"):
                 continue
             # One .backup file per backup: thousands, never read here, so not

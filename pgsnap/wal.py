@@ -25,7 +25,6 @@ names are produced in upper case (PostgreSQL's form) and accepted in either case
 
 from __future__ import annotations
 
-import array
 import bisect
 import collections
 import datetime as dt
@@ -33,7 +32,6 @@ import enum
 import itertools
 import operator
 import re
-import sys
 from collections.abc import Iterable
 from typing import Final
 
@@ -1238,8 +1236,8 @@ def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
     A million names are checked and counted without a Python step per name:
     joined by newlines, they decode as hex at once (``bytes.fromhex`` skips
     whitespace between bytes, so a name with a space or newline in it shows as
-    a short result), 12 bytes a name; the segment numbers are checked as an
-    array; the names are counted per timeline and log (their first 16
+    a short result), 12 bytes a name; the segment numbers are checked on byte
+    columns; the names are counted per timeline and log (their first 16
     characters). A log with all ``per_id`` segments is one run; the names of
     the few incomplete logs (the ends of runs, gaps) are found in the bytes.
     """
@@ -1249,15 +1247,18 @@ def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
         raw = bytes.fromhex("\n".join(plain))
     except ValueError:
         return None
-    words = array.array("I")
-    if len(raw) != 12 * len(plain) or words.itemsize != 4:
+    if len(raw) != 12 * len(plain):
         return None
-    words.frombytes(raw)
-    if sys.byteorder == "little":
-        words.byteswap()
-    if max(words[2::3]) >= per_id:
-        return None  # a segment number past this segment size's last
-    del words
+    # Each name is 12 bytes: timeline, log, segment (big-endian). A segment number
+    # is below per_id (a power of two, 4 to 4096) when its top two bytes are zero
+    # and its low 16 bits are below per_id: checked on byte columns, not per name.
+    if max(raw[8::12]) or max(raw[9::12]):
+        return None
+    if per_id <= 256:
+        if max(raw[10::12]) or max(raw[11::12]) >= per_id:
+            return None
+    elif max(raw[10::12]) >= per_id // 256:
+        return None
     counts = collections.Counter(map(operator.itemgetter(slice(0, 16)), plain))
     spans: list[tuple[int, int, int]] = []  # (timeline, first, last)
     partial: dict[str, list[int]] = {}

@@ -333,7 +333,7 @@ def _reference_index(names, segsz):
 
 @settings(max_examples=150)
 @given(
-    st.sampled_from([1 << 30, 256 << 20, 16 << 20]),
+    st.sampled_from([1 << 30, 256 << 20, 16 << 20, 8 << 20, 1 << 20]),
     st.lists(
         st.tuples(st.integers(1, 4), st.integers(0, 3000), st.integers(1, 600)),
         min_size=1,
@@ -346,6 +346,8 @@ def _reference_index(names, segsz):
             "0000000100000000000000ff",  # lower case: PostgreSQL never writes it
             "000000010000000 00000001",  # a space
             "0000000100000000FFFFFFFF",  # past the last segment of a log
+            "0000000100000000000001FF",  # past it below 4 KiB segments per log
+            "000000010000000000000FFF",  # the last one at 1 MiB segments
             "ZZZZZZZZ0000000000000001",
             "000000010000000000000001.gz",
             "00000002.history",
