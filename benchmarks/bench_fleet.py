@@ -61,7 +61,11 @@ time, not the CPU time):
    fleet archive and the fleet catalog. So that the server *is* the fleet's
    cluster, the server is made one before it starts: its ``pg_control`` gets
    the fleet's system identifier (CRC recomputed) and ``pg_resetwal -l``
-   puts it on timeline 3, at the segment after the archive's newest;
+   puts it on timeline 3, at the segment after the archive's newest; before
+   the timed call it archives one segment (``pg_switch_wal``), which is
+   copied into the fleet's archive for the run, as a server in service has
+   archived (planning reads the archive's system identifier from it; a
+   server that has archived nothing costs a listing of the archive);
 4. ``DirectoryCatalog.list()`` of the records;
 5. the pieces: ``os.listdir`` of the archive (the floor),
    ``ArchiveIndex.build`` over those names (the listing not timed),
@@ -563,6 +567,7 @@ def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[s
     from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
 
     counts = _Counts()
+    copied: Path | None = None
     server = PgServer.create(
         Path(bindir) if bindir else find_postgres_bindir(15),
         wal_segsize_mb=16,
@@ -577,6 +582,17 @@ def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[s
             "SELECT system_identifier::text, timeline_id FROM pg_control_system(), "
             "pg_control_checkpoint()"
         )[0]
+        # A server in service has archived: its last segment is in the fleet's
+        # archive (copied there for this run, removed after), and planning reads
+        # the archive's system identifier from it instead of listing the archive.
+        last = server.sql("SELECT pg_walfile_name(pg_switch_wal())")[0][0]
+        deadline = time.monotonic() + 60
+        while server.sql("SELECT last_archived_wal FROM pg_stat_archiver")[0][0] != last:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{last} was not archived within 60 s")
+            time.sleep(0.05)
+        copied = root / "archive" / last
+        shutil.copyfile(server.archive_dir / last, copied)
         sandbox = mock_cluster(server)
         cluster = Cluster(
             adapter=sandbox.adapter,
@@ -606,6 +622,8 @@ def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[s
             "server": f"system identifier {row[0]}, timeline {row[1]}",
         }
     finally:
+        if copied is not None:
+            copied.unlink(missing_ok=True)
         server.cleanup()
 
 
