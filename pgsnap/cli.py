@@ -383,6 +383,19 @@ def _flag(section: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
+def _takes_host(name: str) -> bool:
+    """True when the backend ``name`` takes a ``host`` (it runs commands on the database
+    host, as btrfs does): it is then given the ``[host]`` section's host."""
+    import inspect  # noqa: PLC0415
+
+    from pgsnap.backends import backend_class  # noqa: PLC0415
+
+    try:
+        return "host" in inspect.signature(backend_class(name)).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a class without a signature
+        return False
+
+
 def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
     """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
 
@@ -452,7 +465,7 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
             hint=f"name one of: {', '.join(sorted(registered_backends()))}",
         )
     options = _table(storage, "options") or {}
-    for key in ("state_file", "root"):
+    for key in ("state_file", "root", "snapshot_dir"):
         if key in options:
             options[key] = rel(options[key])
     if isinstance(options.get("volumes"), list):
@@ -460,6 +473,8 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
             {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
             for v in options["volumes"]
         ]
+    if "host" not in options and _takes_host(str(storage["backend"])):
+        options["host"] = host  # a backend that works on the database host (btrfs)
     backend = create_backend(str(storage["backend"]), **options)
     catalog_path = rel(_need(catalog, "path", "[catalog]"))
     journal = catalog.get("journal", Path(catalog_path) / "journal")
@@ -570,7 +585,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo."""
     from pgsnap.demo import run_demo  # noqa: PLC0415
 
-    result = run_demo(say=_out, on_event=_progress, bindir=args.bindir, keep=args.keep)
+    result = run_demo(
+        say=_out, on_event=_progress, bindir=args.bindir, keep=args.keep, backend=args.backend
+    )
     _out("")
     _out("Summary")
     v = result.postgres_version
@@ -792,6 +809,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--bindir", help="PostgreSQL server binaries (default: found automatically)")
     d.add_argument("--keep", action="store_true", help="keep the temporary cluster")
+    d.add_argument(
+        "--backend",
+        choices=("mock", "btrfs"),
+        default="mock",
+        help="mock: directory-backed mock volumes (default); btrfs: subvolumes of a "
+        "loop-mounted btrfs made for the demo (root, btrfs and loop devices needed)",
+    )
     d.set_defaults(func=cmd_demo)
 
     def with_config(sp: argparse.ArgumentParser) -> None:

@@ -6,6 +6,14 @@ takes a snapshot backup, writes more rows, loses the data volume, plans and
 executes a point-in-time recovery to a moment between two writes, and
 verifies that exactly the rows before the target exist. Everything is
 removed afterwards (unless ``keep=True``).
+
+With ``backend="btrfs"`` the cluster lives on a btrfs file system made for the
+demo on a loop device (:mod:`pgsnap.testing.btrfs`): its data directory and
+``pg_wal`` are two subvolumes, backed up with read-only snapshots by
+:class:`~pgsnap.backends.btrfs.BtrfsBackend` and restored by swapping the data
+subvolume. Where the machine cannot (not root, no btrfs, no loop devices, no
+btrfs-progs) the demo refuses at once with a
+:class:`~pgsnap.errors.ConfigurationError` saying why.
 """
 
 from __future__ import annotations
@@ -16,15 +24,23 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from pgsnap.executor import Event
 from pgsnap.model import RecoveryTarget, VolumeRole
 
-__all__ = ["DemoResult", "run_demo"]
+if TYPE_CHECKING:
+    from pgsnap.testing.btrfs import LoopBtrfs
+    from pgsnap.testing.pgserver import SettingValue
+
+__all__ = ["DEMO_BACKENDS", "DemoResult", "run_demo"]
 
 log = logging.getLogger(__name__)
+
+DEMO_BACKENDS: Final = ("mock", "btrfs")
+"""The backends ``pgsnap demo --backend`` runs on."""
 
 
 @attrs.frozen
@@ -39,6 +55,7 @@ class DemoResult:
     timings: dict[str, float]
     plan_text: str
     base_dir: str
+    backend: str = "mock"
 
 
 def _server_binaries(say: Callable[[str], None]) -> Path:
@@ -70,26 +87,69 @@ def run_demo(
     on_event: Callable[[Event], None] | None = None,
     bindir: str | None = None,
     keep: bool = False,
+    backend: str = "mock",
 ) -> DemoResult:
-    """Run the demo; ``say`` receives progress lines. See the module docstring."""
-    from pgsnap.testing.pgserver import PgServer  # noqa: PLC0415
-    from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
+    """Run the demo; ``say`` receives progress lines. See the module docstring.
 
+    ``backend`` is ``"mock"`` (directory-backed mock volumes) or ``"btrfs"``
+    (subvolumes of a loop-mounted btrfs made for the demo).
+    """
+    from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+    from pgsnap.testing.pgserver import PgServer  # noqa: PLC0415
+
+    if backend not in DEMO_BACKENDS:
+        raise ConfigurationError(
+            f"the demo runs on the {' or '.join(DEMO_BACKENDS)} backend, not {backend!r}",
+            hint="pgsnap demo --backend mock (or btrfs)",
+        )
     timings: dict[str, float] = {}
     t_all = time.monotonic()
+    if backend == "btrfs":
+        from pgsnap.testing.btrfs import btrfs_unavailable  # noqa: PLC0415
+
+        reason = btrfs_unavailable()
+        if reason is not None:
+            raise ConfigurationError(
+                f"pgsnap demo --backend btrfs cannot run on this machine: {reason}",
+                hint="run it as root on a Linux machine with btrfs and loop devices "
+                "(apt-get install btrfs-progs), or run pgsnap demo on the mock backend",
+            )
     bin_path = Path(bindir) if bindir else _server_binaries(say)
     say(f"PostgreSQL binaries: {bin_path}")
-    server = PgServer.create(
-        bin_path,
-        wal_segsize_mb=1,
-        separate_wal_dir=True,
-        archive=True,
-        settings={"archive_timeout": "60s"},
-    )
+    fs: LoopBtrfs | None = None
+    settings: dict[str, SettingValue] = {"archive_timeout": "60s"}
+    if backend == "btrfs":
+        from pgsnap.testing.btrfs import LoopBtrfs, btrfs_server  # noqa: PLC0415
+
+        fs = LoopBtrfs.create()
+        say(
+            f"made a btrfs file system on {fs.device} (a sparse image), mounted on {fs.mount_point}"
+        )
+        try:
+            server = btrfs_server(bin_path, fs, archive=True, settings=settings)
+        except BaseException:
+            fs.close()
+            raise
+    else:
+        server = PgServer.create(
+            bin_path,
+            wal_segsize_mb=1,
+            separate_wal_dir=True,
+            archive=True,
+            settings=settings,
+        )
     try:
         server.start()
         say(f"created a throwaway PostgreSQL {server.major} cluster in {server.base_dir}")
-        cluster = mock_cluster(server, on_event=on_event)
+        if fs is not None:
+            from pgsnap.testing.btrfs import btrfs_cluster  # noqa: PLC0415
+
+            say("its data directory and pg_wal are two btrfs subvolumes")
+            cluster = btrfs_cluster(server, fs, on_event=on_event)
+        else:
+            from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
+
+            cluster = mock_cluster(server, on_event=on_event)
         layout = cluster.layout
         data_vol = layout.data
         say(
@@ -161,10 +221,18 @@ def run_demo(
             timings=timings,
             plan_text=plan_text,
             base_dir=str(server.base_dir),
+            backend=backend,
         )
     finally:
         if keep:
             say(f"kept {server.base_dir}")
             server.stop()
+            if fs is not None:
+                say(
+                    f"kept the btrfs file system: umount {fs.mount_point} && "
+                    f"losetup -d {fs.device} && rm -r {fs.base} removes it"
+                )
         else:
             server.cleanup()
+            if fs is not None:
+                fs.close()

@@ -3,7 +3,7 @@
 A backend is looked up in this order:
 
 1. names registered at run time with :func:`register_backend` (notebooks, tests);
-2. the built-in backends (:data:`BUILTIN_BACKENDS`: ``"mock"``...), kept as
+2. the built-in backends (:data:`BUILTIN_BACKENDS`: ``"mock"``, ``"btrfs"``...), kept as
    ``"module:Class"`` strings so that importing :mod:`pgsnap.backends` imports
    no backend module;
 3. third-party backends declared in the entry-point group ``pgsnap.backends``
@@ -55,8 +55,9 @@ ENTRY_POINT_GROUP: Final = "pgsnap.backends"
 
 BUILTIN_BACKENDS: Final[Mapping[str, str]] = MappingProxyType(
     {
+        "btrfs": "pgsnap.backends.btrfs:BtrfsBackend",
         "mock": "pgsnap.backends.mock:MockBackend",
-        # "powerflex", "lvm" and "btrfs" join here when their modules land.
+        # "powerflex" and "lvm" join here when their modules land.
     }
 )
 """Backends shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

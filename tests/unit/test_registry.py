@@ -83,13 +83,18 @@ def test_importing_the_registry_imports_no_backend() -> None:
         assert "pgsnap.backends.mock" not in sys.modules, "mock imported at import time"
         names = b.registered_backends()
         assert "pgsnap.backends.mock" not in sys.modules, "listing names imported the mock"
+        assert "pgsnap.backends.btrfs" not in sys.modules, "listing names imported btrfs"
         cls = b.backend_class("mock")
         assert "pgsnap.backends.mock" in sys.modules
+        assert "pgsnap.backends.btrfs" not in sys.modules
         print(cls.__name__, dict(names))
         """
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("MockBackend {'mock': 'pgsnap.backends.mock:MockBackend'")
+    assert result.stdout.startswith(
+        "MockBackend {'btrfs': 'pgsnap.backends.btrfs:BtrfsBackend', "
+        "'mock': 'pgsnap.backends.mock:MockBackend'"
+    )
 
 
 def test_importing_pgsnap_imports_no_pytest_nor_conformance() -> None:
@@ -110,7 +115,7 @@ def test_builtin_mock_by_name(entry_points: list[FakeEntryPoint]) -> None:
     assert registry.backend_class("mock") is MockBackend
     backend = registry.create("mock")
     assert isinstance(backend, MockBackend)
-    assert registry.names() == ("mock",)
+    assert registry.names() == ("btrfs", "mock")
 
 
 def test_module_functions_use_the_default_registry() -> None:
@@ -131,8 +136,8 @@ def test_unknown_name_lists_the_available_ones(entry_points: list[FakeEntryPoint
     err = info.value
     assert isinstance(err, LookupError)
     assert isinstance(err, ConfigurationError)
-    assert err.details["available"] == ("extra", "mock")
-    assert "available: extra, mock" in str(err)
+    assert err.details["available"] == ("btrfs", "extra", "mock")
+    assert "available: btrfs, extra, mock" in str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert (type(copy), str(copy), copy.details["available"]) == (
         BackendNotFound,
@@ -149,6 +154,7 @@ def test_register_class_and_string(
     registry.register("mock2", MockBackend)
     assert registry.targets() == {
         "acme": "acme_pgsnap_fake:AcmeBackend",
+        "btrfs": "pgsnap.backends.btrfs:BtrfsBackend",
         "mock": "pgsnap.backends.mock:MockBackend",
         "mock2": "pgsnap.backends.mock:MockBackend",
     }
@@ -223,7 +229,7 @@ def test_entry_points_are_read_only_when_asked(
     assert calls == []  # creating a registry reads nothing
     entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
     entry_points.append(FakeEntryPoint("mock", "acme_pgsnap_fake:AcmeBackend"))
-    assert registry.names() == ("acme", "mock")
+    assert registry.names() == ("acme", "btrfs", "mock")
     assert calls == ["pgsnap.backends"]
     assert registry.backend_class("acme") is plugin_module.AcmeBackend
     assert registry.backend_class("mock") is MockBackend  # a built-in wins over a plugin
@@ -249,7 +255,7 @@ def test_kill_switch_ignores_entry_points(
     entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
     monkeypatch.setenv("PGSNAP_NO_PLUGINS", value)
     registry = BackendRegistry()
-    assert registry.names() == ("mock",)
+    assert registry.names() == ("btrfs", "mock")
     with pytest.raises(BackendNotFound) as info:
         registry.backend_class("acme")
     assert info.value.hint is not None
