@@ -344,8 +344,18 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             SnapshotGroup(
                 volume_ids=tuple(vol_ids), group_name=bid, secure=request.secure_snapshots
             ),
-            description=f"snapshot {', '.join(vol_ids)} as one consistency group",
-            reason="one snapshot of every data, WAL and tablespace volume, taken together",
+            description=(
+                f"snapshot {', '.join(vol_ids)} as one consistency group"
+                if Capability.CONSISTENCY_GROUPS in facts.capabilities
+                else f"snapshot {', '.join(vol_ids)} one after another"
+            ),
+            reason=(
+                "one snapshot of every data, WAL and tablespace volume, taken together"
+                if Capability.CONSISTENCY_GROUPS in facts.capabilities
+                else "one snapshot of every data, WAL and tablespace volume; the storage "
+                "takes them one at a time, and backup mode makes the set consistent "
+                "(replay from the backup label past the stop point)"
+            ),
             undo=DeleteSnapshotGroup(group_id=Ref("snapshot", "group_id")),
         ),
         Step.of(

@@ -175,3 +175,14 @@ def test_coverage_is_judged_by_the_mounts_not_by_path_prefixes():
 def test_an_unmounted_block_volume_is_a_finding():
     found = preflight(block_facts(data_mount=None))
     assert any(f.code == "coverage" and "not mounted" in f.message for f in found)
+
+
+def test_the_snapshot_step_says_how_the_storage_takes_the_group():
+    together = plan_backup(facts(), BackupRequest("20261130T120000000Z", "n"))
+    assert "as one consistency group" in together.step("snapshot").description
+    apart = plan_backup(
+        facts(capabilities=frozenset(Capability) - {Capability.CONSISTENCY_GROUPS}),
+        BackupRequest("20261130T120000000Z", "n"),
+    )
+    assert "one after another" in apart.step("snapshot").description
+    assert "backup mode" in apart.step("snapshot").reason
