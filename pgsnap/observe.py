@@ -13,7 +13,7 @@ import logging
 import os
 import posixpath
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -41,7 +41,7 @@ from pgsnap.planner.facts import (
     WalEvents,
     cluster_paths,
 )
-from pgsnap.planner.recovery import Candidate, RecoveryRequest, candidate_backups
+from pgsnap.planner.recovery import Candidate, RecoveryRequest, iter_candidates
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import (
     ArchiveIndex,
@@ -77,6 +77,15 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 """The segment size assumed when no backup, server or archive says (16 MiB)."""
 
 _SEGMENT_NAME_LEN = 24
+
+
+def _judged_lazily(candidates: Iterator[Candidate]) -> Iterator[Candidate]:
+    """The candidates until one cannot be judged: a request the planner refuses (an
+    unknown backup, a missing timeline) gets no WAL read; the planner says why."""
+    try:
+        yield from candidates
+    except PgsnapError as exc:
+        log.debug("no (further) WAL scan: %s", exc)
 
 
 def _is_hex(text: str) -> bool:
@@ -371,11 +380,7 @@ class Observer:
             if keep_wal and facts.archive_with_local_wal
             else facts.archive
         )
-        try:
-            candidates, _passed = candidate_backups(facts, request)
-        except PgsnapError as exc:
-            log.debug("no WAL scan: %s", exc)
-            return None
+        candidates = _judged_lazily(iter_candidates(facts, request, []))
         dirs: list[str] = [self.archive.location]
         if keep_wal and local_dir is not None and isinstance(self.host.runner, LocalRunner):
             # The WAL is read here: a surviving pg_wal only when it is on this machine.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import attrs
 
@@ -77,6 +77,7 @@ __all__ = [
     "RecoveryRequest",
     "candidate_backups",
     "choose_backup",
+    "iter_candidates",
     "plan_recovery",
 ]
 
@@ -226,8 +227,22 @@ def candidate_backups(
     qualifies when it is DONE, lies on the history of the target timeline, is
     consistent strictly before the target (when the facts can tell: an xid or
     restore point not located in the WAL cannot rule any backup out) and still
-    has its snapshots. Observation uses this to scan only the WAL these
-    backups reach; :func:`choose_backup` takes the first.
+    has its snapshots. :func:`iter_candidates` gives the same lazily.
+    """
+    passed: list[str] = []
+    return tuple(iter_candidates(facts, request, passed)), passed
+
+
+def iter_candidates(
+    facts: RecoveryFacts, request: RecoveryRequest, passed: list[str]
+) -> Iterator[Candidate]:
+    """:func:`candidate_backups` one at a time, best first; each backup passed over on
+    the way is explained in ``passed`` as it is met.
+
+    A plan needs the first candidate (and observation the first few): over ten
+    thousand backups, judging only the newest ones keeps planning from growing
+    with the catalog. Errors in the request (an unknown backup id, a target
+    timeline the archive does not have) are raised at the first ``next()``.
     """
     volumes = _volumes_to_restore(facts, request)
     target = request.target
@@ -248,8 +263,6 @@ def candidate_backups(
                 backup_id=request.backup_id,
             )
     done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
-    passed: list[str] = []
-    found: list[Candidate] = []
     present = frozenset(s.id for s in facts.snapshots)
     for b in done:
         tli = _target_timeline(facts, request, b)
@@ -280,8 +293,7 @@ def candidate_backups(
         if missing:
             passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
             continue
-        found.append(Candidate(b, tli))
-    return tuple(found), passed
+        yield Candidate(b, tli)
 
 
 def choose_backup(
@@ -293,9 +305,10 @@ def choose_backup(
     naming the earliest and latest points that can be reached.
     """
     target = request.target
-    found, passed = candidate_backups(facts, request)
-    if found:
-        return found[0].backup, found[0].timeline, passed
+    passed: list[str] = []
+    first = next(iter_candidates(facts, request, passed), None)
+    if first is not None:  # the backups newer than it, and why each was passed over
+        return first.backup, first.timeline, passed
     usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
     detail = "\n".join(f"  - {p}" for p in passed)
     passed_text = f"\nbackups passed over:\n{detail}" if detail else ""

@@ -24,7 +24,12 @@ from pgsnap.model import (
 )
 from pgsnap.plan import Plan
 from pgsnap.planner.facts import RecoveryFacts, VolumeFacts, WalEvents
-from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
+from pgsnap.planner.recovery import (
+    RecoveryRequest,
+    candidate_backups,
+    iter_candidates,
+    plan_recovery,
+)
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
 
@@ -124,6 +129,28 @@ def test_failed_backups_and_missing_snapshots_are_passed_over():
     assert any("b2: snapshots gone" in w for w in plan.warnings)
     with pytest.raises(errors.NoBackupForTarget, match=r"FAILED|failed"):
         plan_recovery(f, RecoveryRequest(backup_id="b3"))
+
+
+def test_only_backups_newer_than_the_chosen_one_are_judged_and_named():
+    """Issue 9: the plan takes the newest usable backup without judging the older
+    ones (ten thousand of them at fleet scale), and its warnings name only the newer
+    backups it passed over, never older ones it did not need."""
+    old_gone = backup("b0", 1, 2, -10)
+    f = facts([old_gone, B1, B2])
+    gone = ("b0", "b2")
+    f = attrs.evolve(f, snapshots=tuple(s for s in f.snapshots if not s.id.startswith(gone)))
+    plan = plan_recovery(f, RecoveryRequest())
+    assert plan.summary["backup"].startswith("b1")
+    passed = [w for w in plan.warnings if w.startswith("passed over")]
+    assert len(passed) == 1
+    assert passed[0].startswith("passed over backup b2: snapshots gone")
+    judged = []
+    with_record = iter_candidates(f, RecoveryRequest(), judged)
+    assert next(with_record).backup.id == "b1"
+    assert [p.split(":")[0] for p in judged] == ["b2"]  # b0 not judged yet
+    assert list(with_record) == []
+    assert [p.split(":")[0] for p in judged] == ["b2", "b0"]
+    assert [c.backup.id for c in candidate_backups(f, RecoveryRequest())[0]] == ["b1"]
 
 
 def test_gap_before_target_names_the_segment():
