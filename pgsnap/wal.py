@@ -1228,39 +1228,47 @@ class ArchiveIndex:
         )
 
 
+_CHUNK: Final = 65536
+"""Names decoded as hex at a time (a bounded buffer, not the whole listing's)."""
+
+
 def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
     """The runs of segments named by ``plain`` (names of 24 characters), or None when
     one of them is not a segment name of this segment size (the caller then
     classifies them one by one).
 
     A million names are checked and counted without a Python step per name:
-    joined by newlines, they decode as hex at once (``bytes.fromhex`` skips
-    whitespace between bytes, so a name with a space or newline in it shows as
-    a short result), 12 bytes a name; the segment numbers are checked on byte
-    columns; the names are counted per timeline and log (their first 16
-    characters). A log with all ``per_id`` segments is one run; the names of
-    the few incomplete logs (the ends of runs, gaps) are found in the bytes.
+    joined by newlines, a chunk at a time, they decode as hex at once
+    (``bytes.fromhex`` skips whitespace between bytes, so a name with a space
+    or newline in it shows as a short result), 12 bytes a name; the segment
+    numbers are checked on byte columns; the names are counted per timeline
+    and log (their first 16 characters). A log with all ``per_id`` segments is
+    one run; only the names of incomplete logs (the ends of runs, gaps) are
+    read one by one.
     """
     if not plain:
         return []
-    try:
-        raw = bytes.fromhex("\n".join(plain))
-    except ValueError:
-        return None
-    if len(raw) != 12 * len(plain):
-        return None
-    # Each name is 12 bytes: timeline, log, segment (big-endian). A segment number
-    # is below per_id (a power of two, 4 to 4096) when its top two bytes are zero
-    # and its low 16 bits are below per_id: checked on byte columns, not per name.
-    # (translate(None, allowed) deletes the allowed bytes at C speed: anything
-    # left is a byte out of range.)
-    if raw[8::12].translate(None, b"\0") or raw[9::12].translate(None, b"\0"):
-        return None
-    if per_id <= 256:
-        if raw[10::12].translate(None, b"\0") or raw[11::12].translate(None, bytes(range(per_id))):
+    low = bytes(range(per_id)) if per_id <= 256 else bytes(range(per_id // 256))
+    for at in range(0, len(plain), _CHUNK):
+        chunk = plain[at : at + _CHUNK]
+        try:
+            raw = bytes.fromhex("\n".join(chunk))
+        except ValueError:
             return None
-    elif raw[10::12].translate(None, bytes(range(per_id // 256))):
-        return None
+        if len(raw) != 12 * len(chunk):
+            return None
+        # Each name is 12 bytes: timeline, log, segment (big-endian). A segment
+        # number is below per_id (a power of two, 4 to 4096) when its top two bytes
+        # are zero and its low 16 bits are below per_id: checked on byte columns,
+        # not per name (translate(None, allowed) deletes the allowed bytes at C
+        # speed: anything left is out of range).
+        if raw[8::12].translate(None, b"\0") or raw[9::12].translate(None, b"\0"):
+            return None
+        if per_id <= 256:
+            if raw[10::12].translate(None, b"\0") or raw[11::12].translate(None, low):
+                return None
+        elif raw[10::12].translate(None, low):
+            return None
     counts = collections.Counter(map(operator.itemgetter(slice(0, 16)), plain))
     spans: list[tuple[int, int, int]] = []  # (timeline, first, last)
     partial: dict[str, list[int]] = {}
@@ -1272,17 +1280,7 @@ def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
             spans.append((tli, log * per_id, log * per_id + per_id - 1))
         else:
             partial[prefix] = []
-    if len(partial) <= 64:
-        for prefix, segs in partial.items():  # its 8 bytes, at a multiple of 12 in raw
-            needle = bytes.fromhex(prefix)
-            pos = raw.find(needle)
-            while pos >= 0:
-                if pos % 12 == 0:
-                    segs.append(int.from_bytes(raw[pos + 8 : pos + 12], "big"))
-                    pos = raw.find(needle, pos + 12)
-                else:
-                    pos = raw.find(needle, pos + 1)
-    else:
+    if partial:
         key = operator.itemgetter(slice(0, 16))
         for name in itertools.compress(plain, map(partial.__contains__, map(key, plain))):
             partial[name[:16]].append(int(name[16:], 16))

@@ -379,3 +379,22 @@ def test_index_of_long_runs_and_odd_names_matches_a_name_by_name_reading(
         assert {s for r in ranges for s in range(r.first, r.last + 1)} == segs
         assert all(b.first > a.last + 1 for a, b in itertools.pairwise(ranges))
     assert sorted(idx.unknown_names) == unknown
+
+
+def test_the_listing_is_decoded_in_chunks_with_the_same_answer(monkeypatch):
+    """Names are decoded as hex a chunk at a time (bounded memory): an odd name in
+    any chunk, not only the first, sends the listing to the name-by-name path."""
+    import pgsnap.wal as wal
+
+    segsz = 1 << 30  # 4 segments per log: whole logs and partial ones
+    names = [segment_name(t, s, segsz) for t in (1, 2) for s in range(0, 90) if s % 17]
+    rnd = random.Random(7)
+    rnd.shuffle(names)
+    whole = ArchiveIndex.build(names, segsz)
+    monkeypatch.setattr(wal, "_CHUNK", 5)
+    assert ArchiveIndex.build(names, segsz) == whole
+    odd = [*names[:40], "0000000100000000000001FF", *names[40:]]  # in the 9th chunk
+    monkeypatch.setattr(wal, "_CHUNK", 5)
+    chunked = ArchiveIndex.build(odd, segsz)
+    assert chunked.unknown_names == ("0000000100000000000001FF",)
+    assert chunked.segment_ranges == whole.segment_ranges
