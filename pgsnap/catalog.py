@@ -258,7 +258,7 @@ class DirectoryCatalog:
         return self._decode(backup_id, path, text)
 
     @staticmethod
-    def _decode(backup_id: str, path: Path, text: bytes | list[Any]) -> BackupRecord:
+    def _decode(backup_id: str, path: Path | str, text: bytes | list[Any]) -> BackupRecord:
         try:
             if isinstance(text, list):  # the index's values, by position
                 document = dict(zip(_FIELDS, text, strict=True))
@@ -394,7 +394,8 @@ class DirectoryCatalog:
                     cached = index.get(backup_id)
                     try:
                         if cached is not None and cached[0] == ident:
-                            record = self._decode(backup_id, self.path / name, cached[1])
+                            where = f"{self.path}{os.sep}{name}"  # (no Path per record)
+                            record = self._decode(backup_id, where, cached[1])
                         elif is_valid_backup_id(backup_id):
                             record = self.get(backup_id)
                             missed += 1  # the index will learn it

@@ -173,7 +173,15 @@ class PluginRegistry(Generic[T]):
             cached = self._loaded.get(name)
             if cached is not None:
                 return cached
-            found = self._all_targets()
+            # Run-time registrations and built-ins override entry points: a name
+            # found there needs no scan of the installed distributions (which
+            # costs milliseconds each time).
+            if name in self._registered:
+                found: Mapping[str, str | type] = self._registered
+            elif name in self._builtins:
+                found = self._builtins
+            else:
+                found = self._all_targets()
             if name not in found:
                 available = tuple(sorted(found))
                 listed = ", ".join(available) or "(none)"
