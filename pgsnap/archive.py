@@ -8,12 +8,11 @@ them, and writes the matching ``restore_command``. It only reads.
 
 from __future__ import annotations
 
+import bisect
 import bz2
 import gzip
-import itertools
 import logging
 import lzma
-import operator
 import os
 import shlex
 import zlib
@@ -180,10 +179,12 @@ class DirectoryWalArchive:
             raise self._listing_error(exc) from exc
         # A million names are split without a Python step per name: segment names
         # (24 characters; not hex: the index classifies them) go as they are.
-        is_plain = list(map((_SEGMENT_NAME_LEN).__eq__, map(len, names)))
-        usable = list(itertools.compress(names, is_plain))
-        others = list(itertools.compress(names, map(operator.not_, is_plain)))
-        del names, is_plain  # a million-entry list each: not kept through the classification
+        names.sort(key=len)  # C speed, stable: the segment names end up in one slice
+        first = bisect.bisect_left(names, _SEGMENT_NAME_LEN, key=len)
+        end = bisect.bisect_right(names, _SEGMENT_NAME_LEN, key=len)
+        usable = names[first:end]
+        others = names[:first] + names[end:]
+        del names  # a million-entry list: not kept through the classification
         if usable and min(usable) < "0":  # "." sorts before every hex digit
             usable = [n for n in usable if not n.startswith(".")]
         rejected: list[tuple[str, str]] = []

@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import errno
 import fcntl
+import functools
 import gc
 import json
 import logging
@@ -37,14 +39,24 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+import typing
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pgsnap.errors import BackupNotFound, CatalogError, CatalogLockedError, PgsnapError
-from pgsnap.model import FORMAT_VERSION, BackupRecord, BackupState, from_dict, from_json, to_dict
+from pgsnap.model import (
+    FORMAT_VERSION,
+    LSN,
+    BackupRecord,
+    BackupState,
+    decode_value,
+    from_dict,
+    from_json,
+    to_dict,
+)
 
 if TYPE_CHECKING:
     from pgsnap.protocols import Catalog
@@ -393,10 +405,12 @@ class DirectoryCatalog:
                 else:
                     cached = index.get(backup_id)
                     try:
+                        from_index = None
                         if cached is not None and cached[0] == ident:
-                            where = f"{self.path}{os.sep}{name}"  # (no Path per record)
-                            record = self._decode(backup_id, where, cached[1])
-                        elif is_valid_backup_id(backup_id):
+                            from_index = _from_index(cached[1])
+                        if from_index is not None:
+                            record = from_index
+                        elif is_valid_backup_id(backup_id):  # not in the index, or damaged there
                             record = self.get(backup_id)
                             missed += 1  # the index will learn it
                         else:
@@ -502,8 +516,8 @@ class DirectoryCatalog:
                 return _newest_of(self.list(), timeline)
             try:
                 record = self._decode(backup_id, path, values)
-            except CatalogError:
-                continue
+            except CatalogError:  # damaged in the index: the files decide
+                return _newest_of(self.list(), timeline)
             if record.is_usable:
                 return record
         return None
@@ -556,6 +570,59 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+_Convert = Callable[[Any], Any]
+
+
+@functools.cache
+def _index_plan() -> tuple[tuple[str, _Convert | None, _Convert | None], ...]:
+    """Per field of BackupRecord: its name, what makes its JSON value a Python value
+    (None: it is one already), and the field's attrs converter. Built once."""
+    hints = typing.get_type_hints(BackupRecord)
+    plan: list[tuple[str, _Convert | None, _Convert | None]] = []
+    for f in attrs.fields(BackupRecord):
+        tp = hints[f.name]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        core = args[0] if len(args) == 1 and type(None) in typing.get_args(tp) else tp
+        leaf: _Convert | None
+        if core in (str, int, float, bool):
+            leaf = None
+        elif core is LSN:
+            leaf = LSN.parse
+        elif core is dt.datetime:
+            leaf = dt.datetime.fromisoformat
+        elif isinstance(core, type) and issubclass(core, enum.Enum):
+            leaf = core
+        else:
+            leaf = functools.partial(decode_value, tp, where=f.name)
+        plan.append((f.name, leaf, f.converter if callable(f.converter) else None))
+    return tuple(plan)
+
+
+def _from_index(values: list[Any]) -> BackupRecord | None:
+    """A record from the index's values, built without running its validators, or
+    None when a value does not convert (the caller then decodes it the checked way).
+
+    Only for entries whose file is unchanged since pgsnap wrote both from one
+    validated record: the values are converted as the record's own decoder and
+    converters do (a test checks the two agree), but not validated again, which
+    makes listing ten thousand records a third faster.
+    """
+    record = object.__new__(BackupRecord)
+    put = object.__setattr__
+    try:
+        for (name, leaf, convert), raw in zip(_index_plan(), values, strict=True):
+            value = raw
+            if raw is not None:
+                if leaf is not None:
+                    value = leaf(raw)
+                if convert is not None:
+                    value = convert(value)
+            put(record, name, value)
+    except (TypeError, ValueError, KeyError, AttributeError, PgsnapError):
+        return None
+    return record
 
 
 def _identity(st: os.stat_result) -> _Identity:

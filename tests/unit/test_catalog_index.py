@@ -110,6 +110,19 @@ def test_missing_damaged_or_foreign_index_is_rebuilt(tmp_path):
     assert json.loads(index.read_text().splitlines()[0])["fields"] != ["id", "something", "else"]
 
 
+def test_a_damaged_index_entry_is_read_from_its_file(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    cat.put(_rec(0))
+    lines = (path / ".index").read_text().splitlines()
+    entry = json.loads(lines[1])
+    entry[3][entry[3].index("0/4000028")] = "not an LSN"  # valid JSON, a bad value
+    (path / ".index").write_text(lines[0] + "\n" + json.dumps(entry) + "\n")
+    fresh = DirectoryCatalog(path)
+    assert fresh.scan().unreadable == ()
+    assert fresh.list() == (_rec(0),)
+
+
 def test_the_index_is_compacted_by_a_listing(tmp_path):
     path = tmp_path / "c"
     cat = DirectoryCatalog(path)
@@ -233,3 +246,49 @@ def test_system_identifiers_from_the_index_or_the_records(tmp_path):
     mem = MemoryCatalog()
     mem.put(_rec(0))
     assert catalog_system_identifiers(mem) == {"7300000000000000001"}
+
+
+_maybe = st.none() | st.just(True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    stop=_maybe,
+    spcmap=_maybe,
+    failure=_maybe,
+    seconds=st.none() | st.floats(0, 1e6, allow_nan=False),
+    orphaned=st.lists(st.text("abc", min_size=1, max_size=3), max_size=2),
+    offset=st.integers(-12, 14),
+    state=st.sampled_from(list(BackupState)),
+)
+def test_a_record_from_the_index_equals_the_checked_decoding(
+    stop, spcmap, failure, seconds, orphaned, offset, state
+):
+    """The index's values are built into a record without re-running its validators
+    (_from_index): it must be the very record the checked decoder makes, for every
+    shape of record (optional fields absent or present, any UTC offset)."""
+    from pgsnap.catalog import _FIELDS, _from_index
+    from pgsnap.model import BackupRecord, from_dict, to_dict
+
+    tz = dt.timezone(dt.timedelta(hours=offset))
+    rec = attrs.evolve(
+        _record(),
+        state=state,
+        start_time=dt.datetime(2026, 3, 1, 12, 0, tzinfo=tz),
+        stop_lsn=None if stop is None else _record().stop_lsn,
+        stop_timeline=None if stop is None else 1,
+        stop_time=None if stop is None else dt.datetime(2026, 3, 1, 12, 5, tzinfo=tz),
+        spcmapfile=None if spcmap is None else "16384 /ts\n",
+        failure_reason=None if failure is None else "because",
+        backup_mode_seconds=seconds,
+        orphaned_snapshots=tuple(orphaned),
+    )
+    document = to_dict(rec)
+    values = [document.get(name) for name in _FIELDS]
+    fast = _from_index(json.loads(json.dumps(values)))
+    assert fast == from_dict(BackupRecord, document) == rec
+    assert repr(fast) == repr(rec)
+    bad = list(values)
+    bad[_FIELDS.index("start_lsn")] = "not an LSN"
+    assert _from_index(bad) is None  # the caller then decodes it the checked way
+    assert _from_index(values[:-1]) is None  # a value short
