@@ -23,7 +23,7 @@ import attrs
 import pytest
 
 from pgsnap import walreader
-from pgsnap._crc32c import crc32c
+from pgsnap._crc32c import crc32c, crc32c_python
 from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN
 from pgsnap.planner.facts import WalEvents
@@ -312,20 +312,33 @@ def crc32c_bitwise(data: bytes) -> int:
         (bytes(range(31, -1, -1)), 0x113FDB5C),
     ],
 )
-def test_crc32c_known_vectors(data, expected):
-    assert crc32c(data) == expected
-    assert crc32c(bytearray(data)) == expected
-    assert crc32c(memoryview(data)) == expected
+@pytest.mark.parametrize("crc", [crc32c, crc32c_python], ids=["in use", "pure Python"])
+def test_crc32c_known_vectors(data, expected, crc):
+    assert crc(data) == expected
+    assert crc(bytearray(data)) == expected
+    assert crc(memoryview(data)) == expected
     assert crc32c_bitwise(data) == expected
 
 
-def test_crc32c_agrees_with_the_bitwise_one_and_continues():
+@pytest.mark.parametrize("crc", [crc32c, crc32c_python], ids=["in use", "pure Python"])
+def test_crc32c_agrees_with_the_bitwise_one_and_continues(crc):
     rng = random.Random(32)
     for n in [*range(70), 255, 256, 257, 1000, 4099]:
         data = rng.randbytes(n)
-        assert crc32c(data) == crc32c_bitwise(data), n
+        assert crc(data) == crc32c_bitwise(data), n
         cut = rng.randrange(n + 1)
-        assert crc32c(data[cut:], crc32c(data[:cut])) == crc32c(data), (n, cut)
+        assert crc(data[cut:], crc(data[:cut])) == crc(data), (n, cut)
+        assert crc(memoryview(data)[cut:], crc(data[:cut])) == crc(data), (n, cut)
+
+
+def test_the_c_crc32c_is_used_when_installed():
+    """The test extra installs the optional ``crc32c`` package (pgsnap[fast]): the
+    WAL reader must then use it, and it must agree with the pure-Python one."""
+    from pgsnap import _crc32c
+
+    assert _crc32c.accelerated(), "crc32c (pip install 'pgsnap[fast]') is not installed"
+    data = random.Random(5).randbytes(1 << 16)
+    assert crc32c(data) == crc32c_python(data)
 
 
 REAL_COMMIT = bytes.fromhex(
