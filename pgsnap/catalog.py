@@ -53,6 +53,7 @@ from pgsnap.model import (
     BackupRecord,
     BackupState,
     decode_value,
+    encode_value,
     from_dict,
     from_json,
     to_dict,
@@ -82,6 +83,11 @@ _INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(
 [the record's values in the order of "fields"]]`` or ``["delete", id]``: values
 by position, so that reading ten thousand records parses no repeated keys. An
 index with other fields (another pgsnap version) is ignored and rewritten."""
+_NEWEST = ".newest"
+_NEWEST_FORMAT = "pgsnap-catalog-newest/1"
+_UNKNOWN: Any = object()
+_Table = dict[str, list[Any]]
+"""``.newest``'s table: ``"*"`` or a timeline → [start time, backup id, file identity]."""
 _Identity = tuple[int, int, int]
 """A record file's inode, size and modification time (ns): a rewrite changes it."""
 
@@ -221,6 +227,7 @@ class DirectoryCatalog:
         document = to_dict(record)
         data = json.dumps(document, indent=2).encode()
         with self._locked():
+            before = _dir_mtime(self.path)
             fd, tmp = tempfile.mkstemp(prefix=f".{record.id}.", suffix=".tmp", dir=self.path)
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -239,7 +246,9 @@ class DirectoryCatalog:
             finally:
                 os.close(dir_fd)
             values = [document.get(name) for name in _FIELDS]
-            self._append_index(["put", record.id, _identity(os.stat(target)), values])
+            ident = _identity(os.stat(target))
+            self._append_index(["put", record.id, ident, values])
+            self._note_newest(before, record.id, ident, record)
         log.debug("catalog %s: wrote %s (%s)", self.path, record.id, record.state.value)
 
     def get(self, backup_id: str) -> BackupRecord:
@@ -428,7 +437,8 @@ class DirectoryCatalog:
                     document = to_dict(record)
                     fresh[backup_id] = (ident, [document.get(name) for name in _FIELDS])
         self._decoded = decoded
-        if missed or lines > 2 * len(fresh) + 16:
+        gone = len(index.keys() - fresh.keys())  # files removed (or spoilt) behind our back
+        if missed or gone or lines > 2 * len(fresh) + 16:
             self._rewrite_index(fresh)
         return records, unreadable
 
@@ -477,12 +487,42 @@ class DirectoryCatalog:
     def newest(self, timeline: int | None = None) -> BackupRecord | None:
         """The newest DONE backup (on ``timeline``: stopped on it), or None.
 
-        Answered from the index: one record is decoded, not every one. The
-        candidates are ranked by start time and the first whose file still
-        matches the index is returned. When the index does not cover the
-        directory exactly (a record copied in by hand, or written by an older
-        pgsnap), it answers from :meth:`list` instead.
+        In O(1): ``.newest`` names the newest backup overall and per timeline,
+        kept by every write under the writers' lock with the directory's
+        modification time after it. While the directory is unchanged since
+        (no record added, replaced or removed behind pgsnap's back) and the
+        named record's file is the one written, that record is read, alone.
+        Otherwise the answer comes from the index (every entry parsed, one
+        record decoded), or from :meth:`list` when the index does not cover
+        the directory either, and ``.newest`` is written again.
         """
+        quick = self._newest_quick(timeline)
+        if quick is None or isinstance(quick, BackupRecord):
+            return quick
+        found = self._newest_from_index(timeline)
+        self._rewrite_newest()
+        return found
+
+    def _newest_quick(self, timeline: int | None) -> Any:
+        """:meth:`newest` from ``.newest`` alone, or _UNKNOWN when it cannot say."""
+        table = self._read_newest()
+        if table is None:
+            return _UNKNOWN
+        entry = table.get("*" if timeline is None else str(timeline))
+        if entry is None:
+            return None  # no DONE backup (on that timeline): .newest covers them all
+        backup_id, ident = str(entry[1]), entry[2]
+        try:
+            path = self._file(backup_id)
+            if _identity(os.stat(path)) != tuple(ident):
+                return _UNKNOWN
+            record = self.get(backup_id)
+        except (OSError, PgsnapError):
+            return _UNKNOWN
+        return record if record.is_usable else _UNKNOWN
+
+    def _newest_from_index(self, timeline: int | None) -> BackupRecord | None:
+        """:meth:`newest` from the index (or from :meth:`list`)."""
         with _gc_paused():
             index, _lines = self._read_index()
         with os.scandir(self.path) as entries:
@@ -522,6 +562,129 @@ class DirectoryCatalog:
                 return record
         return None
 
+    # -- .newest: the newest DONE backup overall and per timeline, in O(1) ---------------
+
+    def _read_newest(self) -> _Table | None:
+        """``.newest``'s table when it is current (the directory unchanged since it was
+        written), else None."""
+        try:
+            raw = (self.path / _NEWEST).read_bytes()
+            mtime = _dir_mtime(self.path)
+        except OSError:
+            return None
+        data = _json_or_none(raw)
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != _NEWEST_FORMAT
+            or data.get("dir") != mtime
+            or not isinstance(data.get("newest"), dict)
+        ):
+            return None
+        table: _Table = data["newest"]
+        for entry in table.values():
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
+                return None
+        return table
+
+    def _note_newest(
+        self,
+        before: int | None,
+        backup_id: str,
+        ident: _Identity | None,
+        record: BackupRecord | None,
+    ) -> None:
+        """Bring ``.newest`` up to date after writing (or, with ``record`` None,
+        deleting) ``backup_id`` (the caller holds the lock; ``before`` is the
+        directory's mtime before the change). Best effort, like the index."""
+        table = None
+        try:
+            raw = (self.path / _NEWEST).read_bytes()
+            data = _json_or_none(raw)
+            if isinstance(data, dict) and data.get("dir") == before and before is not None:
+                table = self._read_newest_table(data)
+        except OSError:
+            pass
+        named = table is not None and any(e[1] == backup_id for e in table.values())
+        if table is None or (named and (record is None or not record.is_usable)):
+            self._rewrite_newest(locked=True)  # from the index: O(n), but rare
+            return
+        if record is not None and record.is_usable and ident is not None:
+            start = encode_value(record.start_time)
+            keys = ["*", str(record.stop_timeline or record.start_timeline)]
+            stale = [k for k, e in table.items() if e[1] == backup_id and k not in keys]
+            if stale:  # it moved timeline: recompute
+                self._rewrite_newest(locked=True)
+                return
+            for key in keys:
+                entry = table.get(key)
+                if (
+                    entry is None
+                    or entry[1] == backup_id
+                    or (start, backup_id)
+                    > (
+                        entry[0],
+                        entry[1],
+                    )
+                ):
+                    table[key] = [start, backup_id, list(ident)]
+        self._write_newest(table)
+
+    @staticmethod
+    def _read_newest_table(data: dict[str, Any]) -> _Table | None:
+        table = data.get("newest")
+        if data.get("format") != _NEWEST_FORMAT or not isinstance(table, dict):
+            return None
+        return table
+
+    def _rewrite_newest(self, *, locked: bool = False) -> None:
+        """``.newest`` computed from the index (or the records); skipped while another
+        process writes, or when the index does not cover the directory."""
+        if not locked:
+            try:
+                with self._locked(wait=False):
+                    self._rewrite_newest(locked=True)
+            except (OSError, CatalogLockedError) as exc:
+                log.debug("catalog %s: .newest not rewritten: %s", self.path, exc)
+            return
+        with _gc_paused():
+            index, _lines = self._read_index()
+        with os.scandir(self.path) as entries:
+            names = {
+                e.name[: -len(".json")]
+                for e in entries
+                if e.name.endswith(".json") and not e.name.startswith(".")
+            }
+        if names != index.keys():
+            return  # the next listing rewrites the index; .newest follows
+        state, start, stop_tli, start_tli = (
+            _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
+        )
+        table: _Table = {}
+        for backup_id, (ident, values) in index.items():
+            if values[state] != BackupState.DONE.value:
+                continue
+            for key in ("*", str(values[stop_tli] or values[start_tli])):
+                entry = table.get(key)
+                if entry is None or (values[start], backup_id) > (entry[0], entry[1]):
+                    table[key] = [values[start], backup_id, list(ident)]
+        self._write_newest(table)
+
+    def _write_newest(self, table: _Table) -> None:
+        """Write ``.newest`` in place (a rename would change the directory's mtime it
+        records); a torn write is refused by the next reader, which recomputes."""
+        path = self.path / _NEWEST
+        try:
+            if not path.exists():
+                path.touch(mode=0o600)  # creating it changes the directory: first
+            document = {"format": _NEWEST_FORMAT, "dir": _dir_mtime(self.path), "newest": table}
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+            try:
+                os.write(fd, json.dumps(document, separators=(",", ":")).encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.debug("catalog %s: .newest not written: %s", self.path, exc)
+
     def system_identifiers(self) -> frozenset[str]:
         """The system identifiers of the backups' clusters, from the index when it
         covers every record file unchanged (else from :meth:`list`)."""
@@ -550,6 +713,7 @@ class DirectoryCatalog:
         """Remove the record; ``BackupNotFound`` if there is none."""
         path = self._file(backup_id)
         with self._locked():
+            before = _dir_mtime(self.path)
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -557,6 +721,7 @@ class DirectoryCatalog:
                     f"no backup {backup_id!r} in the catalog {self.path}", backup_id=backup_id
                 ) from None
             self._append_index(["delete", backup_id])
+            self._note_newest(before, backup_id, None, None)
 
 
 @contextlib.contextmanager
@@ -623,6 +788,10 @@ def _from_index(values: list[Any]) -> BackupRecord | None:
     except (TypeError, ValueError, KeyError, AttributeError, PgsnapError):
         return None
     return record
+
+
+def _dir_mtime(path: Path) -> int:
+    return os.stat(path).st_mtime_ns
 
 
 def _identity(st: os.stat_result) -> _Identity:

@@ -292,3 +292,45 @@ def test_a_record_from_the_index_equals_the_checked_decoding(
     bad[_FIELDS.index("start_lsn")] = "not an LSN"
     assert _from_index(bad) is None  # the caller then decodes it the checked way
     assert _from_index(values[:-1]) is None  # a value short
+
+
+def test_newest_in_constant_time_reads_one_file(tmp_path, monkeypatch):
+    """Issue 9: the newest backup (per timeline) without parsing the index or listing:
+    `.newest`, kept by every write, names it; one record file is read."""
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(8):
+        cat.put(_rec(i, start_timeline=1 + i % 2, stop_timeline=1 + i % 2))
+    cat.put(_rec(8, state=BackupState.FAILED, failure_reason="x"))
+
+    def no_index(self):
+        raise AssertionError("the index was read")
+
+    monkeypatch.setattr(DirectoryCatalog, "_read_index", no_index)
+    monkeypatch.setattr(DirectoryCatalog, "list", no_index)
+    fresh = DirectoryCatalog(path)
+    assert fresh.newest().id == "b-007"
+    assert fresh.newest(1).id == "b-006"
+    assert fresh.newest(2).id == "b-007"
+    assert fresh.newest(3) is None
+    monkeypatch.undo()
+
+    cat.delete("b-007")  # the newest goes: recomputed under the lock
+    cat.put(_rec(5, state=BackupState.FAILED, failure_reason="x"))  # an older one fails
+    monkeypatch.setattr(DirectoryCatalog, "_read_index", no_index)
+    assert DirectoryCatalog(path).newest().id == "b-006"
+    assert DirectoryCatalog(path).newest(2).id == "b-003"
+
+
+def test_newest_sees_records_added_or_removed_behind_pgsnaps_back(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    (path / "b-009.json").write_text(to_json(_rec(9)))  # a new file: the directory changed
+    assert cat.newest().id == "b-009"
+    (path / "b-009.json").unlink()
+    assert cat.newest().id == "b-002"
+    (path / ".newest").write_text("{torn")
+    assert cat.newest().id == "b-002"
+    assert json.loads((path / ".newest").read_text())["newest"]["*"][1] == "b-002"  # rewritten
