@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -408,20 +408,19 @@ class DirectoryCatalog:
                     continue  # deleted while listing
                 except OSError:
                     ident = (0, 0, 0)
+                cached = index.get(backup_id)
+                in_index = cached is not None and cached[0] == ident
                 known = self._decoded.get(backup_id)
                 if known is not None and known[0] == ident:
                     record = known[1]
                 else:
-                    cached = index.get(backup_id)
                     try:
-                        from_index = None
-                        if cached is not None and cached[0] == ident:
-                            from_index = _from_index(cached[1])
+                        from_index = _from_index(cached[1]) if in_index and cached else None
                         if from_index is not None:
                             record = from_index
                         elif is_valid_backup_id(backup_id):  # not in the index, or damaged there
                             record = self.get(backup_id)
-                            missed += 1  # the index will learn it
+                            in_index = False
                         else:
                             record = _bad_name(self.path / name, backup_id)
                     except BackupNotFound:
@@ -431,11 +430,12 @@ class DirectoryCatalog:
                         continue
                 decoded[backup_id] = (ident, record)
                 records.append(record)
-                if backup_id in index and index[backup_id][0] == ident:
-                    fresh[backup_id] = index[backup_id]
-                else:
+                if in_index and cached is not None:
+                    fresh[backup_id] = cached
+                else:  # the index will learn it
+                    missed += 1
                     document = to_dict(record)
-                    fresh[backup_id] = (ident, [document.get(name) for name in _FIELDS])
+                    fresh[backup_id] = (ident, [document.get(field) for field in _FIELDS])
         self._decoded = decoded
         gone = len(index.keys() - fresh.keys())  # files removed (or spoilt) behind our back
         if missed or gone or lines > 2 * len(fresh) + 16:
@@ -753,6 +753,8 @@ def _index_plan() -> tuple[tuple[str, _Convert | None, _Convert | None], ...]:
         leaf: _Convert | None
         if core in (str, int, float, bool):
             leaf = None
+        elif core == Mapping[str, str]:
+            leaf = dict  # of strings, as pgsnap wrote it (the converter sorts it)
         elif core is LSN:
             leaf = LSN.parse
         elif core is dt.datetime:
@@ -772,22 +774,38 @@ def _from_index(values: list[Any]) -> BackupRecord | None:
     Only for entries whose file is unchanged since pgsnap wrote both from one
     validated record: the values are converted as the record's own decoder and
     converters do (a test checks the two agree), but not validated again, which
-    makes listing ten thousand records a third faster.
+    makes listing ten thousand records about twice as fast.
     """
-    record = object.__new__(BackupRecord)
-    put = object.__setattr__
     try:
-        for (name, leaf, convert), raw in zip(_index_plan(), values, strict=True):
-            value = raw
-            if raw is not None:
-                if leaf is not None:
-                    value = leaf(raw)
-                if convert is not None:
-                    value = convert(value)
-            put(record, name, value)
+        return _index_builder()(values)  # type: ignore[no-any-return]
     except (TypeError, ValueError, KeyError, AttributeError, PgsnapError):
         return None
-    return record
+
+
+@functools.cache
+def _index_builder() -> Callable[[list[Any]], Any]:
+    """The function :func:`_from_index` runs: straight-line code for BackupRecord's
+    fields (no loop, no per-field lookups), generated once from :func:`_index_plan`
+    as attrs generates ``__init__``. Each field's slot is set directly."""
+    plan = _index_plan()
+    scope: dict[str, Any] = {"new": object.__new__, "cls": BackupRecord}
+    lines = [f"def build(values):\n    ({', '.join(f'v{i}' for i in range(len(plan)))},) = values"]
+    lines.append("    r = new(cls)")
+    for i, (name, leaf, convert) in enumerate(plan):
+        scope[f"set{i}"] = BackupRecord.__dict__[name].__set__
+        expr = f"v{i}"
+        if leaf is not None:
+            scope[f"leaf{i}"] = leaf
+            expr = f"leaf{i}({expr})"
+        if convert is not None and leaf is not LSN.parse:  # (LSN.parse gives the LSN)
+            scope[f"convert{i}"] = convert
+            expr = f"convert{i}({expr})"
+        if expr != f"v{i}":
+            expr = f"None if v{i} is None else {expr}"
+        lines.append(f"    set{i}(r, {expr})  # {name}")
+    lines.append("    return r")
+    exec("\n".join(lines), scope)  # noqa: S102 - code built from the field list above
+    return typing.cast(Callable[[list[Any]], Any], scope["build"])
 
 
 def _dir_mtime(path: Path) -> int:

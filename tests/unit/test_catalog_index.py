@@ -334,3 +334,14 @@ def test_newest_sees_records_added_or_removed_behind_pgsnaps_back(tmp_path):
     (path / ".newest").write_text("{torn")
     assert cat.newest().id == "b-002"
     assert json.loads((path / ".newest").read_text())["newest"]["*"][1] == "b-002"  # rewritten
+
+
+def test_an_index_removed_under_a_long_lived_catalog_is_written_again(tmp_path):
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    cat.list()  # every record now in this object's memory
+    (path / ".index").unlink()
+    assert [r.id for r in cat.list()] == ["b-000", "b-001", "b-002"]
+    assert len((path / ".index").read_text().splitlines()) == 1 + 3
