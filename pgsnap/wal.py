@@ -1109,6 +1109,14 @@ class ArchiveIndex:
                     cur_tli, cur_append = tli, lst.append
                 cur_append(((v >> 32) & 0xFFFFFFFF) * per_id + seg)
                 continue
+            plain_backup = _PLAIN_BACKUP_RE.fullmatch(name) if name[-7:] == ".backup" else None
+            if plain_backup is not None:  # one per backup: thousands, so no ArchiveEntry
+                tli_hex, seg_hex, off_hex = plain_backup.groups()
+                if int(tli_hex, 16) and int(seg_hex, 16) < per_id and int(off_hex, 16) < segsz:
+                    backup.append(name)
+                else:
+                    unknown.append(name)
+                continue
             entry = parse_archive_name(name)
             kind = entry.kind
             if kind is WalFileKind.HISTORY:
@@ -1227,6 +1235,11 @@ class ArchiveIndex:
             f"partials={len(self.partial_names)}, unknown={len(self.unknown_names)})"
         )
 
+
+_PLAIN_BACKUP_RE: Final = re.compile(
+    r"([0-9A-Fa-f]{8})[0-9A-Fa-f]{8}([0-9A-Fa-f]{8})\.([0-9A-Fa-f]{8})\.backup"
+)
+"""An uncompressed ``.backup`` file's name: timeline, segment part, offset."""
 
 _CHUNK: Final = 65536
 """Names decoded as hex at a time (a bounded buffer, not the whole listing's)."""

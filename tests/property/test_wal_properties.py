@@ -398,3 +398,28 @@ def test_the_listing_is_decoded_in_chunks_with_the_same_answer(monkeypatch):
     chunked = ArchiveIndex.build(odd, segsz)
     assert chunked.unknown_names == ("0000000100000000000001FF",)
     assert chunked.segment_ranges == whole.segment_ranges
+
+
+@settings(max_examples=200)
+@given(
+    st.sampled_from([1 << 30, 16 << 20, 1 << 20]),
+    st.integers(0, 3),
+    st.integers(0, 0x1100),
+    st.integers(0, 1 << 31),
+    st.sampled_from(["", ".gz"]),
+)
+def test_backup_file_names_are_classified_as_parse_archive_name_says(
+    segsz, tli, seg, offset, comp
+):
+    """.backup names take a fast path (one per backup: thousands): the same verdict
+    as parsing them, and the offset must lie inside a segment of this size."""
+    name = f"{tli:08X}{0:08X}{seg:08X}.{offset:08X}.backup{comp}"
+    idx = ArchiveIndex.build([name], segsz)
+    entry = parse_archive_name(name)
+    ok = (
+        entry.kind is WalFileKind.BACKUP
+        and seg < 0x100000000 // segsz
+        and offset < segsz
+    )
+    assert (idx.backup_names == (name,)) == ok
+    assert (idx.unknown_names == (name,)) == (not ok)
