@@ -387,7 +387,7 @@ def test_the_listing_is_decoded_in_chunks_with_the_same_answer(monkeypatch):
     import pgsnap.wal as wal
 
     segsz = 1 << 30  # 4 segments per log: whole logs and partial ones
-    names = [segment_name(t, s, segsz) for t in (1, 2) for s in range(0, 90) if s % 17]
+    names = [segment_name(t, s, segsz) for t in (1, 2) for s in range(90) if s % 17]
     rnd = random.Random(7)
     rnd.shuffle(names)
     whole = ArchiveIndex.build(names, segsz)
