@@ -1264,8 +1264,13 @@ def _whole_runs(plain: list[str], per_id: int) -> list[SegmentRange] | None:
     low = bytes(range(per_id)) if per_id <= 256 else bytes(range(per_id // 256))
     for at in range(0, len(plain), _CHUNK):
         chunk = plain[at : at + _CHUNK]
+        text = "\n".join(chunk)
+        if text != text.upper():
+            # Lower-case hex: ``...FF`` and ``...ff`` are two files of one segment,
+            # so counting names would count it twice. Name by name instead.
+            return None
         try:
-            raw = bytes.fromhex("\n".join(chunk))
+            raw = bytes.fromhex(text)
         except ValueError:
             return None
         if len(raw) != 12 * len(chunk):

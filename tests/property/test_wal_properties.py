@@ -423,3 +423,11 @@ def test_backup_file_names_are_classified_as_parse_archive_name_says(
     )
     assert (idx.backup_names == (name,)) == ok
     assert (idx.unknown_names == (name,)) == (not ok)
+
+
+def test_a_segment_named_in_both_cases_is_one_segment_not_a_whole_log():
+    """Found by the property test: 255 segments of a log and the 256th name being the
+    lower-case twin of one of them must not count as a whole log (segment 0 absent)."""
+    names = [segment_name(1, s, 16 << 20) for s in range(1, 256)] + ["0000000100000000000000ff"]
+    idx = ArchiveIndex.build(names, 16 << 20)
+    assert [(r.first, r.last) for r in idx.ranges(1)] == [(1, 255)]
