@@ -349,6 +349,27 @@ class DirectoryWalArchive:
             )
         return out
 
+    def delete(self, names: Sequence[str]) -> int:
+        """Remove these files (and their compressed copies) from the archive; names
+        not there are skipped. Returns how many files were removed. Used by
+        retention (``archive.delete_wal``), which plans what may go."""
+        removed = 0
+        for name in names:
+            path = self._file(name)
+            for candidate in (path, *(f"{path}.{ext}" for ext in COMPRESSION_SUFFIXES)):
+                try:
+                    os.unlink(candidate)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    raise ArchiveError(
+                        f"cannot remove {candidate} from the WAL archive: {exc.strerror}",
+                        hint="check the archive directory's permissions",
+                        path=candidate,
+                    ) from exc
+                removed += 1
+        return removed
+
     def read_text(self, name: str) -> str:
         """The text of a ``.history`` or ``.backup`` file (decompressed as in
         :meth:`read_bytes`). Bytes that are not UTF-8 (a label or restore point

@@ -24,6 +24,7 @@ from ``password_file`` in the configuration, never from a flag.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import difflib
 import json
 import logging
@@ -33,7 +34,7 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import attrs
 
@@ -562,9 +563,7 @@ def _warn_unreadable_entries(entries: Sequence[Any]) -> None:
         )
 
 
-def _plan_recovery(
-    args: argparse.Namespace, cluster: Any, timeouts: Timeouts, target: Any
-) -> Any:
+def _plan_recovery(args: argparse.Namespace, cluster: Any, timeouts: Timeouts, target: Any) -> Any:
     _warn_unreadable(cluster)
     lost = ["data"] + (["wal"] if args.wal_lost else [])
     return cluster.plan_recovery(
@@ -646,6 +645,13 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pin_text(b: Any) -> str:
+    if b.pin is None:
+        return ""
+    until = "forever" if b.pin.until is None else f"until {b.pin.until.isoformat()}"
+    return f"  [pinned {until}: {b.pin.reason}]"
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """List backups."""
     from pgsnap.model import to_dict  # noqa: PLC0415
@@ -663,9 +669,111 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{b.id:<22} {b.state.value:<16} tli {b.start_timeline} {b.start_lsn!s:>12} .. "
             f"{b.stop_lsn or '-'!s:>12}  {stop}  {b.label}"
             + (f"  ({b.failure_reason})" if b.failure_reason else "")
+            + _pin_text(b)
         )
     for entry in backups.unreadable:
         _out(f"UNREADABLE {entry}")
+    return EXIT_OK
+
+
+_DURATION_UNITS: Final = {"min": 60, "s": 1, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def _duration(text: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``90min``, ``2w`` or seconds as a number."""
+    raw = text.strip().lower()
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if raw.endswith(unit):
+            number = raw[: -len(unit)]
+            break
+    else:
+        unit, number = "s", raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise InputError(
+            f"not a duration: {text!r}",
+            hint="write a number with a unit: 30min, 12h, 7d, 2w",
+        ) from None
+    return dt.timedelta(seconds=value * _DURATION_UNITS[unit])
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    """The retention policy: the flags, else the configuration's ``[retention]``."""
+    from pgsnap.planner.expiry import RetentionPolicy  # noqa: PLC0415
+
+    conf = load_retention(args.config)
+    redundancy = args.redundancy if args.redundancy is not None else conf.get("redundancy")
+    window = args.window if args.window is not None else conf.get("window")
+    levels = {
+        key: (getattr(args, key) if getattr(args, key) is not None else conf.get(key, 0))
+        for key in ("hourly", "daily", "weekly", "monthly")
+    }
+    return RetentionPolicy(
+        redundancy=redundancy,
+        window=None if window is None else _duration(str(window)),
+        **levels,
+    )
+
+
+def load_retention(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``[retention]`` section of a configuration file (empty when absent)."""
+    try:
+        conf = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}  # load_cluster reports what is wrong with the file
+    section = conf.get("retention", {})
+    return section if isinstance(section, dict) else {}
+
+
+def cmd_expire(args: argparse.Namespace) -> int:
+    """Apply a retention policy (or show what it would delete)."""
+    cluster = _load(args)[0]
+    plan = cluster.plan_expiry(_policy(args))
+    if args.json:
+        _out(plan.to_json())
+    else:
+        _out(plan.explain())
+    if args.dry_run or not plan.steps:
+        if not plan.steps:
+            _out("nothing to delete")
+        return EXIT_OK
+    _execute(cluster, plan)
+    _out(f"deleted: {len(plan.lost)} item(s)")
+    return EXIT_OK
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete one backup (refused while it is pinned, secure or unfinished)."""
+    cluster = _load(args)[0]
+    plan = cluster.plan_delete(args.backup)
+    _out(plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    _out(f"backup {args.backup} deleted")
+    return EXIT_OK
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    """Pin a backup: retention keeps it (forever, or until a time)."""
+    until = None
+    if args.until is not None:
+        until = dt.datetime.fromisoformat(args.until) if args.until else None
+        if until is not None and until.tzinfo is None:
+            raise InputError(
+                f"--until {args.until!r} has no time zone",
+                hint="give one, e.g. 2027-01-01T00:00:00+00:00",
+            )
+    record = _load(args)[0].pin(args.backup, args.reason, until=until)
+    _out(f"backup {record.id} pinned {'forever' if until is None else f'until {until}'}")
+    return EXIT_OK
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    """Remove a backup's pin."""
+    record = _load(args)[0].unpin(args.backup)
+    _out(f"backup {record.id} unpinned")
     return EXIT_OK
 
 
@@ -852,6 +960,41 @@ def _parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", parents=[common], help="list backups")
     with_config(ls)
     ls.set_defaults(func=cmd_list)
+
+    ex = sub.add_parser(
+        "expire",
+        parents=[common],
+        help="apply a retention policy: delete backups and WAL it does not keep",
+        description="Apply a retention policy (flags, else the configuration's [retention] "
+        "section). Every deletion is planned with its reason; --dry-run shows the plan.",
+    )
+    with_config(ex)
+    ex.add_argument("--redundancy", type=int, help="keep the newest N DONE backups")
+    ex.add_argument("--window", help="keep every point of the last D recoverable: 7d, 12h")
+    for level in ("hourly", "daily", "weekly", "monthly"):
+        ex.add_argument(
+            f"--{level}", type=int, help=f"keep the newest backup of each of N {level} periods"
+        )
+    ex.add_argument("--dry-run", action="store_true", help="print the plan only")
+    ex.set_defaults(func=cmd_expire)
+
+    de = sub.add_parser("delete", parents=[common], help="delete one backup")
+    with_config(de)
+    de.add_argument("backup", help="the backup id")
+    de.add_argument("--dry-run", action="store_true", help="print the plan only")
+    de.set_defaults(func=cmd_delete)
+
+    pn = sub.add_parser("pin", parents=[common], help="keep a backup whatever retention says")
+    with_config(pn)
+    pn.add_argument("backup", help="the backup id")
+    pn.add_argument("--reason", required=True, help="why it is kept")
+    pn.add_argument("--until", help="ISO time with a zone (default: forever)")
+    pn.set_defaults(func=cmd_pin)
+
+    up = sub.add_parser("unpin", parents=[common], help="remove a backup's pin")
+    with_config(up)
+    up.add_argument("backup", help="the backup id")
+    up.set_defaults(func=cmd_unpin)
 
     for name, func, helptext in (
         ("plan-recovery", cmd_plan_recovery, "print the recovery plan (touches nothing)"),

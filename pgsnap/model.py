@@ -40,6 +40,7 @@ __all__ = [
     "Location",
     "LocationKind",
     "Mount",
+    "Pin",
     "RecoveryAction",
     "RecoverySettings",
     "RecoveryTarget",
@@ -616,6 +617,23 @@ class BackupState(enum.Enum):
     FAILED = "failed"
 
 
+def _opt_aware(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else utc_time(value)
+
+
+@attrs.frozen
+class Pin:
+    """A backup kept by retention whatever the policy says: forever (``until`` None)
+    or until a time, for a ``reason`` a person gave."""
+
+    reason: str
+    until: dt.datetime | None = attrs.field(default=None, converter=_opt_aware)
+
+    def holds(self, now: dt.datetime) -> bool:
+        """True while the pin keeps its backup."""
+        return self.until is None or now < self.until
+
+
 @attrs.frozen
 class BackupRecord:
     """A backup in the catalog: what was taken, where it starts and ends.
@@ -654,6 +672,8 @@ class BackupRecord:
     wal_directory: str | None = None
     """Where ``pg_wal`` really was on the database host at the backup (the data
     directory's link resolved): where a surviving WAL volume's WAL is found again."""
+    pin: Pin | None = None
+    """Kept by retention whatever the policy says (``pgsnap pin``)."""
 
     @property
     def is_usable(self) -> bool:

@@ -33,6 +33,7 @@ from pgsnap.model import (
     TargetKind,
     VolumeRole,
 )
+from pgsnap.planner.expiry import ExpiryFacts
 from pgsnap.planner.facts import (
     BackupFacts,
     PathFacts,
@@ -189,6 +190,21 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
             paths=self._path_facts(server),
+        )
+
+    def expiry_facts(self) -> ExpiryFacts:
+        """Observe what the expiry planner needs: the catalog, the storage's snapshots,
+        the archive (one listing, names only) and its timeline histories."""
+        backups = self.catalog.list()
+        index = self.archive.index(self._segment_size(backups), check_sizes=False)
+        return ExpiryFacts(
+            backups=backups,
+            snapshots=self.backend.list_snapshots(),
+            archive=index,
+            timelines=self._histories(index),
+            now=self._now(),
+            capabilities=self.backend.capabilities,
+            archive_location=self.archive.location,
         )
 
     def _timelines_from(self, timeline: int) -> tuple[int, ...]:

@@ -50,6 +50,7 @@ from pgsnap.model import (
     BackupRecord,
     BackupState,
     Layout,
+    Pin,
     RecoveryAction,
     RecoveryTarget,
     VolumeRole,
@@ -59,6 +60,7 @@ from pgsnap.observe import Observer
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
+from pgsnap.planner.expiry import RetentionPolicy, plan_delete, plan_expiry
 from pgsnap.planner.facts import (
     BackupFacts,
     RecoveryFacts,
@@ -559,6 +561,27 @@ class Cluster:
 
     # ------------------------------------------------------------------ execute
 
+    def _check_fresh_retention(self, plan: Plan) -> None:
+        """Refuse an expiry or delete plan whose facts changed since it was made."""
+        facts = self.observer.expiry_facts()
+        try:
+            if plan.kind == "delete":
+                now = plan_delete(facts, str(plan.request.get("backup_id")))
+            else:
+                policy = RetentionPolicy.from_request(plan.request)
+                now = plan_expiry(facts, policy)
+        except PlanningError as exc:
+            raise StalePlanError(
+                f"the plan no longer holds: {exc.message}", hint="make a new plan"
+            ) from exc
+        if now.fingerprint != plan.fingerprint:
+            raise StalePlanError(
+                "the catalog, the snapshots or the archive changed since the plan was made",
+                hint="make a new plan and review it",
+                planned=plan.fingerprint,
+                current=now.fingerprint,
+            )
+
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
 
@@ -569,6 +592,9 @@ class Cluster:
         only with the WAL, such as a time just before a gap) is the WAL read
         too (from the index) before the plan is refused.
         """
+        if plan.kind in ("expiry", "delete"):
+            self._check_fresh_retention(plan)
+            return
         if plan.kind != "recovery" or not plan.request:
             return
         request = from_dict(RecoveryRequest, plan.request)
@@ -597,6 +623,59 @@ class Cluster:
                 planned=plan.fingerprint,
                 current=now.fingerprint,
             )
+
+    # ------------------------------------------------------------------ retention
+
+    def plan_expiry(self, policy: RetentionPolicy) -> Plan:
+        """Observe and return the plan that applies the retention ``policy``: what
+        it deletes (each step with its reason), what it keeps and why (``kept``).
+        See :mod:`pgsnap.planner.expiry`."""
+        if not isinstance(policy, RetentionPolicy):
+            raise InputError(
+                f"policy must be a RetentionPolicy, not {policy!r}",
+                hint="e.g. RetentionPolicy(redundancy=7, window=timedelta(days=14))",
+                argument="policy",
+            )
+        return plan_expiry(self.observer.expiry_facts(), policy)
+
+    def expire(self, policy: RetentionPolicy, *, dry_run: bool = False) -> Plan:
+        """Apply the retention ``policy``: plan, then execute (journalled and
+        resumable like every plan). With ``dry_run`` nothing is deleted.
+        Returns the plan (its ``lost`` says what went, ``kept`` what stayed)."""
+        plan = self.plan_expiry(policy)
+        if not dry_run and plan.steps:
+            self.execute(plan)
+        return plan
+
+    def plan_delete(self, backup_id: str) -> Plan:
+        """The plan that deletes one backup: refused while it is pinned, secure or
+        unfinished (:func:`~pgsnap.planner.expiry.plan_delete`)."""
+        return plan_delete(self.observer.expiry_facts(), backup_id)
+
+    def pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> BackupRecord:
+        """Keep ``backup_id`` whatever retention says, forever or ``until`` a time,
+        for ``reason`` (required: the next person needs to know why)."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InputError(
+                "a pin needs a reason",
+                hint="say why the backup is kept, e.g. --reason 'audit 2026'",
+                argument="reason",
+            )
+        if until is not None and (not isinstance(until, dt.datetime) or until.tzinfo is None):
+            raise InputError(
+                f"until must be an aware datetime, not {until!r}",
+                hint="give a time zone, e.g. 2027-01-01T00:00:00+00:00",
+                argument="until",
+            )
+        record = attrs.evolve(self.catalog.get(backup_id), pin=Pin(reason.strip(), until))
+        self.catalog.put(record)
+        return record
+
+    def unpin(self, backup_id: str) -> BackupRecord:
+        """Remove ``backup_id``'s pin (retention decides again)."""
+        record = attrs.evolve(self.catalog.get(backup_id), pin=None)
+        self.catalog.put(record)
+        return record
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

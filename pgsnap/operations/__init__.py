@@ -91,7 +91,9 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "catalog.record_backup_stop": f"{_OPS}.catalog:RecordBackupStop",
         "catalog.mark_done": f"{_OPS}.catalog:MarkBackupDone",
         "catalog.fail_backup": f"{_OPS}.catalog:FailBackup",
+        "catalog.delete_backup": f"{_OPS}.catalog:DeleteBackupRecord",
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
+        "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

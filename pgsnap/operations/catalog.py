@@ -12,12 +12,18 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
 
-from pgsnap.errors import ArchiveError, BackupNotFound, ExecutionError, PgsnapError
+from pgsnap.errors import (
+    ArchiveError,
+    BackupNotFound,
+    ExecutionError,
+    PgsnapError,
+    UnsupportedCapability,
+)
 from pgsnap.model import LSN, BackupRecord, BackupState
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, Ref, Resume
 from pgsnap.operations.base import Target as _Target
@@ -25,6 +31,8 @@ from pgsnap.protocols import WalArchive
 from pgsnap.wal import ArchiveIndex, check, segment_name, segment_number, walfile_name
 
 __all__ = [
+    "DeleteBackupRecord",
+    "DeleteWal",
     "FailBackup",
     "MarkBackupDone",
     "RecordBackupStart",
@@ -297,3 +305,61 @@ class FailBackup(Operation):
         except PgsnapError:
             raise
         return {"orphans": list(orphans)}
+
+
+def _names(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class DeleteBackupRecord(Operation):
+    """Remove a backup's record from the catalog (retention); one already gone is fine.
+
+    Planned after its snapshots are deleted: a run cut short between the two
+    leaves a record whose snapshots are gone, which the recovery planner
+    passes over, never snapshots no record names.
+    """
+
+    name = "catalog.delete_backup"
+    target = _Target.CATALOG
+
+    backup_id: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        try:
+            ctx.catalog.delete(self.backup_id)
+        except BackupNotFound:
+            log.info("backup %s was already gone from the catalog", self.backup_id)
+            return {"deleted": False}
+        return {"deleted": True}
+
+
+@attrs.frozen
+class DeleteWal(Operation):
+    """Delete archived WAL segments of one timeline, ``first``..``last`` (segment
+    numbers), and the named ``.backup`` files; files already gone are fine."""
+
+    name = "archive.delete_wal"
+    target = _Target.ARCHIVE
+
+    timeline: int
+    first: int
+    last: int
+    segment_size: int
+    extra_names: tuple[str, ...] = attrs.field(default=(), converter=_names)
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        from pgsnap.wal import segment_name  # noqa: PLC0415
+
+        delete = getattr(ctx.archive, "delete", None)
+        if not callable(delete):
+            raise UnsupportedCapability(
+                f"the WAL archive {ctx.archive.location} cannot delete files",
+                hint="expire WAL with the archive's own tools, or use a DirectoryWalArchive",
+            )
+        names = [
+            segment_name(self.timeline, n, self.segment_size)
+            for n in range(self.first, self.last + 1)
+        ]
+        deleted = delete([*names, *self.extra_names])
+        return {"deleted": int(deleted) if isinstance(deleted, int) else len(names)}

@@ -519,3 +519,40 @@ def test_extreme_targets_are_refused_with_a_message(cli_env: CliEnv) -> None:
         assert err.startswith("pgsnap: ")
         assert "Traceback" not in err
         assert "18446744073709551616" not in err
+
+
+def test_retention_commands(cli_env: CliEnv) -> None:
+    """Issue 13: pin, expire --dry-run, expire, delete and unpin through the command."""
+    env = cli_env
+    ids = []
+    for batch in (1, 2, 3):
+        env.write(batch)
+        code, out, err = env.run("backup", "--label", f"b{batch}")
+        assert code == 0, err
+        ids.append(out.split()[1])
+    code, out, err = env.run("pin", ids[0], "--reason", "audit 2026")
+    assert code == 0, err
+    code, out, _ = env.run("list")
+    assert "[pinned forever: audit 2026]" in out
+
+    code, out, err = env.run("expire", "--redundancy", "1", "--dry-run")
+    assert code == 0, err
+    assert f"backup {ids[1]}" in out and "Steps:" in out  # b2 would go; b1 is pinned
+    assert [b["id"] for b in env.run_json("list")] == ids  # dry run: nothing deleted
+
+    code, out, err = env.run("expire", "--redundancy", "1")
+    assert code == 0, err
+    assert [b["id"] for b in env.run_json("list")] == [ids[0], ids[2]]
+
+    code, _out, err = env.run("delete", ids[0])
+    assert code != 0 and "pinned" in err  # refused, with the reason
+    code, out, err = env.run("unpin", ids[0])
+    assert code == 0, err
+    code, out, err = env.run("delete", ids[0])
+    assert code == 0, err
+    assert [b["id"] for b in env.run_json("list")] == [ids[2]]
+
+    code, _out, err = env.run("expire")
+    assert code != 0 and "keeps nothing" in err  # no policy anywhere: refused
+    code, _out, err = env.run("expire", "--window", "soon")
+    assert code != 0 and "not a duration" in err

@@ -1,0 +1,537 @@
+"""Retention: which backups and which WAL to keep, planned as data (pure).
+
+A :class:`RetentionPolicy` says what must stay recoverable; :func:`plan_expiry`
+turns it, with the catalog, the storage's snapshots, the archive's index and
+timeline histories and the time (:class:`ExpiryFacts`), into a
+:class:`~pgsnap.plan.Plan` whose every step deletes one thing for a stated
+reason, and whose ``kept`` list says why each kept backup stays.
+
+What is kept:
+
+- **redundancy N**: the newest N DONE backups;
+- **window D**: every point in time within the last D stays recoverable: the
+  newest DONE backup consistent at or before ``now - D`` (the window's
+  anchor) and every DONE backup after it; until such a backup exists,
+  every DONE backup is kept (and a warning says the window is not yet
+  covered);
+- **levels** (grandfather-father-son): the newest DONE backup of each of the
+  last ``hourly`` hours, ``daily`` days, ``weekly`` ISO weeks and
+  ``monthly`` months (UTC);
+- whatever any of the above keeps is kept (they combine);
+- a **pinned** backup (:class:`~pgsnap.model.Pin`) while its pin holds;
+- a backup with a **secure** snapshot until the snapshot's retention ends
+  (``extra["secure_until"]``; without it, always: the storage refuses
+  deletion, so the plan never tries);
+- a backup not finished yet (STARTED, WAITING_FOR_WAL): never touched.
+
+A FAILED backup goes (its record, and any snapshots it still names) once a
+newer DONE backup exists. WAL: on each timeline, everything from the oldest
+position a kept backup's recovery can start from on that timeline onward is
+kept (a kept backup's own timeline from its start segment, every timeline
+descending from its position from where that timeline begins); segments
+before that, and whole timelines no kept backup reaches, go, with the
+``.backup`` files of deleted backups. ``.history`` files are always kept.
+A retention plan deletes nothing a kept backup needs: a property test checks
+every kept backup against the recovery planner.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Mapping
+
+import attrs
+
+from pgsnap.errors import BackupNotFound, ConfigurationError, PgsnapError, PlanningError
+from pgsnap.model import BackupRecord, BackupState, Snapshot
+from pgsnap.operations.catalog import DeleteBackupRecord, DeleteWal
+from pgsnap.operations.storage import DeleteSnapshotGroup
+from pgsnap.plan import Plan, Step
+from pgsnap.planner.facts import fingerprint
+from pgsnap.protocols import Capability
+from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
+
+__all__ = ["ExpiryFacts", "RetentionPolicy", "kept_backups", "plan_delete", "plan_expiry"]
+
+
+@attrs.frozen
+class RetentionPolicy:
+    """What retention keeps (see the module docstring). Combine freely.
+
+    ``redundancy``: the newest N DONE backups (None: no such rule; 0 is
+    refused). ``window``: a duration every point of which stays recoverable.
+    ``hourly``/``daily``/``weekly``/``monthly``: grandfather-father-son levels
+    (0: level unused). A policy that keeps nothing by any rule is refused.
+    """
+
+    redundancy: int | None = None
+    window: dt.timedelta | None = None
+    hourly: int = 0
+    daily: int = 0
+    weekly: int = 0
+    monthly: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        counts = {
+            "redundancy": self.redundancy,
+            "hourly": self.hourly,
+            "daily": self.daily,
+            "weekly": self.weekly,
+            "monthly": self.monthly,
+        }
+        for name, value in counts.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigurationError(
+                    f"retention {name} must be a whole number, not {value!r}",
+                    hint=f"e.g. {name}=7",
+                )
+            if value is not None and value < 0:
+                raise ConfigurationError(
+                    f"retention {name} cannot be negative ({value})", hint=f"e.g. {name}=7"
+                )
+        if self.redundancy == 0:
+            raise ConfigurationError(
+                "retention redundancy 0 would delete every backup",
+                hint="keep at least one backup (redundancy=1 or more), or leave it unset",
+            )
+        if self.window is not None and self.window <= dt.timedelta(0):
+            raise ConfigurationError(
+                f"retention window must be positive, not {self.window}",
+                hint="e.g. window=timedelta(days=7) (pgsnap expire --window 7d)",
+            )
+        if (
+            self.redundancy is None
+            and self.window is None
+            and not (self.hourly or self.daily or self.weekly or self.monthly)
+        ):
+            raise ConfigurationError(
+                "the retention policy keeps nothing: it would delete every backup",
+                hint="set a redundancy, a window or grandfather-father-son levels",
+            )
+
+    def to_request(self) -> dict[str, int | None]:
+        """The policy as a plan's ``request`` (plain JSON)."""
+        return {
+            "redundancy": self.redundancy,
+            "window_seconds": None if self.window is None else int(self.window.total_seconds()),
+            "hourly": self.hourly,
+            "daily": self.daily,
+            "weekly": self.weekly,
+            "monthly": self.monthly,
+        }
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, object]) -> RetentionPolicy:
+        """The policy a plan's ``request`` holds (:meth:`to_request`)."""
+
+        def count(key: str) -> int:
+            value = request.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        redundancy = request.get("redundancy")
+        window = request.get("window_seconds")
+        return cls(
+            redundancy=redundancy if isinstance(redundancy, int) else None,
+            window=dt.timedelta(seconds=window) if isinstance(window, int) else None,
+            hourly=count("hourly"),
+            daily=count("daily"),
+            weekly=count("weekly"),
+            monthly=count("monthly"),
+        )
+
+    def describe(self) -> str:
+        """The policy in words (for plans and listings)."""
+        parts = []
+        if self.redundancy is not None:
+            parts.append(f"redundancy {self.redundancy}")
+        if self.window is not None:
+            parts.append(f"window {_fmt_delta(self.window)}")
+        levels = [
+            f"{n} {unit}"
+            for n, unit in (
+                (self.hourly, "hourly"),
+                (self.daily, "daily"),
+                (self.weekly, "weekly"),
+                (self.monthly, "monthly"),
+            )
+            if n
+        ]
+        if levels:
+            parts.append("levels " + ", ".join(levels))
+        return "; ".join(parts)
+
+
+@attrs.frozen
+class ExpiryFacts:
+    """Everything the expiry planner looks at."""
+
+    backups: tuple[BackupRecord, ...]
+    snapshots: tuple[Snapshot, ...]
+    archive: ArchiveIndex
+    timelines: TimelineGraph
+    now: dt.datetime
+    capabilities: frozenset[Capability] = frozenset()
+    archive_location: str = ""
+
+
+def _fmt_delta(delta: dt.timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _when(b: BackupRecord) -> dt.datetime:
+    """When a backup is consistent (its stop), or its start if it has no stop."""
+    return b.stop_time or b.start_time
+
+
+def _secure_until(b: BackupRecord, snapshots: Mapping[str, Snapshot]) -> tuple[bool, str]:
+    """Whether a secure snapshot of ``b`` still holds, and until when (text)."""
+    holds, until = False, ""
+    for snap_id in b.snapshots.values():
+        snap = snapshots.get(snap_id)
+        if snap is None or not snap.secure:
+            continue
+        text = snap.extra.get("secure_until")
+        if text is None:
+            return True, "no expiry known"
+        holds, until = True, text
+    return holds, until
+
+
+def kept_backups(
+    facts: ExpiryFacts, policy: RetentionPolicy
+) -> tuple[dict[str, list[str]], list[str]]:
+    """Why each kept backup is kept (id → reasons), and the policy's warnings."""
+    now = facts.now
+    done = sorted(
+        (b for b in facts.backups if b.state is BackupState.DONE),
+        key=lambda b: (_when(b), b.id),
+        reverse=True,
+    )
+    keep: dict[str, list[str]] = {}
+    warnings: list[str] = []
+
+    def hold(b: BackupRecord, why: str) -> None:
+        keep.setdefault(b.id, []).append(why)
+
+    if policy.redundancy is not None:
+        for b in done[: policy.redundancy]:
+            hold(b, f"within redundancy {policy.redundancy}")
+    if policy.window is not None:
+        start = now - policy.window
+        anchor = next((b for b in done if _when(b) <= start), None)
+        if anchor is None:
+            for b in done:
+                hold(b, f"the window {_fmt_delta(policy.window)} is not yet covered")
+            if done:
+                warnings.append(
+                    f"no backup is older than the window's start ({start.isoformat()}): "
+                    f"every backup is kept until one is"
+                )
+        else:
+            hold(anchor, f"anchor of the window {_fmt_delta(policy.window)}")
+            for b in done:
+                if _when(b) > _when(anchor):
+                    hold(b, f"within the window {_fmt_delta(policy.window)}")
+        if len(done) >= 2:
+            gaps = [_when(a) - _when(b) for a, b in itertools.pairwise(done)]
+            if max(gaps) > policy.window:
+                warnings.append(
+                    f"the window {_fmt_delta(policy.window)} is shorter than the time between "
+                    f"some backups ({_fmt_delta(max(gaps))}): it keeps more than it says"
+                )
+    for count, unit, key in (
+        (policy.hourly, "hour", _hour),
+        (policy.daily, "day", _day),
+        (policy.weekly, "week", _week),
+        (policy.monthly, "month", _month),
+    ):
+        if not count:
+            continue
+        periods: list[tuple[int, ...]] = []
+        for b in done:  # newest first: the first of a period is its newest
+            period = key(_when(b))
+            if period in periods:
+                continue
+            if len(periods) == count:
+                break
+            periods.append(period)
+            hold(b, f"newest of its {unit} ({count} {unit}s kept)")
+    snapshots = {s.id: s for s in facts.snapshots}
+    for b in facts.backups:
+        if b.pin is not None and b.pin.holds(now):
+            until = "forever" if b.pin.until is None else f"until {b.pin.until.isoformat()}"
+            hold(b, f"pinned {until}: {b.pin.reason}")
+        secure, until = _secure_until(b, snapshots)
+        if secure:
+            hold(b, f"secure snapshot ({until})")
+        if b.state in (BackupState.STARTED, BackupState.WAITING_FOR_WAL):
+            hold(b, f"not finished ({b.state.value})")
+    return keep, warnings
+
+
+def _hour(t: dt.datetime) -> tuple[int, ...]:
+    u = t.astimezone(dt.UTC)
+    return (u.year, u.month, u.day, u.hour)
+
+
+def _day(t: dt.datetime) -> tuple[int, ...]:
+    u = t.astimezone(dt.UTC)
+    return (u.year, u.month, u.day)
+
+
+def _week(t: dt.datetime) -> tuple[int, ...]:
+    iso = t.astimezone(dt.UTC).isocalendar()
+    return (iso.year, iso.week)
+
+
+def _month(t: dt.datetime) -> tuple[int, ...]:
+    u = t.astimezone(dt.UTC)
+    return (u.year, u.month)
+
+
+def _wal_floor(facts: ExpiryFacts, kept: list[BackupRecord]) -> tuple[dict[int, int], list[str]]:
+    """Per timeline, the first segment a kept backup's recovery can need there."""
+    seg = facts.archive.segment_size
+    graph = facts.timelines
+    timelines = sorted({1, *graph.timelines(), *facts.archive.timelines()})
+    floor: dict[int, int] = {}
+    notes: list[str] = []
+    for b in kept:
+        start_seg = b.start_lsn.value // seg
+        # Whatever the histories say, the WAL from the backup's start on its own
+        # timeline stays (a backup the histories do not place keeps it too).
+        floor[b.start_timeline] = min(floor.get(b.start_timeline, start_seg), start_seg)
+        for tli in timelines:
+            try:
+                if not graph.contains(b.start_timeline, b.start_lsn, tli):
+                    continue
+                path = graph.path(tli, from_timeline=b.start_timeline)
+            except PgsnapError as exc:  # a history that does not add up: keep its WAL
+                notes.append(f"timeline {tli}: {exc}; its WAL is kept")
+                floor[tli] = 0
+                continue
+            for i, span in enumerate(path):
+                begin = span.start.value // seg if span.start is not None else 0
+                first = start_seg if i == 0 else begin
+                floor[span.timeline] = min(floor.get(span.timeline, first), first)
+    return floor, notes
+
+
+def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
+    """The plan that applies ``policy``: delete what it does not keep, say why.
+
+    Steps, in order: for each backup that goes (oldest first), its snapshot
+    group (when the storage still has it) then its record; then the WAL no
+    kept backup needs, one step per timeline and run of segments.
+    """
+    keep, warnings = kept_backups(facts, policy)
+    present = {s.id for s in facts.snapshots}
+    newest_done = max(
+        (_when(b) for b in facts.backups if b.state is BackupState.DONE), default=None
+    )
+    steps: list[Step] = []
+    gone: list[BackupRecord] = []
+    for b in sorted(facts.backups, key=lambda r: (_when(r), r.id)):
+        if b.id in keep:
+            continue
+        if b.state is BackupState.FAILED and (newest_done is None or newest_done <= _when(b)):
+            keep.setdefault(b.id, []).append("failed, and no newer DONE backup yet")
+            continue
+        why = (
+            "failed; a newer backup is DONE"
+            if b.state is BackupState.FAILED
+            else _why_not_kept(b, policy)
+        )
+        gone.append(b)
+        snaps = [s for s in b.snapshots.values() if s in present]
+        if b.snapshot_group_id and snaps:
+            steps.append(
+                Step.of(
+                    f"delete-snapshots-{b.id}",
+                    DeleteSnapshotGroup(group_id=b.snapshot_group_id),
+                    description=f"delete snapshot group {b.snapshot_group_id} of backup {b.id}",
+                    reason=why,
+                )
+            )
+        steps.append(
+            Step.of(
+                f"delete-record-{b.id}",
+                DeleteBackupRecord(backup_id=b.id),
+                description=f"delete backup {b.id} ({b.label}) from the catalog",
+                reason=why,
+            )
+        )
+    kept_done = [b for b in facts.backups if b.id in keep and b.state is BackupState.DONE]
+    unfinished = [b for b in facts.backups if b.id in keep and b.state is not BackupState.DONE]
+    wal_steps, wal_lost = _wal_steps(facts, kept_done + unfinished, gone)
+    steps += wal_steps
+    seg = facts.archive.segment_size
+    parts = {
+        "backups": sorted((b.id, b.state.value, str(_when(b))) for b in facts.backups),
+        "snapshots": sorted(present),
+        "ranges": [(r.timeline, r.first, r.last) for r in facts.archive.segment_ranges],
+        "backup_files": sorted(facts.archive.backup_names),
+        "segment_size": seg,
+        "policy": policy.describe(),
+    }
+    return Plan(
+        kind="expiry",
+        steps=tuple(steps),
+        fingerprint=fingerprint(parts),
+        summary={
+            "policy": policy.describe(),
+            "now": facts.now.isoformat(),
+            "backups kept": str(len(keep)),
+            "backups deleted": str(len(gone)),
+        },
+        request=policy.to_request(),
+        kept=tuple(f"backup {bid}: {'; '.join(why)}" for bid, why in sorted(keep.items())),
+        lost=tuple(f"backup {b.id} ({b.label}, {_when(b).isoformat()})" for b in gone)
+        + tuple(wal_lost),
+        warnings=tuple(warnings),
+    )
+
+
+def _why_not_kept(b: BackupRecord, policy: RetentionPolicy) -> str:
+    parts = []
+    if policy.redundancy is not None:
+        parts.append(f"beyond redundancy {policy.redundancy}")
+    if policy.window is not None:
+        parts.append(f"older than the anchor of the window {_fmt_delta(policy.window)}")
+    if policy.hourly or policy.daily or policy.weekly or policy.monthly:
+        parts.append("not the newest of a period the levels keep")
+    return "; ".join(parts)
+
+
+def _wal_steps(
+    facts: ExpiryFacts, kept: list[BackupRecord], gone: list[BackupRecord]
+) -> tuple[list[Step], list[str]]:
+    seg = facts.archive.segment_size
+    floor, _notes = _wal_floor(facts, kept)
+    gone_backup_files = {
+        n
+        for n in facts.archive.backup_names
+        if any(n.startswith(_start_segment(b, seg)) for b in gone)
+    }
+    steps: list[Step] = []
+    lost: list[str] = []
+    for r in facts.archive.segment_ranges:
+        limit = floor.get(r.timeline)
+        last = r.last if limit is None else min(r.last, limit - 1)
+        if last < r.first:
+            continue
+        extra = tuple(
+            sorted(
+                n
+                for n in gone_backup_files
+                if r.first <= _backup_file_segno(n, seg) <= last and int(n[:8], 16) == r.timeline
+            )
+        )
+        why = (
+            f"no kept backup's recovery reaches timeline {r.timeline}"
+            if limit is None
+            else f"before segment {segment_name(r.timeline, limit, seg)}, where the oldest "
+            f"kept backup's recovery starts on timeline {r.timeline}"
+        )
+        first_name = segment_name(r.timeline, r.first, seg)
+        last_name = segment_name(r.timeline, last, seg)
+        steps.append(
+            Step.of(
+                f"delete-wal-{r.timeline}-{r.first}",
+                DeleteWal(
+                    timeline=r.timeline,
+                    first=r.first,
+                    last=last,
+                    segment_size=seg,
+                    extra_names=extra,
+                ),
+                description=f"delete WAL {first_name}..{last_name} "
+                f"({last - r.first + 1} segments) from the archive",
+                reason=why,
+            )
+        )
+        lost.append(f"WAL {first_name}..{last_name}")
+    return steps, lost
+
+
+def _start_segment(b: BackupRecord, segment_size: int) -> str:
+    return segment_name(b.start_timeline, b.start_lsn.value // segment_size, segment_size)
+
+
+def _backup_file_segno(name: str, segment_size: int) -> int:
+    per_id = 0x100000000 // segment_size
+    return int(name[8:16], 16) * per_id + int(name[16:24], 16)
+
+
+def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
+    """The plan that deletes one backup (its snapshot group, then its record).
+
+    Refused (:class:`~pgsnap.errors.PlanningError`) while the backup is pinned,
+    has a secure snapshot whose retention holds, or is not finished. WAL is
+    left to :func:`plan_expiry`, which knows what the other backups need.
+    """
+    found = [b for b in facts.backups if b.id == backup_id]
+    if not found:
+        raise BackupNotFound(
+            f"no backup {backup_id!r} in the catalog",
+            hint="list the backups with `pgsnap list`",
+            backup_id=backup_id,
+        )
+    b = found[0]
+    if b.pin is not None and b.pin.holds(facts.now):
+        raise PlanningError(
+            f"backup {b.id} is pinned ({b.pin.reason}): it is not deleted",
+            hint=f"unpin it first (pgsnap unpin {b.id}) if it really should go",
+            backup_id=b.id,
+        )
+    secure, until = _secure_until(b, {s.id: s for s in facts.snapshots})
+    if secure:
+        raise PlanningError(
+            f"backup {b.id} has a secure snapshot ({until}): the storage refuses to delete it",
+            hint="wait until its retention ends",
+            backup_id=b.id,
+        )
+    if b.state in (BackupState.STARTED, BackupState.WAITING_FOR_WAL):
+        raise PlanningError(
+            f"backup {b.id} is not finished ({b.state.value}): it is not deleted",
+            hint="let it finish or fail first (pgsnap resume cleans up interrupted ones)",
+            backup_id=b.id,
+        )
+    present = {s.id for s in facts.snapshots}
+    steps: list[Step] = []
+    why = "asked for (pgsnap delete)"
+    if b.snapshot_group_id and any(s in present for s in b.snapshots.values()):
+        steps.append(
+            Step.of(
+                f"delete-snapshots-{b.id}",
+                DeleteSnapshotGroup(group_id=b.snapshot_group_id),
+                description=f"delete snapshot group {b.snapshot_group_id} of backup {b.id}",
+                reason=why,
+            )
+        )
+    steps.append(
+        Step.of(
+            f"delete-record-{b.id}",
+            DeleteBackupRecord(backup_id=b.id),
+            description=f"delete backup {b.id} ({b.label}) from the catalog",
+            reason=why,
+        )
+    )
+    return Plan(
+        kind="delete",
+        steps=tuple(steps),
+        fingerprint=fingerprint(
+            {
+                "backup": (b.id, b.state.value),
+                "snapshots": sorted(present & set(b.snapshots.values())),
+            }
+        ),
+        summary={"backup": b.id, "label": b.label},
+        request={"backup_id": b.id},
+        lost=(f"backup {b.id} ({b.label}, {_when(b).isoformat()})",),
+    )

@@ -1,0 +1,142 @@
+"""Retention on a real PostgreSQL cluster (issue 13): expire, then recover what the
+policy promises and check the rows.
+
+Backups A, B, C (batches 1, 2, 3 before each), on timeline 1; then a
+point-in-time recovery makes timeline 2, and backup D is taken on it. Each
+policy is applied with ``Cluster.expire`` and the recovery the policy still
+promises (the oldest kept backup's consistency point, and the end of the
+WAL) is run for real.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from pgsnap import errors
+from pgsnap.model import RecoveryTarget, VolumeRole
+from pgsnap.planner.expiry import RetentionPolicy
+from pgsnap.wal import segment_name
+from tests.e2e.conftest import Env
+
+DATA = VolumeRole.DATA
+
+
+def _three_backups(env: Env) -> list[Any]:
+    env.create_table()
+    records = []
+    for batch in (1, 2, 3):
+        env.write(batch)
+        records.append(env.cluster.backup(f"b{batch}"))
+        env.switch_wal()
+    env.write(4)
+    env.switch_wal()
+    return records
+
+
+def _segments(env: Env) -> list[str]:
+    return sorted(p.name for p in env.archive_dir.iterdir() if len(p.name) == 24)
+
+
+def test_redundancy_deletes_the_oldest_backup_and_its_wal_then_the_rest_recovers(
+    e2e_env: Any,
+) -> None:
+    env: Env = e2e_env()
+    a, b, c = _three_backups(env)
+    before = _segments(env)
+    dry = env.cluster.expire(RetentionPolicy(redundancy=2), dry_run=True)
+    assert [r.id for r in env.cluster.backups()] == [a.id, b.id, c.id]  # dry run: nothing gone
+    assert _segments(env) == before
+    assert any(a.id in line for line in dry.lost)
+
+    plan = env.cluster.expire(RetentionPolicy(redundancy=2))
+    assert [r.id for r in env.cluster.backups()] == [b.id, c.id]
+    assert not (set(a.snapshots.values()) & env.snapshot_ids())  # its snapshots went
+    assert set(b.snapshots.values()) | set(c.snapshots.values()) <= env.snapshot_ids()
+    after = _segments(env)
+    seg = b.wal_segment_size
+    b_start = segment_name(b.start_timeline, b.start_lsn.value // seg, seg)
+    assert min(after) == b_start, plan.explain()  # what B's recovery starts from stays
+    assert after == [n for n in before if n >= b_start]  # and all after it
+    assert any(line.startswith(f"backup {a.id}") for line in plan.lost)
+    # Planning again deletes nothing.
+    assert env.cluster.plan_expiry(RetentionPolicy(redundancy=2)).steps == ()
+
+    # The kept backups still recover: to the end of the WAL, and the oldest one
+    # to its consistency point (on timeline 1, where it was taken).
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
+    assert env.batches() == env.expect(1, 2, 3, 4)
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(
+        env.cluster.plan_recovery(
+            RecoveryTarget.immediate(), lost=[DATA], backup_id=b.id, timeline=1
+        )
+    )
+    assert env.batches() == env.expect(1, 2)
+
+
+def test_a_window_keeps_its_anchor_and_a_pin_outlives_the_policy(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    a, b, c = _three_backups(env)
+    env.cluster.pin(a.id, "kept for the auditors")
+    # A window that starts between B's and C's consistency points, an hour ago:
+    # B is its anchor; A goes, but for its pin.
+    now = c.stop_time + dt.timedelta(hours=1)
+    env.cluster.clock = lambda: now
+    window = now - (b.stop_time + (c.stop_time - b.stop_time) / 2)
+    plan = env.cluster.expire(RetentionPolicy(window=window))
+    kept = [r.id for r in env.cluster.backups()]
+    assert kept == [a.id, b.id, c.id], plan.explain()
+    assert any("pinned" in line for line in plan.kept)
+    with pytest.raises(errors.PlanningError, match="pinned"):
+        env.cluster.plan_delete(a.id)
+
+    env.cluster.unpin(a.id)
+    env.cluster.expire(RetentionPolicy(window=window))
+    assert [r.id for r in env.cluster.backups()] == [b.id, c.id]
+
+    # The window's anchor recovers to its consistency point.
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(
+        env.cluster.plan_recovery(RecoveryTarget.immediate(), lost=[DATA], backup_id=b.id)
+    )
+    assert env.batches() == env.expect(1, 2)
+
+
+def test_delete_one_backup_and_timelines_after_a_fork(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    a, b, c = _three_backups(env)
+    # A point-in-time recovery to C's consistency point makes timeline 2; D on it.
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(
+        env.cluster.plan_recovery(RecoveryTarget.immediate(), lost=[DATA], backup_id=c.id)
+    )
+    assert env.batches() == env.expect(1, 2, 3)
+    assert env.timeline() == 2
+    env.write(5)
+    d = env.cluster.backup("d")
+    env.switch_wal()
+    env.write(6)
+    env.switch_wal()
+
+    plan = env.cluster.plan_delete(b.id)
+    env.cluster.execute(plan)
+    assert [r.id for r in env.cluster.backups()] == [a.id, c.id, d.id]
+
+    env.cluster.expire(RetentionPolicy(redundancy=1))
+    assert [r.id for r in env.cluster.backups()] == [d.id]
+    # No kept backup's recovery touches timeline 1 any more: its WAL is gone; the
+    # history file stays.
+    assert not [n for n in _segments(env) if n.startswith("00000001")]
+    assert (env.archive_dir / "00000002.history").exists()
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
+    assert env.batches() == env.expect(1, 2, 3, 5, 6)
