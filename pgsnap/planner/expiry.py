@@ -413,11 +413,8 @@ def _wal_steps(
 ) -> tuple[list[Step], list[str]]:
     seg = facts.archive.segment_size
     floor, _notes = _wal_floor(facts, kept)
-    gone_backup_files = {
-        n
-        for n in facts.archive.backup_names
-        if any(n.startswith(_start_segment(b, seg)) for b in gone)
-    }
+    gone_starts = {_start_segment(b, seg) for b in gone}
+    gone_backup_files = {n for n in facts.archive.backup_names if n[:24] in gone_starts}
     steps: list[Step] = []
     lost: list[str] = []
     for r in facts.archive.segment_ranges:
