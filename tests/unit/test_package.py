@@ -111,8 +111,10 @@ def test_runtime_dependencies_are_what_the_runtime_imports():
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 imported.add(node.module.split(".")[0])
     third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "pgsnap"}
-    # Optional accelerators (extras, imported under try/except ImportError) beside them.
+    # Optional accelerators (extras, imported under try/except ImportError) and the
+    # optional backends' libraries (imported lazily inside the backend) beside them.
     optional = {d.split(">")[0].split("=")[0].strip().lower()
-                for d in project["optional-dependencies"]["fast"]}
+                for extra in ("fast", "powerflex")
+                for d in project["optional-dependencies"][extra]}
     assert third_party - optional == declared
     assert optional <= third_party  # an extra nothing uses is a stale extra

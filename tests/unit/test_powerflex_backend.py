@@ -1,0 +1,629 @@
+"""The PowerFlex client and backend against the gateway simulator.
+
+Authentication per version, token reuse and renewal, retries only where
+safe, the error body mapped to typed errors, request bodies as the gateway
+expects them, snapshot names, faults (503 on reads, connections dropped
+around ``snapshotVolumes``, tokens expiring mid-backup, a V-Tree at its
+snapshot limit), request counts that do not grow with the number of volumes,
+and secrets in no log line, repr or exception.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import pickle
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pgsnap.backends.powerflex import (
+    NAME_MAX,
+    PowerFlexAPIError,
+    PowerFlexBackend,
+    PowerFlexClient,
+    PowerFlexNameInUse,
+    PowerFlexNotFound,
+    PowerFlexSecureSnapshot,
+    PowerFlexSnapshotLimit,
+    PowerFlexUncertainError,
+    PowerFlexVolumeMapped,
+    snapshot_names,
+)
+from pgsnap.errors import (
+    AuthenticationError,
+    BackendError,
+    BackendUnavailable,
+    ConfigurationError,
+    PgsnapError,
+)
+from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator
+
+VERSIONS = ["3.6", "4.5", "5.0"]
+LISTING = "/api/types/Volume/instances"
+
+
+class RecordingSession(requests.Session):
+    """A requests session that keeps every prepared request it sends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[requests.PreparedRequest] = []
+
+    def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
+        self.sent.append(request)
+        return super().send(request, **kwargs)
+
+
+@pytest.fixture(params=VERSIONS)
+def sim(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PowerFlexSimulator]:
+    with PowerFlexSimulator(version=request.param, root=tmp_path / "array") as sim:
+        yield sim
+
+
+def make_backend(sim: PowerFlexSimulator, **options: Any) -> PowerFlexBackend:
+    user, password = sim.credentials
+    options.setdefault("sleep", lambda _s: None)
+    return PowerFlexBackend(sim.url, user, password, **options)
+
+
+def paths(sim: PowerFlexSimulator) -> list[str]:
+    return [f"{r.method} {r.path}" for r in sim.requests]
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+def test_login_follows_the_version_and_the_token_is_reused(sim: PowerFlexSimulator) -> None:
+    session = RecordingSession()
+    backend = make_backend(sim, session=session)
+    vid = sim.add_volume("data")
+    for _ in range(5):
+        backend.get_volume(vid)
+    assert sim.logins == 1
+    first = paths(sim)[:3]
+    if sim.major == 3:
+        assert first[:2] == ["GET /api/version", "GET /api/login"]
+        last = session.sent[-1].headers["Authorization"]
+        assert last.startswith("Basic ")
+        user, _, token = base64.b64decode(last[6:]).decode().partition(":")
+        assert user == "admin"
+        assert token in sim.issued_tokens()
+        assert token != sim.credentials[1]
+    else:
+        assert first[:2] == ["GET /api/version", "POST /rest/auth/login"]
+        last = session.sent[-1].headers["Authorization"]
+        assert last.startswith("Bearer ")
+        assert last[7:] in sim.issued_tokens()
+    assert backend.client.version == sim.version
+    backend.close()
+    assert paths(sim)[-1] == ("GET /api/logout" if sim.major == 3 else "POST /rest/auth/logout")
+    assert sim.requests[-1].status == (200 if sim.major == 3 else 204)
+    assert not sim._tokens  # logged out: no token left on the gateway
+
+
+def test_an_expired_token_is_renewed_once(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim, listing_ttl=0)
+    vid = sim.add_volume("data")
+    backend.get_volume(vid)
+    sim.expire_tokens()
+    assert backend.get_volume(vid).id == vid
+    assert sim.logins == 2
+    statuses = [r.status for r in sim.requests if r.path == LISTING]
+    assert statuses == [200, 401, 200]
+
+
+def test_wrong_password_is_an_authentication_error_without_the_password(
+    sim: PowerFlexSimulator,
+) -> None:
+    backend = PowerFlexBackend(sim.url, "admin", "not-the-Password-42", sleep=lambda _s: None)
+    with pytest.raises(AuthenticationError) as info:
+        backend.list_volumes()
+    err = info.value
+    assert "not-the-Password-42" not in str(err)
+    assert "not-the-Password-42" not in repr(err.details)
+    assert "not-the-Password-42" not in repr(backend)
+    assert pickle.loads(pickle.dumps(err)).details == err.details
+
+
+@pytest.mark.parametrize("version", ["3.6", "4.5"])
+def test_a_version_endpoint_needing_a_session_is_handled(version: str, tmp_path: Path) -> None:
+    with PowerFlexSimulator(version=version, root=tmp_path, version_needs_auth=True) as sim:
+        backend = make_backend(sim)
+        vid = sim.add_volume("data")
+        assert backend.get_volume(vid).name == "data"
+        assert backend.client.version == version
+
+
+def test_disabling_tls_verification_warns(sim: PowerFlexSimulator) -> None:
+    with pytest.warns(UserWarning, match="TLS verification"):
+        make_backend(sim, verify=False)
+
+
+def test_the_password_may_come_from_the_environment(
+    sim: PowerFlexSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGSNAP_POWERFLEX_PASSWORD", sim.credentials[1])
+    backend = PowerFlexBackend(sim.url, "admin", sleep=lambda _s: None)
+    assert backend.list_volumes() == ()
+    monkeypatch.delenv("PGSNAP_POWERFLEX_PASSWORD")
+    with pytest.raises(ConfigurationError, match="needs a password"):
+        PowerFlexBackend(sim.url, "admin")
+
+
+# --------------------------------------------------------------------------- retries
+
+
+def test_a_503_on_a_read_is_retried(sim: PowerFlexSimulator) -> None:
+    sleeps: list[float] = []
+    backend = make_backend(sim, sleep=sleeps.append)
+    vid = sim.add_volume("data")
+    fault = sim.inject(Fault("status", method="GET", path_contains=LISTING, times=2, status=503))
+    assert backend.get_volume(vid).id == vid
+    assert fault.fired == 2
+    assert [r.status for r in sim.requests if r.path == LISTING] == [503, 503, 200]
+    assert len(sleeps) == 2
+    assert all(0 <= s <= 10 for s in sleeps)
+
+
+def test_a_read_that_keeps_failing_is_backend_unavailable(sim: PowerFlexSimulator) -> None:
+    sleeps: list[float] = []
+    backend = make_backend(sim, sleep=sleeps.append, retry_attempts=4)
+    sim.inject(Fault("drop", method="GET", path_contains=LISTING, times=None))
+    with pytest.raises(BackendUnavailable) as info:
+        backend.list_volumes()
+    assert info.value.retryable
+    assert len(sleeps) == 3
+    assert [r.status for r in sim.requests if r.path == LISTING] == [0, 0, 0, 0]  # 4 attempts
+
+
+def test_the_total_deadline_stops_retries(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim, sleep=lambda _s: None, retry_attempts=100, retry_deadline=0.3)
+    sim.inject(Fault("status", path_contains=LISTING, times=None, status=504, seconds=0.12))
+    with pytest.raises(BackendUnavailable, match=r"within 0\.3 s"):
+        backend.list_volumes()
+    attempts = [r.status for r in sim.requests if r.path == LISTING]
+    assert 1 <= len(attempts) <= 4  # the deadline, not the 100 attempts, stopped it
+    assert set(attempts) == {504}
+
+
+def test_a_write_is_not_retried_blindly(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("data")
+    sim.inject(Fault("status", path_contains="addMappedSdc", times=None, status=503))
+    with pytest.raises(PowerFlexUncertainError):
+        backend.attach(vid, "db1")
+    assert sim.count(action="addMappedSdc") == 1
+
+
+def test_an_unreachable_gateway_is_backend_unavailable_not_a_requests_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    backend = PowerFlexBackend(
+        f"http://127.0.0.1:{port}", "admin", "pw-secret", sleep=lambda _s: None, timeout=2
+    )
+    with pytest.raises(BackendUnavailable) as info:
+        backend.list_volumes()
+    assert not isinstance(info.value, requests.RequestException)
+    assert info.value.__cause__ is None
+    assert info.value.__suppress_context__
+
+
+# --------------------------------------------------------------------------- errors
+
+
+ERROR_BODIES = [
+    (
+        {"errorCode": 0, "message": "Error with details", "details": [{"rc": 182}]},
+        PowerFlexSnapshotLimit,
+        "rc 182",
+    ),
+    ({"message": "Could not find the volume", "httpStatusCode": 500, "errorCode": 79},
+     PowerFlexNotFound, "Could not find the volume"),
+    ({"message": "Invalid id: must be a hexadecimal number", "httpStatusCode": 500,
+      "errorCode": 0}, PowerFlexNotFound, "hexadecimal"),
+    ({"message": "Volume name already in use. Please use a different name.",
+      "httpStatusCode": 500, "errorCode": 99}, PowerFlexNameInUse, "already in use"),
+    ({"message": "Error with details", "httpStatusCode": 500, "errorCode": 104,
+      "details": [{"error": "VOL_MAPPED", "rc": 0, "errorMessage": "Volume is mapped"}]},
+     PowerFlexVolumeMapped, "Volume is mapped"),
+    ({"message": "Error with details", "httpStatusCode": 500, "errorCode": 0,
+      "details": [{"error": "SECURE_SNAPSHOT_NOT_EXPIRED"}]},
+     PowerFlexSecureSnapshot, "SECURE_SNAPSHOT_NOT_EXPIRED"),
+    ({"message": "Requested volume size exceeds the volume allocation limit",
+      "httpStatusCode": 500, "errorCode": 133}, PowerFlexAPIError, "allocation limit"),
+    (b"<html><body>Internal error</body></html>", PowerFlexAPIError, "not JSON"),
+]
+
+
+@pytest.mark.parametrize(("body", "expected", "text"), ERROR_BODIES)
+def test_error_bodies_become_typed_errors(
+    sim: PowerFlexSimulator, body: Any, expected: type[PgsnapError], text: str
+) -> None:
+    backend = make_backend(sim)
+    backend.list_volumes()  # logged in
+    sim.inject(Fault("status", path_contains="/types/Volume/instances", status=500, body=body))
+    with pytest.raises(PowerFlexAPIError) as info:
+        backend.client.get("/types/Volume/instances")
+    err = info.value
+    assert type(err) is expected
+    assert text in str(err)
+    assert err.hint
+    assert err.details["status"] == 500
+    if isinstance(body, dict):
+        assert err.details["error_code"] == body["errorCode"]
+        assert err.details["rc"] == (body.get("details") or [{}])[0].get("rc")
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), str(copy), copy.details) == (type(err), str(err), err.details)
+
+
+def test_a_non_json_401_is_handled(tmp_path: Path) -> None:
+    with PowerFlexSimulator(version="4.5", root=tmp_path) as sim:
+        backend = PowerFlexBackend(sim.url, "admin", "wrong-pw", sleep=lambda _s: None)
+        with pytest.raises(AuthenticationError):
+            backend.list_volumes()
+        assert sim.requests[-1].status == 401
+
+
+# --------------------------------------------------------------------------- bodies and names
+
+
+def test_bodies_carry_numbers_and_booleans_as_strings(sim: PowerFlexSimulator) -> None:
+    import json
+
+    session = RecordingSession()
+    backend = make_backend(sim, session=session, secure_retention_minutes=90)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("data")
+    backend.create_snapshot_group([vid], "b1", secure=True)
+    backend.attach(vid, "db1")
+    bodies = {
+        str(r.url).rsplit("/", 1)[-1]: json.loads(r.body or b"{}") for r in session.sent if r.body
+    }
+    snap = bodies["createSnapshot" if sim.major >= 5 else "snapshotVolumes"]
+    assert snap["retentionPeriodInMin"] == "90"
+    assert snap["accessModeLimit"] == "ReadOnly"
+    assert snap["snapshotDefs"] == [{"volumeId": vid, "snapshotName": "b1.data"}]
+    assert bodies["addMappedSdc"]["allowMultipleMappings"] == "FALSE"
+    for request in session.sent:
+        assert str(request.url).startswith(sim.url)
+
+
+def test_snapshot_names_fit_and_are_deterministic() -> None:
+    names = snapshot_names("20261201T060000123Z", ["pgdata", "pgwal", "tablespace.one"])
+    assert names == ("20261201T060000123Z.pgdata", "20261201T060000123Z.pgwal",
+                     "20261201T060000123Z.tablespace_")
+    long = snapshot_names("pgsnap-safety-20261201T060000123456Z", ["a-very-long-volume-name"])
+    assert long == snapshot_names("pgsnap-safety-20261201T060000123456Z",
+                                  ["a-very-long-volume-name"])
+    assert all(len(n) <= NAME_MAX for n in long)
+    assert long[0].startswith("pgsnap-safety-2~")
+    other = snapshot_names("pgsnap-safety-20261201T060000123457Z", ["a-very-long-volume-name"])
+    assert other != long
+    same = snapshot_names("b", ["pgdata-volume-one-xxxxxxxxxxxxxxxxxx", "pgdata-volume-one-xxxxxxxxxxxxxxxxxy"])
+    assert len(set(same)) == 2 and all(len(n) <= NAME_MAX for n in same)
+    spaced = snapshot_names("my backup", ["d"])
+    assert " " not in spaced[0] and re.match(r"^[!-~]+$", spaced[0])
+
+
+def test_volumes_resolve_by_id_or_name(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    vid = sim.add_volume("pgdata")
+    assert backend.ex_volume_id("pgdata") == vid
+    assert backend.get_volume("pgdata").id == vid
+    group = backend.create_snapshot_group(["pgdata"], "byname")
+    assert group.snapshots[0].volume_id == vid
+    assert [s.id for s in backend.list_snapshots("pgdata")] == [group.snapshots[0].id]
+
+
+def test_snapshots_carry_group_creation_access_and_secure_expiry(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    vid = sim.add_volume("pgdata")
+    group = backend.create_snapshot_group([vid], "20261201T0600Z", secure=True)
+    (snap,) = backend.list_snapshots(vid)
+    assert snap.group_id == group.id
+    assert snap.secure
+    assert snap.extra["access_mode"] == "ReadOnly"
+    assert snap.extra["group_name"] == "20261201T0600Z" == group.name
+    assert "secure_until" in snap.extra
+    with pytest.raises(PowerFlexSecureSnapshot) as info:
+        backend.delete_snapshot(snap.id)
+    assert info.value.details["expires_at"] == snap.extra["secure_until"]
+    assert snap.extra["secure_until"] in str(info.value)
+    sim.set_secure_expiry(snap.id, 1)  # expired long ago
+    backend.delete_snapshot(snap.id)
+    assert backend.list_snapshots(vid) == ()
+
+
+def test_restore_refuses_a_mapped_volume_and_uses_the_versions_call(
+    sim: PowerFlexSimulator,
+) -> None:
+    backend = make_backend(sim)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("pgdata")
+    snap = backend.create_snapshot_group([vid], "r1").snapshots[0]
+    backend.attach(vid, "db1")
+    with pytest.raises(PowerFlexVolumeMapped, match="detach"):
+        backend.restore_volume(vid, snap.id)
+    backend.detach(vid, "db1")
+    backend.restore_volume(vid, snap.id)
+    action = "restore" if sim.major >= 5 else "overwriteVolumeContent"
+    assert sim.count(action=action) == 1
+    assert backend.locate(vid).path == f"/dev/disk/by-id/emc-vol-{sim.system_id}-{vid}"
+
+
+def test_sdcs_are_found_by_id_guid_ip_or_name(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    sdc = sim.add_sdc("db1", guid="ABCDEF01-0000-4000-8000-000000000001", ip="10.9.8.7")
+    vid = sim.add_volume("pgdata")
+    for ref in (sdc, "abcdef01-0000-4000-8000-000000000001", "10.9.8.7", "db1"):
+        backend.attach(vid, ref)
+        assert backend.get_volume(vid).mapped_hosts == ("db1",)
+        backend.detach(vid, ref)
+        assert backend.get_volume(vid).mapped_hosts == ()
+    with pytest.raises(PowerFlexNotFound, match="db1"):
+        backend.attach(vid, "db9")
+
+
+def test_one_sdc_at_a_time_unless_allowed(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    sim.add_sdc("db1")
+    sim.add_sdc("db2")
+    vid = sim.add_volume("pgdata")
+    backend.attach(vid, "db1")
+    with pytest.raises(PowerFlexAPIError, match="single SDC"):
+        backend.attach(vid, "db2")
+    many = make_backend(sim, allow_multiple_mappings=True)
+    many.attach(vid, "db2")
+    assert sorted(many.get_volume(vid).mapped_hosts) == ["db1", "db2"]
+
+
+def test_clone_to_another_host_is_a_writable_descendant(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    sim.add_sdc("dev1")
+    vid = sim.add_volume("pgdata")
+    snap = backend.create_snapshot_group([vid], "c1").snapshots[0]
+    clone = backend.ex_clone_to_host(snap.id, "pgdata-dev", "dev1")
+    assert clone.mapped_hosts == ("dev1",)
+    assert clone.extra["ancestor_volume_id"] == snap.id
+    assert clone.extra["access_mode"] == "ReadWrite"
+    assert clone.extra["vtree_id"] == backend.get_volume(vid).extra["vtree_id"]
+    if sim.major >= 5:
+        assert clone.extra["volume_type"] == "ThinClone"
+    assert clone.id not in {s.id for s in backend.list_snapshots()}
+
+
+def test_policy_actions_follow_the_version(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    vid = sim.add_volume("pgdata")
+    pid = backend.ex_create_policy("hourly", [vid])
+    action = "assignSnapshotPolicy" if sim.major >= 5 else "addSourceVolumeToSnapshotPolicy"
+    assert sim.count(action=action) == 1
+    (policy,) = backend.list_policies()
+    assert (policy.id, policy.volume_ids, policy.paused) == (pid, (vid,), False)
+    backend.pause_policy(pid)
+    backend.pause_policy(pid)
+    assert sim.count(action="pauseSnapshotPolicy") == 1  # idempotent without a second call
+    assert backend.list_policies()[0].paused
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def test_a_dropped_connection_after_snapshot_volumes_makes_exactly_one_group(
+    sim: PowerFlexSimulator,
+) -> None:
+    backend = make_backend(sim)
+    vids = [sim.add_volume(f"v{n}") for n in range(3)]
+    action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+    sim.inject(Fault("drop_after", path_contains=action))
+    group = backend.create_snapshot_group(vids, "dropped")
+    assert sim.count(action=action) == 1  # the snapshots were found: never sent again
+    groups = {v["consistencyGroupId"] for v in map(sim.volume, sim.volume_ids())} - {None}
+    assert groups == {group.id}
+    assert sorted(s.volume_id for s in group.snapshots) == sorted(vids)
+
+
+def test_a_connection_dropped_before_snapshot_volumes_is_retried_once(
+    sim: PowerFlexSimulator,
+) -> None:
+    backend = make_backend(sim)
+    vids = [sim.add_volume(f"v{n}") for n in range(3)]
+    action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+    sim.inject(Fault("drop", path_contains=action))
+    group = backend.create_snapshot_group(vids, "dropped-before")
+    assert sim.count(action=action) == 2
+    groups = {v["consistencyGroupId"] for v in map(sim.volume, sim.volume_ids())} - {None}
+    assert groups == {group.id}
+
+
+def test_a_partly_taken_group_is_removed_and_taken_again(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    vids = [sim.add_volume(f"v{n}") for n in range(3)]
+    action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+    sim.inject(Fault("drop_partial", path_contains=action))
+    group = backend.create_snapshot_group(vids, "partial")
+    assert sim.count(action=action) == 2
+    assert sim.count(action="removeVolume") == 1  # the lone snapshot of the first attempt
+    groups = {v["consistencyGroupId"] for v in map(sim.volume, sim.volume_ids())} - {None}
+    assert groups == {group.id}
+    assert sorted(s.volume_id for s in group.snapshots) == sorted(vids)
+
+
+def test_a_group_that_never_gets_through_leaves_nothing(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim, retry_attempts=3)
+    vids = [sim.add_volume(f"v{n}") for n in range(2)]
+    action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+    sim.inject(Fault("status", path_contains=action, times=None, status=502))
+    with pytest.raises(PowerFlexUncertainError, match="no snapshot of it is left"):
+        backend.create_snapshot_group(vids, "never")
+    assert sim.count(action=action) == 3
+    assert backend.list_snapshots() == ()
+
+
+def test_a_token_expiring_mid_backup_is_renewed(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    vids = [sim.add_volume(f"v{n}") for n in range(2)]
+    action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+    sim.inject(Fault("expire_tokens", path_contains=action))
+    group = backend.create_snapshot_group(vids, "renewed")
+    assert len(group.snapshots) == 2
+    assert sim.logins == 2
+    assert [r.status for r in sim.requests if r.action == action] == [401, 200]
+
+
+def test_a_vtree_at_its_limit_fails_the_group_clearly(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    full, other = sim.add_volume("full"), sim.add_volume("other")
+    limit = 1022 if sim.major >= 5 else 126
+    # Fill the V-Tree in one raw call (the simulator's own API), as old backups would.
+    body = {"snapshotDefs": [{"volumeId": full, "snapshotName": f"old{n}"} for n in range(limit)],
+            "accessModeLimit": "ReadOnly"}
+    backend.client.post(
+        f"/instances/System::{sim.system_id}/action/"
+        + ("createSnapshot" if sim.major >= 5 else "snapshotVolumes"),
+        body,
+    )
+    before = len(backend.list_snapshots())
+    with pytest.raises(PowerFlexSnapshotLimit) as info:
+        backend.create_snapshot_group([other, full], "too-many")
+    err = info.value
+    assert err.details["rc"] == 182
+    assert "full" in str(err) and f"{limit} snapshots" in str(err)
+    assert "nothing was taken" in str(err)
+    assert len(backend.list_snapshots()) == before
+
+
+# --------------------------------------------------------------------------- efficiency
+
+
+def test_requests_per_backup_do_not_grow_with_the_volumes(sim: PowerFlexSimulator) -> None:
+    counts = {}
+    for k in (2, 8):
+        backend = make_backend(sim, listing_ttl=0)
+        vids = [sim.add_volume(f"k{k}-{n}") for n in range(k)]
+        backend.list_volumes()  # logged in, system known after the first group
+        backend.system_id  # noqa: B018
+        start = len(sim.requests)
+        backend.create_snapshot_group(vids, f"eff{k}")
+        counts[k] = len(sim.requests) - start
+        action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
+        assert sim.count(action=action) == len(counts)
+        backend.close()
+    assert counts[2] == counts[8] == 3  # list, snapshot, list
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def test_secrets_appear_in_no_log_repr_or_error(
+    sim: PowerFlexSimulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    backend = make_backend(sim)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("pgdata")
+    errors: list[BaseException] = []
+    group = backend.create_snapshot_group([vid], "s1", secure=True)
+    sim.expire_tokens()
+    backend.attach(vid, "db1")
+    for call in (
+        lambda: backend.restore_volume(vid, group.snapshots[0].id),
+        lambda: backend.delete_snapshot_group(group.id),
+        lambda: backend.get_volume("nope"),
+    ):
+        try:
+            call()
+        except BackendError as exc:
+            errors.append(exc)
+    bad = PowerFlexBackend(sim.url, "admin", "Wr0ng-Secret", sleep=lambda _s: None)
+    try:
+        bad.list_volumes()
+    except AuthenticationError as exc:
+        errors.append(exc)
+    backend.close()
+    assert len(errors) == 4
+    secrets = [sim.credentials[1], "Wr0ng-Secret", *sim.issued_tokens()]
+    assert len(secrets) > 3
+    texts = [caplog.text, repr(backend), repr(backend.client), repr(bad),
+             *(str(e) for e in errors), *(repr(e.__dict__) for e in errors)]
+    for secret in secrets:
+        for text in texts:
+            assert secret not in text
+        b64 = base64.b64encode(secret.encode()).decode()
+        assert b64 not in caplog.text
+
+
+def test_a_client_needs_a_clean_https_url() -> None:
+    with pytest.raises(ConfigurationError, match="https://"):
+        PowerFlexClient("pfgw.example", "admin", "x")
+    with pytest.raises(ConfigurationError, match="credentials") as info:
+        PowerFlexClient("https://admin:S3cret-in-url@pfgw.example", "admin", "x")
+    assert "S3cret-in-url" not in str(info.value)
+    with pytest.warns(UserWarning, match="plain http"):
+        PowerFlexClient("http://pfgw.example", "admin", "x")
+
+
+def test_observing_k_volumes_costs_one_listing(sim: PowerFlexSimulator) -> None:
+    """What a backup's observation asks (locate and restore_profile of every volume, the
+    snapshots) comes from one volume listing, whatever the number of volumes."""
+    for k in (2, 16):
+        backend = make_backend(sim)
+        vids = [sim.add_volume(f"o{k}-{n}") for n in range(k)]
+        backend.system_id  # noqa: B018 - asked once per backend
+        start = len(sim.requests)
+        for vid in vids:
+            backend.locate(vid)
+            backend.restore_profile(vid)
+        backend.list_snapshots()
+        assert [r.path for r in sim.requests[start:]] == ["/api/types/Volume/instances"]
+        # A write forgets the listing: the next lookup reads the array again.
+        sim.add_sdc(f"h{k}")
+        backend.attach(vids[0], f"h{k}")
+        assert backend.get_volume(vids[0]).mapped_hosts == (f"h{k}",)
+        backend.close()
+
+
+def test_an_unreachable_gateway_at_login_or_logout_raises_only_pgsnap_errors(
+    tmp_path: Path,
+) -> None:
+    with PowerFlexSimulator(version="4.5", root=tmp_path) as sim:
+        backend = make_backend(sim)
+        sim.inject(Fault("drop", path_contains="/api/version", times=None))
+        with pytest.raises(BackendUnavailable):
+            backend.client.version  # noqa: B018
+        sim.clear_faults()
+        assert backend.client.major == 4
+        sim.inject(Fault("drop", path_contains="/rest/auth/logout", times=None))
+        backend.close()  # best effort: a warning, no exception
+        backend.close()
+
+
+def test_the_backend_is_built_by_name_from_configuration_options(
+    sim: PowerFlexSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgsnap.backends import BackendRegistry
+
+    monkeypatch.setenv("PF_TEST_PASSWORD", sim.credentials[1])
+    backend = BackendRegistry(plugins=False).create(
+        "powerflex",
+        gateway=sim.url,
+        username="admin",
+        password_env="PF_TEST_PASSWORD",
+        timeout=5,
+        retry_attempts=2,
+        verify=True,
+    )
+    assert isinstance(backend, PowerFlexBackend)
+    assert backend.name == "powerflex"
+    vid = sim.add_volume("pgdata")
+    assert backend.get_volume(vid).name == "pgdata"
+    with pytest.raises(ConfigurationError, match="does not accept"):
+        BackendRegistry(plugins=False).create("powerflex", gateway=sim.url, pasword="typo")

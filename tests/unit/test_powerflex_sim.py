@@ -1,0 +1,287 @@
+"""The gateway simulator answers as the documented examples in powerflex.md say.
+
+These tests speak raw HTTP with ``requests`` and the request bodies of the
+reference (PyPowerFlex, goscaleio, cinder, ansible-powerflex samples), never
+through pgsnap's client: the simulator must hold for a client no one here
+wrote. Each check names the documented fact it follows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator
+
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+# The snapshot volume sample of ansible-powerflex (snapshot.py RETURN), its keys.
+ANS_SNAPSHOT_KEYS = {
+    "id", "name", "volumeType", "ancestorVolumeId", "vtreeId", "consistencyGroupId",
+    "storagePoolId", "sizeInKb", "creationTime", "accessModeLimit", "secureSnapshotExpTime",
+    "lockedAutoSnapshot", "autoSnapshotGroupId", "snplIdOfAutoSnapshot",
+    "snplIdOfSourceVolume", "mappedSdcInfo", "notGenuineSnapshot", "managedBy", "dataLayout",
+    "volumeReplicationState", "links",
+}
+
+
+class Gw:
+    """A raw session on the simulator, logged in as the version says (PyPowerFlex style)."""
+
+    def __init__(self, sim: PowerFlexSimulator) -> None:
+        self.sim = sim
+        self.s = requests.Session()
+        user, password = sim.credentials
+        token = self.s.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
+        if sim.major < 4:
+            self.s.auth = ("", token)  # "the user part is ignored and can be empty"
+        else:
+            r = self.s.post(sim.url + "/rest/auth/login",
+                            json={"username": user, "password": password}, timeout=5)
+            self.s.headers["Authorization"] = "Bearer " + r.json()["access_token"]
+
+    def get(self, path: str) -> requests.Response:
+        return self.s.get(self.sim.url + "/api" + path, timeout=5)
+
+    def post(self, path: str, body: Any) -> requests.Response:
+        return self.s.post(self.sim.url + "/api" + path, json=body, timeout=5)
+
+    def snap_action(self) -> str:
+        return "createSnapshot" if self.sim.major >= 5 else "snapshotVolumes"
+
+
+@pytest.fixture(params=["3.6", "4.5", "5.0"])
+def sim(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PowerFlexSimulator]:
+    with PowerFlexSimulator(version=request.param, root=tmp_path) as sim:
+        yield sim
+
+
+def test_version_is_a_json_string(sim: PowerFlexSimulator) -> None:
+    r = requests.get(sim.url + "/api/version", timeout=5)
+    assert r.status_code == 200
+    assert re.match(r"^\d+(\.\d+)*$", r.json())  # PPF's check
+    assert r.json() == sim.version
+
+
+def test_login_schemes(sim: PowerFlexSimulator) -> None:
+    user, password = sim.credentials
+    r = requests.get(sim.url + "/api/login", auth=(user, password), timeout=5)
+    assert r.status_code == 200 and isinstance(r.json(), str)  # a JSON string token
+    bad = requests.get(sim.url + "/api/login", auth=(user, "nope"), timeout=5)
+    assert bad.status_code == 401
+    if sim.major < 4:
+        # CSI fixture authorization_failure.json
+        assert bad.json() == {"message": "Unauthorized", "httpStatusCode": 401, "errorCode": 0}
+        assert requests.post(sim.url + "/rest/auth/login", json={}, timeout=5).status_code == 404
+        s = requests.Session()
+        s.auth = (user, r.json())
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
+        assert s.get(sim.url + "/api/logout", timeout=5).status_code == 200
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
+    else:
+        assert bad.headers["Content-Type"] == "text/html"  # 4.x 401 bodies may be HTML
+        assert bad.text.lstrip().startswith("<html>")
+        login = requests.post(sim.url + "/rest/auth/login",
+                              json={"username": user, "password": password}, timeout=5).json()
+        assert {"access_token", "refresh_token"} <= set(login)
+        # goscaleio uses the /api/login token as Bearer on 4.x
+        s = requests.Session()
+        s.headers["Authorization"] = "Bearer " + r.json()
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
+        s.headers["Authorization"] = "Bearer " + login["access_token"]
+        out = s.post(sim.url + "/rest/auth/logout",
+                     json={"refresh_token": login["refresh_token"]}, timeout=5)
+        assert out.status_code == 204  # PPF requires 204
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
+
+
+def test_pypowerflex_flow_around_every_call(tmp_path: Path) -> None:
+    """PPF on 4.x: /api/login, /api/version, /rest/auth/login, the call, /rest/auth/logout."""
+    with PowerFlexSimulator(version="4.5", root=tmp_path) as sim:
+        user, password = sim.credentials
+        for _ in range(2):
+            s = requests.Session()
+            t = s.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
+            assert s.get(sim.url + "/api/version", auth=(user, t), timeout=5).json() == "4.5"
+            login = s.post(sim.url + "/rest/auth/login",
+                           json={"username": user, "password": password}, timeout=5).json()
+            s.headers["Authorization"] = "Bearer " + login["access_token"]
+            assert s.get(sim.url + "/api/types/Volume/instances", timeout=5).json() == []
+            assert s.post(sim.url + "/rest/auth/logout",
+                          json={"refresh_token": login["refresh_token"]},
+                          timeout=5).status_code == 204
+
+
+def test_snapshot_volumes_as_documented(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    a, b = sim.add_volume("vol-a"), sim.add_volume("vol-b")
+    body = {"snapshotDefs": [{"volumeId": a, "snapshotName": "snap1"},
+                             {"volumeId": b, "snapshotName": "snap2"}],
+            "accessModeLimit": "ReadOnly", "retentionPeriodInMin": "60",
+            "allowOnExtManagedVol": "TRUE"}
+    r = gw.post(f"/instances/System::{sim.system_id}/action/{gw.snap_action()}", body)
+    assert r.status_code == 200
+    answer = r.json()
+    assert set(answer) == {"snapshotGroupId", "volumeIdList"}
+    assert HEX16.match(answer["snapshotGroupId"])
+    snaps = [gw.get(f"/instances/Volume::{i}").json() for i in answer["volumeIdList"]]
+    assert [s["ancestorVolumeId"] for s in snaps] == [a, b]  # volumeIdList[i] is snapshotDefs[i]
+    assert [s["name"] for s in snaps] == ["snap1", "snap2"]
+    for s in snaps:
+        assert set(s) >= ANS_SNAPSHOT_KEYS
+        assert s["consistencyGroupId"] == answer["snapshotGroupId"]
+        assert s["accessModeLimit"] == "ReadOnly"
+        assert s["mappedSdcInfo"] is None
+        assert isinstance(s["sizeInKb"], int) and isinstance(s["creationTime"], int)
+        assert s["secureSnapshotExpTime"] >= s["creationTime"] + 3600
+        assert s["vtreeId"] == gw.get(f"/instances/Volume::{s['ancestorVolumeId']}").json()["vtreeId"]
+        assert s["volumeType"] == ("ReadOnlySnapshot" if sim.major >= 5 else "Snapshot")
+        assert {"rel": "self", "href": f"/api/instances/Volume::{s['id']}"} in s["links"]
+    base = gw.get(f"/instances/Volume::{a}").json()
+    assert base["ancestorVolumeId"] is None and base["consistencyGroupId"] is None
+    # The call without ::id (CIN, CS) works too; one volume still gets a group id.
+    r = gw.post(f"/instances/System/action/{gw.snap_action()}",
+                {"snapshotDefs": [{"volumeId": a}]})
+    single = gw.get(f"/instances/Volume::{r.json()['volumeIdList'][0]}").json()
+    assert single["consistencyGroupId"] == r.json()["snapshotGroupId"]
+    assert single["accessModeLimit"] == "ReadWrite"  # omitted: ReadWrite (csm#1302)
+    # The other version's call is not routed.
+    other = "snapshotVolumes" if sim.major >= 5 else "createSnapshot"
+    assert gw.post(f"/instances/System::{sim.system_id}/action/{other}", body).status_code == 404
+
+
+def test_errors_as_documented(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    a = sim.add_volume("vol-a")
+    r = gw.post("/types/Volume/instances/action/queryIdByKey", {"name": "vol-a"})
+    assert r.status_code == 200 and r.json() == a  # a JSON string body
+    r = gw.post("/types/Volume/instances/action/queryIdByKey", {"name": "missing"})
+    assert (r.status_code, r.json()["errorCode"]) == (500, 79)  # LXD
+    r = gw.get("/instances/Volume::not-hex")
+    assert r.status_code == 500 and "must be a hexadecimal number" in r.json()["message"]
+    r = gw.post("/types/Volume/instances",
+                {"name": "x" * 32, "volumeSizeInGb": "8", "storagePoolId": sim.pool_id,
+                 "volumeType": "ThinProvisioned"})
+    assert r.status_code == 500
+    assert r.json()["errorCode"] == 226
+    assert r.json()["message"] == "The given name exceeds the allowed length of 31 characters."
+    r = gw.post("/types/Volume/instances", {"name": "vol-a", "volumeSizeInKb": "8388608",
+                                             "storagePoolId": sim.pool_id})
+    assert r.json()["message"] == "Volume name already in use. Please use a different name."
+    r = gw.post("/types/Volume/instances", {"name": "has space", "volumeSizeInGb": 8,
+                                             "storagePoolId": sim.pool_id})
+    assert "Spaces are not allowed" in r.json()["message"]
+    body = r.json()
+    assert set(body) >= {"message", "httpStatusCode", "errorCode"}
+    assert body["httpStatusCode"] == r.status_code == 500
+    assert gw.get("/types/Nothing/instances").status_code == 404
+    assert gw.post("/types/Volume/instances", "not an object").status_code == 400
+
+
+def test_vtree_limit_is_rc_182(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    a = sim.add_volume("vol-a")
+    limit = 1022 if sim.major >= 5 else 126
+    path = f"/instances/System::{sim.system_id}/action/{gw.snap_action()}"
+    ok = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": f"s{n}"}
+                                         for n in range(limit)]})
+    assert ok.status_code == 200 and len(ok.json()["volumeIdList"]) == limit
+    r = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": "one-more"}]})
+    assert r.status_code == 500
+    body = r.json()
+    assert body["message"] == "Error with details"
+    assert body["details"][0]["rc"] == 182
+    tree = gw.get(f"/instances/Volume::{a}").json()["vtreeId"]
+    members = gw.get(f"/instances/VTree::{tree}/relationships/Volume").json()
+    assert len(members) == limit + 1
+    vt = gw.get(f"/instances/VTree::{tree}").json()
+    assert vt["name"] == "vol-a" and vt["baseVolumeId"] == a  # GS inttest
+
+
+def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    a, b = sim.add_volume("vol-a"), sim.add_volume("vol-b")
+    sdc = sim.add_sdc("db1", guid="0A0B0C0D-1111-4222-8333-444455556666")
+    (sim.volume_path(a) / "f").write_text("one")
+    path = f"/instances/System::{sim.system_id}/action/{gw.snap_action()}"
+    g = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": "a1"},
+                                        {"volumeId": b, "snapshotName": "b1"}],
+                       "accessModeLimit": "ReadOnly"}).json()
+    sa, sb = g["volumeIdList"]
+    (sim.volume_path(a) / "f").write_text("two")
+    restore = "restore" if sim.major >= 5 else "overwriteVolumeContent"
+    wrong = "overwriteVolumeContent" if sim.major >= 5 else "restore"
+    assert gw.post(f"/instances/Volume::{a}/action/{wrong}", {"srcVolumeId": sa}).status_code == 404
+    r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sb})
+    assert r.status_code == 500 and "same V-Tree" in r.json()["details"][0]["errorMessage"]
+    r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": a})
+    assert r.status_code == 500
+    # Map by GUID with the documented body; mappedSdcInfo becomes a list.
+    r = gw.post(f"/instances/Volume::{a}/action/addMappedSdc",
+                {"guid": "0a0b0c0d-1111-4222-8333-444455556666",
+                 "allowMultipleMappings": "TRUE", "accessMode": "ReadWrite"})
+    assert r.status_code == 200 and r.json() == {}
+    info = gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"]
+    assert [(m["sdcId"], m["sdcName"], m["accessMode"]) for m in info] == [(sdc, "db1", "ReadWrite")]
+    assert {"sdcIp", "limitIops", "limitBwInMbps", "isDirectBufferMapping"} <= set(info[0])
+    r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sa})
+    assert r.status_code == 500  # the simulator refuses a mapped target (the strict side)
+    r = gw.post(f"/instances/Volume::{a}/action/removeVolume", {"removeMode": "ONLY_ME"})
+    assert (r.status_code, r.json()["errorCode"]) == (500, 104)
+    r = gw.post(f"/instances/Volume::{a}/action/removeMappedSdc", {"allSdcs": ""})
+    assert r.status_code == 200
+    assert gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"] is None
+    r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sa})
+    assert r.status_code == 200 and (sim.volume_path(a) / "f").read_text() == "one"
+    r = gw.post(f"/instances/System::{sim.system_id}/action/removeConsistencyGroupSnapshots",
+                {"snapGroupId": g["snapshotGroupId"]})
+    assert r.json() == {"numberOfVolumes": 2}
+    r = gw.post(f"/instances/Volume::{b}/action/removeVolume", {"removeMode": "ONLY_ME"})
+    assert r.status_code == 200 and r.json() == {}
+    again = gw.post(f"/instances/Volume::{b}/action/removeVolume", {"removeMode": "ONLY_ME"})
+    assert again.status_code == 500 and again.json()["errorCode"] == 79  # deleting twice fails
+
+
+def test_sdcs_and_policies_as_documented(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    sim.add_sdc("db1", ip="10.1.2.3")
+    sdcs = gw.get("/types/Sdc/instances").json()
+    assert {"id", "name", "sdcGuid", "sdcIp", "sdcApproved", "mdmConnectionState",
+            "systemId"} <= set(sdcs[0])
+    r = gw.post("/types/Sdc/instances/action/queryIdByKey", {"ip": "10.1.2.3"})
+    assert r.json() == sdcs[0]["id"]
+    a = sim.add_volume("vol-a")
+    created = gw.post("/types/SnapshotPolicy/instances", {
+        "name": "sp1", "autoSnapshotCreationCadenceInMin": "120",
+        "numOfRetainedSnapshotsPerLevel": ["40"], "paused": "false",
+        "snapshotAccessMode": "ReadOnly", "secureSnapshots": "false"}).json()
+    pid = created["id"]
+    add = "assignSnapshotPolicy" if sim.major >= 5 else "addSourceVolumeToSnapshotPolicy"
+    assert gw.post(f"/instances/SnapshotPolicy::{pid}/action/{add}",
+                   {"sourceVolumeId": a}).status_code == 200
+    assert gw.get(f"/instances/Volume::{a}").json()["snplIdOfSourceVolume"] == pid
+    policy = gw.get(f"/instances/SnapshotPolicy::{pid}").json()
+    assert policy["snapshotPolicyState"] == "Active"
+    assert policy["autoSnapshotCreationCadenceInMin"] == 120
+    assert policy["numOfRetainedSnapshotsPerLevel"] == [40]
+    assert gw.post(f"/instances/SnapshotPolicy::{pid}/action/pauseSnapshotPolicy",
+                   {}).json() == {}
+    assert gw.get(f"/instances/SnapshotPolicy::{pid}").json()["snapshotPolicyState"] == "Paused"
+    sources = gw.get(f"/instances/SnapshotPolicy::{pid}/relationships/SourceVolume").json()
+    assert [v["id"] for v in sources] == [a]
+
+
+def test_faults(sim: PowerFlexSimulator) -> None:
+    gw = Gw(sim)
+    sim.inject(Fault("status", method="GET", path_contains="/System/", status=503))
+    assert gw.get("/types/System/instances").status_code == 503
+    assert gw.get("/types/System/instances").status_code == 200
+    sim.inject(Fault("drop", path_contains="/System/"))
+    with pytest.raises(requests.ConnectionError):
+        gw.get("/types/System/instances")
+    sim.inject(Fault("expire_tokens", path_contains="/System/"))
+    assert gw.get("/types/System/instances").status_code == 401
