@@ -469,6 +469,8 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
     for key in ("state_file", "root", "snapshot_dir"):
         if key in options:
             options[key] = rel(options[key])
+    if isinstance(options.get("verify"), str):  # a CA bundle (PowerFlex): relative to the file
+        options["verify"] = rel(options["verify"])
     if isinstance(options.get("volumes"), list):
         options["volumes"] = [
             {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v

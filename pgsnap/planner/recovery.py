@@ -737,7 +737,11 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         )
     )
     safety = request.safety_snapshot
-    safety_name = f"pgsnap-safety-{facts.now.astimezone(dt.UTC):%Y%m%dT%H%M%S%fZ}"
+    # Short (21 characters): storage with short names (PowerFlex: 31 for a snapshot,
+    # the volume's name included) keeps it whole, so an interrupted run finds the
+    # group again by this name. "s-" and the time to the millisecond, as backup ids.
+    now = facts.now.astimezone(dt.UTC)
+    safety_name = f"s-{now:%Y%m%dT%H%M%S}{now.microsecond // 1000:03d}Z"
     if safety:
         steps.append(
             Step.of(

@@ -396,3 +396,11 @@ def test_the_last_possible_lsn_is_out_of_range_not_an_overflow():
         plan_recovery(facts([B1]), RecoveryRequest(RecoveryTarget.lsn("FFFFFFFF/FFFFFFFF")))
     assert "18446744073709551616" not in str(info.value)
     assert "recoverable up to" in str(info.value)
+
+
+def test_the_safety_snapshot_group_name_is_short_enough_for_any_storage():
+    """PowerFlex keeps a group name of at most 22 characters whole (31 with the
+    volume's name): an interrupted recovery finds its safety group again by it."""
+    plan = plan_recovery(facts([B1, B2]), RecoveryRequest())
+    name = plan.step("safety-snapshot").params["group_name"]
+    assert len(name) <= 22 and name.startswith("s-"), name
