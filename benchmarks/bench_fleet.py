@@ -73,7 +73,11 @@ time, not the CPU time):
    the reader alone: ``pgsnap.walindex.read_events`` over the newest 4
    segments with no WAL index (what a cold ``latest`` plan reads);
 6. a baseline process: the imports and the recovery Cluster, no plan (the
-   memory planning starts from).
+   memory planning starts from);
+7. ``Cluster.plan_expiry`` (issue 13; target under 2 s) with the clock an hour
+   after the newest backup: a steady-state policy (redundancy of all but ten
+   backups: ten go) and a first expiry (redundancy 100 and a 30-day window:
+   most of the catalog and of the archive go).
 
 The planning rows also show, from the DEBUG log of ``pgsnap.observe``
 ("N segments read, M from the index"), how many segments each plan read and
@@ -127,6 +131,7 @@ TARGET_RECOVERY_SECONDS = 1.0
 TARGET_RECOVERY_MIB = 200.0
 TARGET_BACKUP_SECONDS = 0.3
 TARGET_CATALOG_SECONDS = 0.3
+TARGET_EXPIRY_SECONDS = 2.0
 
 MiB = 1024 * 1024
 
@@ -137,6 +142,8 @@ METHODS: dict[str, str] = {
     "rec-time-warm": "plan_recovery(time), index warm",
     "backup-plan": "plan_backup() (real server)",
     "catalog-list": "DirectoryCatalog.list()",
+    "expiry-steady": "plan_expiry(redundancy backups-10)",
+    "expiry-first": "plan_expiry(redundancy 100, window 30d)",
     "archive-index": "DirectoryWalArchive.index(names)",
     "index-build": "ArchiveIndex.build(names)",
     "listdir": "os.listdir(archive) (floor)",
@@ -662,6 +669,20 @@ def _measure(method: str, root: Path, shape: Shape, bindir: str | None) -> dict[
         sw = Stopwatch()
         records = catalog.list()
         return {**sw.stop(), "items": len(records)}
+    if method.startswith("expiry-"):
+        from pgsnap.planner.expiry import RetentionPolicy  # noqa: PLC0415
+
+        cluster = _recovery_cluster(root, shape)
+        last_stop = backup_times(shape, shape.backups - 1)[1]
+        cluster.clock = lambda: last_stop + dt.timedelta(hours=1)
+        policy = (
+            RetentionPolicy(redundancy=shape.backups - 10)
+            if method == "expiry-steady"
+            else RetentionPolicy(redundancy=100, window=dt.timedelta(days=30))
+        )
+        sw = Stopwatch()
+        plan = cluster.plan_expiry(policy)
+        return {**sw.stop(), "items": len(plan.steps), "deleted": plan.summary["backups deleted"]}
     if method == "listdir":
         sw = Stopwatch()
         names = os.listdir(root / "archive")
@@ -1099,7 +1120,7 @@ def report(
             f"backup plan: {ok_bp[0]['backup']} ({ok_bp[0]['server']}); "
             f"warnings: {ok_bp[0]['warnings'] or 'none'}"
         )
-    for m in ("catalog-list", "listdir", "index-build"):
+    for m in ("catalog-list", "listdir", "index-build", "expiry-steady", "expiry-first"):
         ok = [r for r in results[m] if "error" not in r]
         if ok:
             out.append(f"{METHODS[m]}: {ok[0].get('items', '?'):,} items")
@@ -1162,6 +1183,18 @@ def report(
             None,
         )
     )
+    for method, what in (
+        ("expiry-steady", "10 backups deleted"),
+        ("expiry-first", "a first expiry deleting most"),
+    ):
+        out.append(
+            target_line(
+                f"expiry planning, {what} ({n})",
+                results[method],
+                TARGET_EXPIRY_SECONDS,
+                None,
+            )
+        )
     out.append(
         "(a target is met when the median is under it, every run succeeded and, for "
         "memory, the largest peak RSS is under 200 MiB)"
