@@ -78,6 +78,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "db.verify": f"{_OPS}.db:Verify",
         "storage.snapshot_group": f"{_OPS}.storage:SnapshotGroup",
         "storage.delete_snapshot_group": f"{_OPS}.storage:DeleteSnapshotGroup",
+        "storage.delete_snapshots": f"{_OPS}.storage:DeleteSnapshots",
         "storage.restore_volume": f"{_OPS}.storage:RestoreVolume",
         "storage.wait_for_restore": f"{_OPS}.storage:WaitForRestore",
         "storage.attach": f"{_OPS}.storage:Attach",
@@ -92,6 +93,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "catalog.mark_done": f"{_OPS}.catalog:MarkBackupDone",
         "catalog.fail_backup": f"{_OPS}.catalog:FailBackup",
         "catalog.delete_backup": f"{_OPS}.catalog:DeleteBackupRecord",
+        "catalog.mark_unusable": f"{_OPS}.catalog:MarkUnusable",
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",
     }

@@ -35,6 +35,7 @@ __all__ = [
     "DeleteWal",
     "FailBackup",
     "MarkBackupDone",
+    "MarkUnusable",
     "RecordBackupStart",
     "RecordBackupStop",
     "WaitForWal",
@@ -363,3 +364,23 @@ class DeleteWal(Operation):
         ]
         deleted = delete([*names, *self.extra_names])
         return {"deleted": int(deleted) if isinstance(deleted, int) else len(names)}
+
+
+@attrs.frozen
+class MarkUnusable(Operation):
+    """Record a DONE backup FAILED because it can no longer be restored (its
+    snapshots vanished from the storage), with the reason: the recovery planner
+    never offers it, listings show why, and retention removes it later."""
+
+    name = "catalog.mark_unusable"
+    target = _Target.CATALOG
+
+    backup_id: str
+    reason: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        try:
+            _update(ctx, self.backup_id, state=BackupState.FAILED, failure_reason=self.reason)
+        except BackupNotFound:
+            return {"marked": False}
+        return {"marked": True}

@@ -15,6 +15,7 @@ from pgsnap.operations.base import Target as _Target
 __all__ = [
     "Attach",
     "DeleteSnapshotGroup",
+    "DeleteSnapshots",
     "Detach",
     "PausePolicies",
     "RestoreVolume",
@@ -92,6 +93,28 @@ class DeleteSnapshotGroup(Operation):
             log.info("snapshot group %s was already gone", group_id)
             return {"deleted": False}
         return {"deleted": True}
+
+
+@attrs.frozen
+class DeleteSnapshots(Operation):
+    """Delete snapshots one by one (a failed backup's leftovers); ones already gone
+    are fine."""
+
+    name = "storage.delete_snapshots"
+    target = _Target.STORAGE
+
+    snapshot_ids: tuple[str, ...] = attrs.field(converter=_ids)
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        deleted = []
+        for snapshot_id in self.snapshot_ids:
+            try:
+                ctx.backend.delete_snapshot(snapshot_id)
+            except SnapshotNotFound:
+                log.info("snapshot %s was already gone", snapshot_id)
+                continue
+            deleted.append(snapshot_id)
+        return {"deleted": deleted}
 
 
 @attrs.frozen

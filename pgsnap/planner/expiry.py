@@ -24,8 +24,11 @@ What is kept:
   deletion, so the plan never tries);
 - a backup not finished yet (STARTED, WAITING_FOR_WAL): never touched.
 
-A FAILED backup goes (its record, and any snapshots it still names) once a
-newer DONE backup exists. WAL: on each timeline, everything from the oldest
+A FAILED backup goes (its record, any snapshots it still names and the
+leftovers it recorded) once a newer DONE backup exists. A DONE backup whose
+snapshots vanished from the storage counts for no rule: it is marked FAILED
+("cannot be restored", reported in the plan's warnings) and a later expiry
+removes it. WAL: on each timeline, everything from the oldest
 position a kept backup's recovery can start from on that timeline onward is
 kept (a kept backup's own timeline from its start segment, every timeline
 descending from its position from where that timeline begins); segments
@@ -45,8 +48,8 @@ import attrs
 
 from pgsnap.errors import BackupNotFound, ConfigurationError, PgsnapError, PlanningError
 from pgsnap.model import BackupRecord, BackupState, Snapshot
-from pgsnap.operations.catalog import DeleteBackupRecord, DeleteWal
-from pgsnap.operations.storage import DeleteSnapshotGroup
+from pgsnap.operations.catalog import DeleteBackupRecord, DeleteWal, MarkUnusable
+from pgsnap.operations.storage import DeleteSnapshotGroup, DeleteSnapshots
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
 from pgsnap.protocols import Capability
@@ -207,8 +210,15 @@ def kept_backups(
 ) -> tuple[dict[str, list[str]], list[str]]:
     """Why each kept backup is kept (id → reasons), and the policy's warnings."""
     now = facts.now
+    present = {s.id for s in facts.snapshots}
+    # Only backups that can still be restored count: one whose snapshots vanished
+    # holds no place in a redundancy or a window (plan_expiry marks it unusable).
     done = sorted(
-        (b for b in facts.backups if b.state is BackupState.DONE),
+        (
+            b
+            for b in facts.backups
+            if b.state is BackupState.DONE and all(s in present for s in b.snapshots.values())
+        ),
         key=lambda b: (_when(b), b.id),
         reverse=True,
     )
@@ -337,6 +347,21 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     steps: list[Step] = []
     gone: list[BackupRecord] = []
     for b in sorted(facts.backups, key=lambda r: (_when(r), r.id)):
+        vanished = sorted(f"{v}: {s}" for v, s in b.snapshots.items() if s not in present)
+        if b.state is BackupState.DONE and vanished:
+            keep.setdefault(b.id, []).append("marked unusable now; removed by a later expiry")
+            why = f"its snapshots vanished from the storage ({'; '.join(vanished)})"
+            warnings.append(f"backup {b.id} cannot be restored: {why}")
+            steps.append(
+                Step.of(
+                    f"mark-unusable-{b.id}",
+                    MarkUnusable(backup_id=b.id, reason=why),
+                    description=f"record backup {b.id} FAILED: it cannot be restored",
+                    reason=why + "; it is never offered for a recovery, and the next "
+                    "expiry removes it once a newer backup is DONE",
+                )
+            )
+    for b in sorted(facts.backups, key=lambda r: (_when(r), r.id)):
         if b.id in keep:
             continue
         if b.state is BackupState.FAILED and (newest_done is None or newest_done <= _when(b)):
@@ -348,6 +373,17 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
             else _why_not_kept(b, policy)
         )
         gone.append(b)
+        leftovers = tuple(s for s in b.orphaned_snapshots if s in present)
+        if leftovers:
+            steps.append(
+                Step.of(
+                    f"delete-leftovers-{b.id}",
+                    DeleteSnapshots(snapshot_ids=leftovers),
+                    description=f"delete {len(leftovers)} snapshot(s) failed backup {b.id} "
+                    f"left behind ({', '.join(leftovers)})",
+                    reason=why,
+                )
+            )
         snaps = [s for s in b.snapshots.values() if s in present]
         if b.snapshot_group_id and snaps:
             steps.append(

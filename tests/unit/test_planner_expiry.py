@@ -1,0 +1,58 @@
+"""The expiry planner on small, hand-made histories (issue 13)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import attrs
+
+from pgsnap.model import BackupState
+from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
+from pgsnap.protocols import Capability
+from pgsnap.wal import ArchiveIndex, TimelineGraph
+from tests.property.test_expiry_properties import END1, MB, T0, _backup, _names, _snapshots
+
+
+def _facts(backups, snapshots=None):
+    return ExpiryFacts(
+        backups=tuple(backups),
+        snapshots=_snapshots(backups, set()) if snapshots is None else snapshots,
+        archive=ArchiveIndex.build(_names([(1, 0, END1)]), MB),
+        timelines=TimelineGraph.from_histories([]),
+        now=T0 + dt.timedelta(days=10),
+        capabilities=frozenset(Capability),
+    )
+
+
+def test_a_backup_whose_snapshots_vanished_is_marked_and_counts_for_nothing():
+    a, b, c = (_backup(i, seg, BackupState.DONE, False) for i, seg in enumerate((5, 20, 40)))
+    snaps = tuple(s for s in _snapshots([a, b, c], set()) if not s.id.startswith(c.id))
+    plan = plan_expiry(_facts([a, b, c], snaps), RetentionPolicy(redundancy=1))
+    actions = [(s.action, s.id) for s in plan.steps]
+    assert ("catalog.mark_unusable", f"mark-unusable-{c.id}") in actions
+    assert any(w.startswith(f"backup {c.id} cannot be restored") for w in plan.warnings)
+    # c is not restorable: redundancy 1 keeps b, the newest that is; a goes.
+    assert ("catalog.delete_backup", f"delete-record-{a.id}") in actions
+    assert ("catalog.delete_backup", f"delete-record-{b.id}") not in actions
+    assert ("catalog.delete_backup", f"delete-record-{c.id}") not in actions  # not yet
+
+
+def test_a_failed_backups_leftover_snapshots_go_with_it():
+    a = attrs.evolve(
+        _backup(0, 5, BackupState.FAILED, False), orphaned_snapshots=("leftover-1", "gone")
+    )
+    b = _backup(1, 20, BackupState.DONE, False)
+    snaps = _snapshots([a, b], set())
+    snaps += (attrs.evolve(snaps[0], id="leftover-1", group_id=None),)
+    plan = plan_expiry(_facts([a, b], snaps), RetentionPolicy(redundancy=1))
+    leftovers = [s for s in plan.steps if s.action == "storage.delete_snapshots"]
+    assert [s.params["snapshot_ids"] for s in leftovers] == [["leftover-1"]]
+    assert plan.step(f"delete-record-{a.id}").reason == "failed; a newer backup is DONE"
+
+
+def test_a_failed_backup_stays_while_no_newer_backup_is_done():
+    a = _backup(0, 5, BackupState.DONE, False)
+    b = _backup(1, 20, BackupState.FAILED, False)
+    plan = plan_expiry(_facts([a, b]), RetentionPolicy(redundancy=1))
+    assert not [s for s in plan.steps if s.action == "catalog.delete_backup"]
+    assert any(line.startswith(f"backup {b.id}: failed, and no newer DONE") for line in plan.kept)
