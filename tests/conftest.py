@@ -142,3 +142,23 @@ def sshd_server() -> Iterator[Any]:
         _unavailable(f"cannot start sshd: {exc}")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def lvm_vm() -> Iterator[Any]:
+    """The lvm2 test VM for the whole session (:class:`~pgsnap.testing.lvmvm.LvmVm`).
+
+    Booted once (about 10 s under TCG) with ``/dev/vda`` as its disk; tests
+    make their own volume groups' content and remove it. Where the VM cannot
+    run the test skips saying why (a failure under ``PGSNAP_NO_SKIPS=1``).
+    """
+    from pgsnap.testing.lvmvm import LvmVm, lvmvm_unavailable
+
+    reason = lvmvm_unavailable()
+    if reason is not None:
+        pytest.skip(f"no lvm2 test VM on this machine: {reason}")
+    vm = LvmVm.boot()
+    try:
+        yield vm
+    finally:
+        vm.close()

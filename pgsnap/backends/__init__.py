@@ -56,8 +56,9 @@ ENTRY_POINT_GROUP: Final = "pgsnap.backends"
 BUILTIN_BACKENDS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "btrfs": "pgsnap.backends.btrfs:BtrfsBackend",
+        "lvm": "pgsnap.backends.lvm:LvmBackend",
         "mock": "pgsnap.backends.mock:MockBackend",
-        # "powerflex" and "lvm" join here when their modules land.
+        "powerflex": "pgsnap.backends.powerflex:PowerFlexBackend",
     }
 )
 """Backends shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

@@ -84,16 +84,22 @@ def test_importing_the_registry_imports_no_backend() -> None:
         names = b.registered_backends()
         assert "pgsnap.backends.mock" not in sys.modules, "listing names imported the mock"
         assert "pgsnap.backends.btrfs" not in sys.modules, "listing names imported btrfs"
+        assert "pgsnap.backends.lvm" not in sys.modules, "listing names imported lvm"
+        assert "pgsnap.backends.powerflex" not in sys.modules, "listing imported powerflex"
         cls = b.backend_class("mock")
         assert "pgsnap.backends.mock" in sys.modules
         assert "pgsnap.backends.btrfs" not in sys.modules
+        assert "pgsnap.backends.powerflex" not in sys.modules
+        assert "requests" not in sys.modules
         print(cls.__name__, dict(names))
         """
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(
         "MockBackend {'btrfs': 'pgsnap.backends.btrfs:BtrfsBackend', "
-        "'mock': 'pgsnap.backends.mock:MockBackend'"
+        "'lvm': 'pgsnap.backends.lvm:LvmBackend', "
+        "'mock': 'pgsnap.backends.mock:MockBackend', "
+        "'powerflex': 'pgsnap.backends.powerflex:PowerFlexBackend'"
     )
 
 
@@ -115,7 +121,7 @@ def test_builtin_mock_by_name(entry_points: list[FakeEntryPoint]) -> None:
     assert registry.backend_class("mock") is MockBackend
     backend = registry.create("mock")
     assert isinstance(backend, MockBackend)
-    assert registry.names() == ("btrfs", "mock")
+    assert registry.names() == ("btrfs", "lvm", "mock", "powerflex")
 
 
 def test_module_functions_use_the_default_registry() -> None:
@@ -136,8 +142,8 @@ def test_unknown_name_lists_the_available_ones(entry_points: list[FakeEntryPoint
     err = info.value
     assert isinstance(err, LookupError)
     assert isinstance(err, ConfigurationError)
-    assert err.details["available"] == ("btrfs", "extra", "mock")
-    assert "available: btrfs, extra, mock" in str(err)
+    assert err.details["available"] == ("btrfs", "extra", "lvm", "mock", "powerflex")
+    assert "available: btrfs, extra, lvm, mock, powerflex" in str(err)
     copy = pickle.loads(pickle.dumps(err))
     assert (type(copy), str(copy), copy.details["available"]) == (
         BackendNotFound,
@@ -155,8 +161,10 @@ def test_register_class_and_string(
     assert registry.targets() == {
         "acme": "acme_pgsnap_fake:AcmeBackend",
         "btrfs": "pgsnap.backends.btrfs:BtrfsBackend",
+        "lvm": "pgsnap.backends.lvm:LvmBackend",
         "mock": "pgsnap.backends.mock:MockBackend",
         "mock2": "pgsnap.backends.mock:MockBackend",
+        "powerflex": "pgsnap.backends.powerflex:PowerFlexBackend",
     }
     backend = registry.create("acme", url="https://other")
     assert backend.url == "https://other"  # type: ignore[attr-defined]
@@ -229,7 +237,7 @@ def test_entry_points_are_read_only_when_asked(
     assert calls == []  # creating a registry reads nothing
     entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
     entry_points.append(FakeEntryPoint("mock", "acme_pgsnap_fake:AcmeBackend"))
-    assert registry.names() == ("acme", "btrfs", "mock")
+    assert registry.names() == ("acme", "btrfs", "lvm", "mock", "powerflex")
     assert calls == ["pgsnap.backends"]
     assert registry.backend_class("acme") is plugin_module.AcmeBackend
     assert registry.backend_class("mock") is MockBackend  # a built-in wins over a plugin
@@ -255,7 +263,7 @@ def test_kill_switch_ignores_entry_points(
     entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
     monkeypatch.setenv("PGSNAP_NO_PLUGINS", value)
     registry = BackendRegistry()
-    assert registry.names() == ("btrfs", "mock")
+    assert registry.names() == ("btrfs", "lvm", "mock", "powerflex")
     with pytest.raises(BackendNotFound) as info:
         registry.backend_class("acme")
     assert info.value.hint is not None

@@ -1,0 +1,410 @@
+"""The lvm backend without lvm: parsing, tags, error mapping, and what it runs.
+
+The outputs and messages below were captured from lvm2 2.03.16 (Debian 12)
+inside pgsnap's test VM (``pgsnap.testing.lvmvm``, kernel 6.1, ``LC_ALL=C``),
+except the ``json_std`` / ``log`` document, which follows the format of
+lvm2 2.03.26+ as described in lvmreport(7) (not available on Debian 12). A
+fake :class:`~pgsnap.protocols.Runner` plays them back and records every
+command the backend runs.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Sequence
+
+import pytest
+
+from pgsnap.backends.lvm import (
+    CAPABILITIES,
+    LvExistsError,
+    LvInUseError,
+    LvmBackend,
+    LvmError,
+    LvmNoSpaceError,
+    SnapshotInvalidError,
+    VolumeGroupNotFound,
+    classify_failure,
+    decode_tag_value,
+    encode_tag_value,
+    parse_lvs_json,
+)
+from pgsnap.errors import (
+    BackendError,
+    BackendUnavailable,
+    CommandTimeout,
+    ConfigurationError,
+    SnapshotNotFound,
+    UnsupportedCapability,
+    VolumeNotFound,
+)
+from pgsnap.host import CommandResult, Host
+from pgsnap.model import LocationKind, RestorePreparation
+
+# Captured: lvs --reportformat json -o lv_name,vg_name,lv_attr,lv_size,origin,pool_lv,
+# data_percent,snap_percent,lv_time,lv_tags --units b --nosuffix (2.03.16), plus one
+# classic snapshot and one thin snapshot row from the same VM.
+LVS_2_03_16 = """\
+  {
+      "report": [
+          {
+              "lv": [
+                  {"lv_name":"a", "vg_name":"vg0", "lv_attr":"owi-aos---", "lv_size":"67108864", "origin":"", "pool_lv":"", "data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:49:14 +0000", "lv_tags":""},
+                  {"lv_name":"a.pgsnap.811f9000.1", "vg_name":"vg0", "lv_attr":"swi-a-s---", "lv_size":"8388608", "origin":"a", "pool_lv":"", "data_percent":"37.79", "snap_percent":"37.79", "lv_time":"2026-12-01 05:49:20 +0000", "lv_tags":"pgsnap,pgsnap.at=20261201T054920123456Z,pgsnap.group=cg-20261201T054920000001Z-811f9000,pgsnap.i=2,pgsnap.name=nightly+20+2F+20x,pgsnap.origin=a,pgsnap.v=1"},
+                  {"lv_name":"[lvol0_pmspare]", "vg_name":"vg0", "lv_attr":"ewi-------", "lv_size":"4194304", "origin":"", "pool_lv":"", "data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:49:15 +0000", "lv_tags":""},
+                  {"lv_name":"pool", "vg_name":"vg0", "lv_attr":"twi-aotz--", "lv_size":"536870912", "origin":"", "pool_lv":"", "data_percent":"1.23", "snap_percent":"1.23", "lv_time":"2026-12-01 05:49:15 +0000", "lv_tags":""},
+                  {"lv_name":"[pool_tdata]", "vg_name":"vg0", "lv_attr":"Twi-ao----", "lv_size":"536870912", "origin":"", "pool_lv":"", "data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:49:15 +0000", "lv_tags":""},
+                  {"lv_name":"t", "vg_name":"vg0", "lv_attr":"Vwi-aotz--", "lv_size":"67108864", "origin":"", "pool_lv":"pool", "data_percent":"9.86", "snap_percent":"9.86", "lv_time":"2026-12-01 05:49:16 +0000", "lv_tags":""},
+                  {"lv_name":"t.pgsnap.811f9000.1", "vg_name":"vg0", "lv_attr":"Vwi---tz-k", "lv_size":"67108864", "origin":"t", "pool_lv":"pool", "data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:49:20 +0000", "lv_tags":"pgsnap,pgsnap.at=20261201T054920000002Z,pgsnap.group=cg-20261201T054920000001Z-811f9000,pgsnap.i=1,pgsnap.name=nightly+20+2F+20x,pgsnap.origin=t,pgsnap.v=1"}
+              ]
+          }
+      ]
+  }
+"""
+
+# The json_std format of lvm2 >= 2.03.17 (numbers, null, arrays) with the top-level
+# "log" array that 2.03.26+ adds, per lvmreport(7).
+LVS_JSON_STD = """{
+  "report": [
+    {"lv": [
+      {"lv_name":"t", "vg_name":"vg0", "lv_attr":"Vwi-a-tz--", "lv_size":67108864,
+       "origin":null, "pool_lv":"pool", "data_percent":9.86, "snap_percent":null,
+       "lv_time":"2026-12-01 05:49:16 +0000", "lv_tags":[]},
+      {"lv_name":"t.pgsnap.811f9000.1", "vg_name":"vg0", "lv_attr":"Vwi---tz-k",
+       "lv_size":67108864, "origin":"t", "pool_lv":"pool", "data_percent":null,
+       "snap_percent":null, "lv_time":"2026-12-01 05:49:20 +0000",
+       "lv_tags":["pgsnap", "pgsnap.at=20261201T054920000002Z",
+                  "pgsnap.group=cg-20261201T054920000001Z-811f9000", "pgsnap.i=1",
+                  "pgsnap.name=n", "pgsnap.origin=t", "pgsnap.v=1"]}
+    ]}
+  ],
+  "log": [
+    {"log_seq_num":1, "log_type":"status", "log_context":"shell", "log_object_type":"cmd",
+     "log_object_name":"", "log_object_id":"", "log_object_group":"",
+     "log_object_group_id":"", "log_message":"success", "log_errno":0, "log_ret_code":1}
+  ]
+}
+"""
+
+# Captured stderr (exit status) of real lvm2 2.03.16 commands in the VM.
+MESSAGES = {
+    "vg_not_found": (
+        5,
+        '  Volume group "nosuch" not found\n  Cannot process volume group nosuch\n',
+    ),
+    "lv_exists": (5, '  Logical Volume "a" already exists in volume group "vg0"\n'),
+    "vg_exists": (5, "  A volume group called vg0 already exists.\n"),
+    "no_space": (
+        5,
+        '  Volume group "vg0" has insufficient free space (875 extents): 25600 required.\n',
+    ),
+    "in_use": (5, "  Logical volume vg0/a contains a filesystem in use.\n"),
+    "invalid": (5, "  Unable to merge invalidated snapshot LV vg0/as.\n"),
+    "suspend_busy": (
+        5,
+        "  device-mapper: suspend ioctl on  (253:0) failed: Device or resource busy\n"
+        "  Unable to suspend vg0-a (253:0)\n  Failed to suspend logical volume vg0/a.\n",
+    ),
+    "bad_tag": (
+        3,
+        "  Invalid argument for --addtag: a b\n  Error during parsing of command line.\n",
+    ),
+    "no_dm": (
+        5,
+        "  /dev/mapper/control: open failed: No such device\n"
+        "  Failure to communicate with kernel device-mapper driver.\n"
+        "  Check that device-mapper is available in the kernel.\n",
+    ),
+    "lv_not_found": (5, '  Failed to find logical volume "vg0/nosuch"\n'),
+}
+
+EXPECTED = {
+    "vg_not_found": VolumeGroupNotFound,
+    "lv_exists": LvExistsError,
+    "vg_exists": LvExistsError,
+    "no_space": LvmNoSpaceError,
+    "in_use": LvInUseError,
+    "invalid": SnapshotInvalidError,
+    "suspend_busy": LvInUseError,
+    "bad_tag": LvmError,
+    "no_dm": LvmError,
+    "lv_not_found": LvmError,
+}
+
+
+def result(key: str, argv: Sequence[str] = ("lvcreate",)) -> CommandResult:
+    code, err = MESSAGES[key]
+    return CommandResult(tuple(argv), code, b"", err.encode())
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_parse_lvs_2_03_16_strings() -> None:
+    lvs = {lv.name: lv for lv in parse_lvs_json(LVS_2_03_16)}
+    assert lvs["a"].size == 67108864 and lvs["a"].kind == "o" and lvs["a"].open
+    snap = lvs["a.pgsnap.811f9000.1"]
+    assert snap.classic_snapshot and snap.snap_percent == pytest.approx(37.79)
+    assert snap.origin == "a" and snap.tag("group") == "cg-20261201T054920000001Z-811f9000"
+    assert lvs["t"].thin and lvs["t"].pool == "pool" and lvs["t"].data_percent == 9.86
+    assert lvs["t.pgsnap.811f9000.1"].skip_activation
+    assert not lvs["t.pgsnap.811f9000.1"].active
+    assert lvs["[pool_tdata]"].hidden and lvs["[pool_tdata]"].bare_name == "pool_tdata"
+    assert lvs["a"].tags == () and lvs["a"].data_percent is None
+
+
+def test_parse_lvs_json_std_numbers_nulls_arrays_and_log() -> None:
+    lvs = {lv.name: lv for lv in parse_lvs_json(LVS_JSON_STD)}
+    assert set(lvs) == {"t", "t.pgsnap.811f9000.1"}
+    assert lvs["t"].size == 67108864 and lvs["t"].origin == "" and lvs["t"].tags == ()
+    assert lvs["t.pgsnap.811f9000.1"].tag("origin") == "t"
+    assert lvs["t.pgsnap.811f9000.1"].pgsnap
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["not json at all", '{"no_report": []}', '{"report": '],
+)
+def test_parse_lvs_rejects_what_is_not_a_report(text: str) -> None:
+    with pytest.raises(LvmError):
+        parse_lvs_json(text)
+
+
+def test_parse_lvs_empty_output_is_no_lv() -> None:
+    assert parse_lvs_json("") == ()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["nightly", "nightly backup: 2026/12/01", "ü 100% +x", "", "a,b c=d"],
+)
+def test_tag_values_use_lvm_tag_characters_and_round_trip(name: str) -> None:
+    encoded = encode_tag_value(name)
+    assert all(c.isascii() and (c.isalnum() or c in "_+.-") for c in encoded)
+    assert decode_tag_value(encoded) == name
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("key", sorted(MESSAGES))
+def test_real_messages_become_typed_errors(key: str) -> None:
+    err = classify_failure(result(key), what="the command", volume_id="vg0/a")
+    assert type(err) is EXPECTED[key]
+    assert isinstance(err, BackendError)
+    assert err.hint
+    assert err.details["backend"] == "lvm"
+    assert err.details["returncode"] == MESSAGES[key][0]
+    copy = pickle.loads(pickle.dumps(err))
+    assert type(copy) is type(err) and str(copy) == str(err)
+
+
+def test_missing_lvm_says_to_install_it() -> None:
+    err = classify_failure(CommandResult(("lvs",), 127, b"", b"lvs: not found"), what="x")
+    assert "lvm2" in str(err) and "apt-get install lvm2" in (err.hint or "")
+
+
+def test_vg_not_found_names_the_volume_group() -> None:
+    err = classify_failure(result("vg_not_found"), what="listing")
+    assert err.details["volume_group"] == "nosuch"
+
+
+# --------------------------------------------------------------------------- with a fake runner
+
+
+class FakeRunner:
+    """Plays back ``lvs`` output and records every command."""
+
+    def __init__(self, lvs_text: str = LVS_2_03_16) -> None:
+        self.lvs_text = lvs_text
+        self.calls: list[tuple[str, ...]] = []
+        self.fail: dict[str, CommandResult] = {}
+        self.timeout = False
+        self.merges = True
+        self.gone: set[str] = set()
+
+    @property
+    def description(self) -> str:
+        return "fake"
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> CommandResult:
+        args = tuple(argv)
+        self.calls.append(args)
+        assert args[:3] == ("env", "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1"), args
+        command = args[3]
+        if self.timeout:
+            raise CommandTimeout("slow", argv=args, returncode=-1, stderr="", timeout=timeout)
+        if command in self.fail:
+            return self.fail[command]
+        if command == "lvconvert" and self.merges:
+            self.gone.add(args[-1].split("/")[1])  # merged at once: the snapshot is gone
+        if command == "lvs":
+            doc = json.loads(self.lvs_text)
+            rows = doc["report"][0]["lv"]
+            doc["report"][0]["lv"] = [r for r in rows if r["lv_name"] not in self.gone]
+            return CommandResult(args, 0, json.dumps(doc).encode(), b"")
+        return CommandResult(args, 0, b"", b"")
+
+    def commands(self) -> list[tuple[str, ...]]:
+        return [c[3:] for c in self.calls if c[3] != "lvs"]
+
+
+@pytest.fixture
+def runner() -> FakeRunner:
+    return FakeRunner()
+
+
+@pytest.fixture
+def backend(runner: FakeRunner) -> LvmBackend:
+    return LvmBackend("vg0", host=Host(runner))
+
+
+def test_volumes_are_the_plain_origin_and_thin_lvs(backend: LvmBackend) -> None:
+    assert [v.id for v in backend.list_volumes()] == ["vg0/a", "vg0/t"]
+    t = backend.get_volume("vg0/t")
+    assert t.extra["kind"] == "thin" and t.extra["pool"] == "pool" and t.path == "/dev/vg0/t"
+    for not_a_volume in ("vg0/pool", "vg0/[pool_tdata]", "vg0/a.pgsnap.811f9000.1", "a", "x/a"):
+        with pytest.raises(VolumeNotFound):
+            backend.get_volume(not_a_volume)
+    assert backend.locate("vg0/a").kind is LocationKind.BLOCK_DEVICE
+
+
+def test_snapshots_and_groups_come_from_the_tags(backend: LvmBackend) -> None:
+    snaps = backend.list_snapshots()
+    assert [s.id for s in snaps] == ["vg0/t.pgsnap.811f9000.1", "vg0/a.pgsnap.811f9000.1"]
+    assert snaps[0].extra["kind"] == "thin" and snaps[1].extra["kind"] == "classic"
+    assert snaps[1].extra["used_percent"] == "37.79"
+    group = backend.get_snapshot_group("cg-20261201T054920000001Z-811f9000")
+    assert group.name == "nightly / x"
+    assert [s.volume_id for s in group.snapshots] == ["vg0/t", "vg0/a"]
+    assert [s.id for s in backend.list_snapshots("vg0/a")] == ["vg0/a.pgsnap.811f9000.1"]
+
+
+def test_profiles_say_what_a_merge_costs(backend: LvmBackend) -> None:
+    thin, classic = backend.restore_profile("vg0/t"), backend.restore_profile("vg0/a")
+    assert thin.before is classic.before is RestorePreparation.UNMOUNT
+    assert not thin.consumes_snapshot and classic.consumes_snapshot
+    assert not thin.completes_later and not classic.completes_later
+
+
+def test_create_runs_thin_and_classic_lvcreate_with_tags(runner: FakeRunner) -> None:
+    runner.lvs_text = LVS_2_03_16.replace('"owi-aos---"', '"-wi-a-----"')
+    backend = LvmBackend("vg0", host=Host(runner), cow_size="50%ORIGIN")
+    with pytest.raises(SnapshotNotFound):  # the fake lists no new LV afterwards
+        backend.create_snapshot_group(["vg0/t", "vg0/a"], "n a/m")
+    thin, classic = [c for c in runner.commands() if c[0] == "lvcreate"]
+    assert "-L" not in thin and "-l" not in thin and thin[-1] == "vg0/t"
+    # Half of a's 67108864 bytes, in bytes: lvm would clamp "-l 50%ORIGIN" silently.
+    assert classic[classic.index("-L") + 1] == "33554432b" and classic[-1] == "vg0/a"
+    tags = [thin[i + 1] for i, a in enumerate(thin) if a == "--addtag"]
+    assert "pgsnap" in tags and "pgsnap.origin=t" in tags and "pgsnap.name=n+20a+2Fm" in tags
+    assert all(c.isalnum() or c in "_+.-/=!:#&" for tag in tags for c in tag)
+
+
+def test_a_failed_group_removes_what_it_took(runner: FakeRunner) -> None:
+    calls = {"n": 0}
+    original = runner.run
+
+    def run(argv: Sequence[str], **kw: object) -> CommandResult:
+        if argv[3] == "lvcreate":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                runner.calls.append(tuple(argv))
+                return result("no_space", argv)
+        return original(argv, **kw)  # type: ignore[arg-type]
+
+    runner.run = run  # type: ignore[method-assign]
+    backend = LvmBackend("vg0", host=Host(runner))
+    with pytest.raises(LvmNoSpaceError, match="vg0/a") as info:
+        backend.create_snapshot_group(["vg0/t", "vg0/a"], "g")
+    assert info.value.details["volume_id"] == "vg0/a"
+    removed = [c for c in runner.commands() if c[0] == "lvremove"]
+    assert removed and removed[0][-1].startswith("vg0/t.pgsnap.")
+
+
+def test_restore_refuses_before_running_lvconvert(backend: LvmBackend, runner) -> None:
+    with pytest.raises(BackendError, match="only restore its own volume"):
+        backend.restore_volume("vg0/t", "vg0/a.pgsnap.811f9000.1")
+    with pytest.raises(LvInUseError, match="open"):  # a is open (owi-aos---)
+        backend.restore_volume("vg0/a", "vg0/a.pgsnap.811f9000.1")
+    runner.lvs_text = LVS_2_03_16.replace('"swi-a-s---"', '"swi-I-s---"').replace(
+        '"owi-aos---"', '"owi-a-s---"'
+    )
+    with pytest.raises(SnapshotInvalidError):
+        backend.restore_volume("vg0/a", "vg0/a.pgsnap.811f9000.1")
+    assert backend.list_snapshots("vg0/a")[0].extra["state"] == "invalid"
+    assert any("invalid" in p for p in backend.ex_check())
+    assert not [c for c in runner.commands() if c[0] == "lvconvert"]
+
+
+def test_thin_restore_merges_the_snapshot_and_keeps_a_renamed_copy(runner) -> None:
+    backend = LvmBackend("vg0", host=Host(runner))
+    runner.lvs_text = LVS_2_03_16.replace('"Vwi-aotz--"', '"Vwi-a-tz--"')
+    backend.restore_volume("vg0/t", "vg0/t.pgsnap.811f9000.1")
+    names = [c[0] for c in runner.commands()]
+    assert names == ["lvcreate", "lvconvert", "lvrename", "lvchange"]
+    create, merge, rename, tag = runner.commands()
+    assert create[-1] == "vg0/t.pgsnap.811f9000.1" and "pgsnap.copy=t.pgsnap.811f9000.1" in create
+    assert merge == ("lvconvert", "--merge", "vg0/t.pgsnap.811f9000.1")
+    assert rename[-1] == "t.pgsnap.811f9000.1" and rename[2] == create[create.index("-n") + 1]
+    assert "--deltag" in tag and "pgsnap.group=cg-20261201T054920000001Z-811f9000" in tag
+
+
+def test_a_deferred_merge_reactivates_the_origin(runner) -> None:
+    runner.lvs_text = LVS_2_03_16.replace('"owi-aos---"', '"owi-a-s---"')
+    runner.fail["lvconvert"] = CommandResult(
+        ("lvconvert",),
+        0,
+        b"  Delaying merge since origin is open.\n"
+        b"  Merging of snapshot vg0/a.pgsnap.811f9000.1 will occur on next activation of vg0/a.\n",
+        b"",
+    )
+    runner.merges = False
+    backend = LvmBackend("vg0", host=Host(runner), merge_timeout=0.01)
+    with pytest.raises(LvmError, match="did not finish"):  # the fake never merges
+        backend.restore_volume("vg0/a", "vg0/a.pgsnap.811f9000.1")
+    assert [c[:2] for c in runner.commands()] == [
+        ("lvconvert", "--merge"),
+        ("lvchange", "-an"),
+        ("lvchange", "-ay"),
+    ]
+
+
+def test_unsupported_and_unavailable(backend: LvmBackend, runner) -> None:
+    assert backend.capabilities == CAPABILITIES == frozenset()
+    for call in (
+        lambda: backend.attach("vg0/a", "h"),
+        lambda: backend.detach("vg0/a", "h"),
+        lambda: backend.clone_snapshot("vg0/a.pgsnap.811f9000.1", "c"),
+        lambda: backend.pause_policy("p"),
+        lambda: backend.create_snapshot_group(["vg0/a"], "s", secure=True),
+    ):
+        with pytest.raises(UnsupportedCapability):
+            call()
+    runner.timeout = True
+    with pytest.raises(BackendUnavailable):
+        backend.list_volumes()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"volume_group": ""},
+        {"volume_group": "-x"},
+        {"volume_group": "vg", "cow_size": "lots"},
+        {"volume_group": "vg", "cow_size": "0%ORIGIN"},
+        {"volume_group": "vg", "cow_size": 0},
+        {"volume_group": "vg", "command_timeout": 0},
+    ],
+)
+def test_bad_configuration_is_refused(options: dict[str, object]) -> None:
+    with pytest.raises(ConfigurationError):
+        LvmBackend(**options)  # type: ignore[arg-type]
