@@ -373,35 +373,7 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
             else _why_not_kept(b, policy)
         )
         gone.append(b)
-        leftovers = tuple(s for s in b.orphaned_snapshots if s in present)
-        if leftovers:
-            steps.append(
-                Step.of(
-                    f"delete-leftovers-{b.id}",
-                    DeleteSnapshots(snapshot_ids=leftovers),
-                    description=f"delete {len(leftovers)} snapshot(s) failed backup {b.id} "
-                    f"left behind ({', '.join(leftovers)})",
-                    reason=why,
-                )
-            )
-        snaps = [s for s in b.snapshots.values() if s in present]
-        if b.snapshot_group_id and snaps:
-            steps.append(
-                Step.of(
-                    f"delete-snapshots-{b.id}",
-                    DeleteSnapshotGroup(group_id=b.snapshot_group_id),
-                    description=f"delete snapshot group {b.snapshot_group_id} of backup {b.id}",
-                    reason=why,
-                )
-            )
-        steps.append(
-            Step.of(
-                f"delete-record-{b.id}",
-                DeleteBackupRecord(backup_id=b.id),
-                description=f"delete backup {b.id} ({b.label}) from the catalog",
-                reason=why,
-            )
-        )
+        steps += _delete_backup_steps(b, present, why)
     kept_done = [b for b in facts.backups if b.id in keep and b.state is BackupState.DONE]
     unfinished = [b for b in facts.backups if b.id in keep and b.state is not BackupState.DONE]
     wal_steps, wal_lost = _wal_steps(facts, kept_done + unfinished, gone)
@@ -431,6 +403,43 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         + tuple(wal_lost),
         warnings=tuple(warnings),
     )
+
+
+def _delete_backup_steps(b: BackupRecord, present: set[str], why: str) -> list[Step]:
+    """The steps that delete backup ``b``: the leftovers a failed run recorded, its
+    snapshot group (while the storage has it), then its record (snapshots first: a
+    run cut short leaves a record the recovery planner passes over, never
+    snapshots no record names)."""
+    steps: list[Step] = []
+    leftovers = tuple(s for s in b.orphaned_snapshots if s in present)
+    if leftovers:
+        steps.append(
+            Step.of(
+                f"delete-leftovers-{b.id}",
+                DeleteSnapshots(snapshot_ids=leftovers),
+                description=f"delete {len(leftovers)} snapshot(s) failed backup {b.id} "
+                f"left behind ({', '.join(leftovers)})",
+                reason=why,
+            )
+        )
+    if b.snapshot_group_id and any(s in present for s in b.snapshots.values()):
+        steps.append(
+            Step.of(
+                f"delete-snapshots-{b.id}",
+                DeleteSnapshotGroup(group_id=b.snapshot_group_id),
+                description=f"delete snapshot group {b.snapshot_group_id} of backup {b.id}",
+                reason=why,
+            )
+        )
+    steps.append(
+        Step.of(
+            f"delete-record-{b.id}",
+            DeleteBackupRecord(backup_id=b.id),
+            description=f"delete backup {b.id} ({b.label}) from the catalog",
+            reason=why,
+        )
+    )
+    return steps
 
 
 def _why_not_kept(b: BackupRecord, policy: RetentionPolicy) -> str:
@@ -536,25 +545,7 @@ def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
             backup_id=b.id,
         )
     present = {s.id for s in facts.snapshots}
-    steps: list[Step] = []
-    why = "asked for (pgsnap delete)"
-    if b.snapshot_group_id and any(s in present for s in b.snapshots.values()):
-        steps.append(
-            Step.of(
-                f"delete-snapshots-{b.id}",
-                DeleteSnapshotGroup(group_id=b.snapshot_group_id),
-                description=f"delete snapshot group {b.snapshot_group_id} of backup {b.id}",
-                reason=why,
-            )
-        )
-    steps.append(
-        Step.of(
-            f"delete-record-{b.id}",
-            DeleteBackupRecord(backup_id=b.id),
-            description=f"delete backup {b.id} ({b.label}) from the catalog",
-            reason=why,
-        )
-    )
+    steps = _delete_backup_steps(b, present, "asked for (pgsnap delete)")
     return Plan(
         kind="delete",
         steps=tuple(steps),
