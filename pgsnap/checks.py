@@ -12,7 +12,16 @@ recovered, and says so even when no backup could be taken right now:
 - ``wal_gap``: a segment is missing after a backup, so a recovery stops short;
 - ``catalog``: a catalog record cannot be read (its file is named);
 - ``os_user``: the configured OS user does not exist, or does not own the
-  data directory (stopping and starting the server would fail mid-recovery).
+  data directory (stopping and starting the server would fail mid-recovery);
+- storage problems the backend reports (the optional
+  :class:`~pgsnap.protocols.StorageHealth`), each under its own code
+  (``snapshot_limit``, ``snapshot_invalid``...: see
+  :class:`~pgsnap.model.StorageProblem`); ``storage`` when the backend
+  could not be asked;
+- ``orphan_snapshots``: snapshots pgsnap made of the cluster's volumes that
+  no catalog record names (:func:`~pgsnap.planner.reconcile.find_orphans`),
+  with their age: space the storage holds for nothing, deleted by
+  ``pgsnap expire --orphans-after``.
 
 Two halves, as the planners: :func:`gather_check_facts` does the I/O (it only
 reads) and returns :class:`CheckFacts`; :func:`check_findings` is pure and
@@ -21,17 +30,20 @@ turns those facts into :class:`~pgsnap.planner.backup.Finding` s.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from pgsnap.catalog import CatalogScan, UnreadableEntry, scan_catalog
 from pgsnap.errors import ArchiveError, CommandError, HostError, PgsnapError, TimelineError
-from pgsnap.model import LSN, ArchiverStatus, BackupRecord
+from pgsnap.model import LSN, ArchiverStatus, BackupRecord, StorageProblem
 from pgsnap.planner.backup import Finding, Severity
+from pgsnap.planner.reconcile import Orphan
+from pgsnap.protocols import StorageHealth
 from pgsnap.wal import (
     VALID_SEGMENT_SIZES,
     ArchiveIndex,
@@ -43,7 +55,7 @@ from pgsnap.wal import (
 )
 
 if TYPE_CHECKING:
-    from pgsnap.protocols import Catalog, DatabaseAdapter, WalArchive
+    from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -51,6 +63,7 @@ __all__ = [
     "EmptyArchive",
     "check_findings",
     "gather_check_facts",
+    "gather_storage_problems",
 ]
 
 log = logging.getLogger(__name__)
@@ -73,6 +86,9 @@ class CheckFacts:
     directory's owner), ``os_user_exists`` whether the host knows it (None:
     not asked); ``data_directory_owner`` / ``data_directory_uid`` describe the
     data directory on the host (None: unknown or missing).
+    ``storage_problems`` are what the storage backend reported
+    (:class:`~pgsnap.protocols.StorageHealth`; empty when it has no such
+    report), ``storage_error`` why asking it failed (None: it did not).
     """
 
     archive_location: str
@@ -92,6 +108,12 @@ class CheckFacts:
     data_directory_uid: int | None = None
     os_user: str | None = None
     os_user_exists: bool | None = None
+    storage_problems: tuple[StorageProblem, ...] = ()
+    storage_error: str | None = None
+    orphans: tuple[Orphan, ...] = ()
+    """Orphan snapshot groups (:func:`~pgsnap.planner.reconcile.find_orphans`)."""
+    now: dt.datetime | None = None
+    """The time of the check (orphans' ages; None: ages not shown)."""
 
 
 # --------------------------------------------------------------------------- pure
@@ -105,7 +127,39 @@ def check_findings(facts: CheckFacts) -> tuple[Finding, ...]:
     out += _backups_wal(facts)
     out += _catalog(facts)
     out += _os_user(facts)
+    out += _storage(facts)
+    out += _orphans(facts)
     return tuple(out)
+
+
+_ORPHANS_SHOWN: Final = 10
+
+
+def _orphans(facts: CheckFacts) -> list[Finding]:
+    if not facts.orphans:
+        return []
+    now = facts.now
+    lines = [
+        o.describe(now)
+        if now is not None
+        else f"snapshot group {o.group_name} ({o.group_id}: {', '.join(o.snapshot_ids)})"
+        for o in facts.orphans[:_ORPHANS_SHOWN]
+    ]
+    more = len(facts.orphans) - len(lines)
+    held = [o for o in facts.orphans if o.held is not None]
+    return [
+        Finding(
+            "orphan_snapshots",
+            Severity.WARNING,
+            f"{len(facts.orphans)} snapshot group(s) pgsnap made are named by no backup record "
+            f"(a killed or failed backup, a recovery's safety snapshot): {'; '.join(lines)}"
+            + (f"; and {more} more" if more > 0 else "")
+            + (f" ({len(held)} still needed by an unfinished run or backup)" if held else "")
+            + ": look at them, then `pgsnap expire --orphans-after 7d` deletes those older "
+            "than 7 days (or `pgsnap rebuild-catalog` makes records of backups whose record "
+            "was lost)",
+        )
+    ]
 
 
 def _server(facts: CheckFacts) -> list[Finding]:
@@ -317,6 +371,25 @@ def _os_user(facts: CheckFacts) -> list[Finding]:
     return []
 
 
+def _storage(facts: CheckFacts) -> list[Finding]:
+    out: list[Finding] = []
+    if facts.storage_error is not None:
+        out.append(
+            Finding(
+                "storage",
+                Severity.WARNING,
+                f"the storage could not be asked about its health: {facts.storage_error}; "
+                "snapshot limits and invalid snapshots are not checked: fix the storage "
+                "connection ([storage] options) and check again",
+            )
+        )
+    order = {Severity.ERROR: 0, Severity.WARNING: 1}
+    for p in sorted(facts.storage_problems, key=lambda p: order[p.severity]):
+        message = f"{p.message}; {p.hint}" if p.hint else p.message
+        out.append(Finding(p.code, p.severity, message))
+    return out
+
+
 # --------------------------------------------------------------------------- I/O
 
 
@@ -363,6 +436,37 @@ class EmptyArchive:
         raise ArchiveError(f"the archive {self._location} is unreadable")
 
 
+def gather_storage_problems(
+    backend: StorageBackend, volume_ids: Sequence[str] | None = None
+) -> tuple[tuple[StorageProblem, ...], str | None]:
+    """Ask ``backend`` for its problems with ``volume_ids`` (reads only).
+
+    Returns the problems and None, or no problem and why the backend could
+    not be asked: any exception it raises is caught (a check reports it as
+    the ``storage`` finding and goes on). A backend without
+    :class:`~pgsnap.protocols.StorageHealth` has no problem to report.
+    """
+    if not isinstance(backend, StorageHealth):
+        return (), None
+    ids = None if volume_ids is None else tuple(volume_ids)
+    try:
+        found = backend.storage_problems(ids)
+    except PgsnapError as exc:
+        log.debug("storage problems of %s not known: %s", backend.name, exc)
+        return (), str(exc)
+    except Exception as exc:  # a third-party backend's own exception: still a finding
+        log.debug("storage problems of %s not known", backend.name, exc_info=True)
+        return (), f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    problems = tuple(found)
+    bad = [p for p in problems if not isinstance(p, StorageProblem)]
+    if bad:
+        return (), (
+            f"the {backend.name} backend's storage_problems() returned "
+            f"{type(bad[0]).__name__}, not StorageProblem"
+        )
+    return problems, None
+
+
 def _segment_size(
     server_size: int | None, backups: tuple[BackupRecord, ...], archive: WalArchive
 ) -> int:
@@ -398,12 +502,16 @@ def gather_check_facts(
     server_error: str | None = None,
     archiver: ArchiverStatus | None = None,
     segment_size: int | None = None,
+    backend: StorageBackend | None = None,
+    volume_ids: Sequence[str] | None = None,
 ) -> CheckFacts:
     """Observe what :func:`check_findings` needs (reads only).
 
     ``scan`` is the catalog's content when the caller has read it already;
     ``server_error`` is why describing the server failed (the caller tried);
-    ``archiver`` and ``segment_size`` are what the server said, when it did.
+    ``archiver`` and ``segment_size`` are what the server said, when it did;
+    ``backend`` is asked for its problems with ``volume_ids``
+    (:func:`gather_storage_problems`; None: the storage is not checked).
     """
     if scan is None:
         scan = scan_catalog(catalog)
@@ -440,6 +548,10 @@ def gather_check_facts(
         if info is not None:
             owner, uid = info.owner, info.uid
     os_user = _configured_os_user(adapter)
+    storage_problems: tuple[StorageProblem, ...] = ()
+    storage_error: str | None = None
+    if backend is not None:
+        storage_problems, storage_error = gather_storage_problems(backend, volume_ids)
     exists: bool | None = None
     if os_user is not None and os_user != owner:
         try:
@@ -464,6 +576,8 @@ def gather_check_facts(
         data_directory_uid=uid,
         os_user=os_user,
         os_user_exists=exists,
+        storage_problems=storage_problems,
+        storage_error=storage_error,
     )
 
 

@@ -161,7 +161,25 @@ def _text(section: dict[str, Any], key: str, where: str) -> str | None:
     )
 
 
-_SECTIONS = ("database", "storage", "host", "archive", "catalog", "timeouts", "volume")
+_SECTIONS = (
+    "database",
+    "storage",
+    "host",
+    "archive",
+    "catalog",
+    "timeouts",
+    "retention",
+    "volume",
+)
+_RETENTION_KEYS: Final = (
+    "redundancy",
+    "window",
+    "hourly",
+    "daily",
+    "weekly",
+    "monthly",
+    "orphans_after",
+)
 _DATABASE_KEYS = (
     "conninfo",
     "password_env",
@@ -600,7 +618,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """Preflight + archive report."""
+    """Preflight + archive report (+ the storage's problems, when it reports them)."""
+    from pgsnap.model import encode_value  # noqa: PLC0415
+
     report = _load(args)[0].check()
     if args.json:
         _out(
@@ -617,6 +637,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                         {"path": u.path, "backup_id": u.backup_id, "error": u.error}
                         for u in report.unreadable
                     ],
+                    "storage_problems": [encode_value(p) for p in report.storage_problems],
                 },
                 indent=2,
             )
@@ -647,22 +668,62 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _pin_text(b: Any) -> str:
-    if b.pin is None:
-        return ""
-    until = "forever" if b.pin.until is None else f"until {b.pin.until.isoformat()}"
-    return f"  [pinned {until}: {b.pin.reason}]"
+def _listed_backups(args: argparse.Namespace) -> Any:
+    """The backups, with the next expiry's forecast when a retention policy is set
+    (flags, else ``[retention]``); without the forecast (and a warning) when the
+    storage or the archive cannot be observed."""
+    cluster = _load(args)[0]
+    policy = _policy(args) if _has_policy(args) else None
+    if policy is None:
+        return cluster.backups()
+    try:
+        return cluster.backups(policy)
+    except (ConfigurationError, InputError):
+        raise
+    except PgsnapError as exc:
+        _err(f"pgsnap: warning: what the next expire removes is not shown: {exc}")
+        return cluster.backups()
+
+
+def _retention_json(backups: Any, b: Any) -> dict[str, Any]:
+    forecast = backups.forecast
+    outlook = forecast.backups.get(b.id)
+    return {
+        "policy": forecast.policy,
+        "removed_by_next_expire": bool(outlook and outlook.removed),
+        "reasons": list(outlook.reasons) if outlook else [],
+        "marked_unusable": outlook.marked_unusable if outlook else None,
+        "secure": bool(outlook and outlook.secure),
+        "secure_until": outlook.secure_until.isoformat()
+        if outlook and outlook.secure_until
+        else None,
+        "notes": list(backups.notes(b)),
+    }
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """List backups."""
+    """List backups (and, with a retention policy, what the next expire removes)."""
     from pgsnap.model import to_dict  # noqa: PLC0415
 
-    backups = _load(args)[0].backups()
+    backups = _listed_backups(args)
     if args.json:
         _warn_unreadable_entries(backups.unreadable)
-        _out(json.dumps([to_dict(b) for b in backups], indent=2))
+        docs = []
+        for b in backups:
+            doc = to_dict(b)
+            if backups.forecast is not None:
+                doc["retention"] = _retention_json(backups, b)
+            docs.append(doc)
+        _out(json.dumps(docs, indent=2))
         return EXIT_OK
+    if backups.forecast is not None:
+        gone = backups.forecast.removed
+        _out(
+            f"retention policy: {backups.forecast.policy}; the next `pgsnap expire` removes "
+            + (f"{len(gone)} backup(s): {', '.join(gone)}" if gone else "none")
+        )
+        for warning in backups.forecast.warnings:
+            _out(f"  note: {warning}")
     if not backups and not backups.unreadable:
         _out("no backups")
     for b in backups:
@@ -671,7 +732,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"{b.id:<22} {b.state.value:<16} tli {b.start_timeline} {b.start_lsn!s:>12} .. "
             f"{b.stop_lsn or '-'!s:>12}  {stop}  {b.label}"
             + (f"  ({b.failure_reason})" if b.failure_reason else "")
-            + _pin_text(b)
+            + "".join(f"  [{note}]" for note in backups.notes(b))
         )
     for entry in backups.unreadable:
         _out(f"UNREADABLE {entry}")
@@ -711,10 +772,24 @@ def _policy(args: argparse.Namespace) -> Any:
         key: (getattr(args, key) if getattr(args, key) is not None else conf.get(key, 0))
         for key in ("hourly", "daily", "weekly", "monthly")
     }
+    orphans = getattr(args, "orphans_after", None)
+    orphans = orphans if orphans is not None else conf.get("orphans_after")
     return RetentionPolicy(
         redundancy=redundancy,
         window=None if window is None else _duration(str(window)),
+        orphans_after=None if orphans is None else _duration(str(orphans)),
         **levels,
+    )
+
+
+def _has_policy(args: argparse.Namespace) -> bool:
+    """True when the flags or the configuration's ``[retention]`` set any rule
+    (``orphans_after`` alone keeps no backup: it is no policy)."""
+    conf = load_retention(args.config)
+    return any(
+        getattr(args, k, None) is not None or conf.get(k)
+        for k in _RETENTION_KEYS
+        if k != "orphans_after"
     )
 
 
@@ -725,7 +800,10 @@ def load_retention(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError):
         return {}  # load_cluster reports what is wrong with the file
     section = conf.get("retention", {})
-    return section if isinstance(section, dict) else {}
+    if not isinstance(section, dict):
+        return {}
+    _check_keys(section, _RETENTION_KEYS, "[retention]")
+    return section
 
 
 def cmd_expire(args: argparse.Namespace) -> int:
@@ -742,6 +820,28 @@ def cmd_expire(args: argparse.Namespace) -> int:
         return EXIT_OK
     _execute(cluster, plan)
     _out(f"deleted: {len(plan.lost)} item(s)")
+    return EXIT_OK
+
+
+def cmd_rebuild_catalog(args: argparse.Namespace) -> int:
+    """Recreate missing catalog records from the storage and the archive."""
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    report = _load(args)[0].rebuild_catalog(dry_run=args.dry_run, log_timezone=args.log_timezone)
+    if args.json:
+        _out(
+            json.dumps(
+                {
+                    "dry_run": report.dry_run,
+                    "rebuilt": [to_dict(r) for r in report.rebuilt],
+                    "skipped": [{"what": w, "why": why} for w, why in report.skipped],
+                    "existing": list(report.existing),
+                },
+                indent=2,
+            )
+        )
+    else:
+        _out(report.explain())
     return EXIT_OK
 
 
@@ -935,6 +1035,20 @@ def _parser() -> argparse.ArgumentParser:
         timeout(waits, "connect", 10)
         timeout(waits, "catalog_lock", 10)
 
+    def retention_flags(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--redundancy", type=int, help="keep the newest N DONE backups")
+        sp.add_argument("--window", help="keep every point of the last D recoverable: 7d, 12h")
+        for level in ("hourly", "daily", "weekly", "monthly"):
+            sp.add_argument(
+                f"--{level}", type=int, help=f"keep the newest backup of each of N {level} periods"
+            )
+        sp.add_argument(
+            "--orphans-after",
+            metavar="D",
+            help="delete orphan snapshots (pgsnap's, named by no backup record) older than "
+            "D: 1d, 12h (default: list them, delete none)",
+        )
+
     def timeout(group: Any, key: str, default: float) -> None:
         group.add_argument(
             f"--{key.replace('_', '-')}-timeout",
@@ -959,8 +1073,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--dry-run", action="store_true", help="print the plan only")
     b.set_defaults(func=cmd_backup)
 
-    ls = sub.add_parser("list", parents=[common], help="list backups")
+    ls = sub.add_parser(
+        "list",
+        parents=[common],
+        help="list backups, their pins and what the next expire removes",
+        description="List the backups with their pins. With a retention policy (flags, "
+        "else the configuration's [retention] section), also which backups the next "
+        "`pgsnap expire` removes and why, and until when secure snapshots hold.",
+    )
     with_config(ls)
+    retention_flags(ls)
     ls.set_defaults(func=cmd_list)
 
     ex = sub.add_parser(
@@ -971,14 +1093,27 @@ def _parser() -> argparse.ArgumentParser:
         "section). Every deletion is planned with its reason; --dry-run shows the plan.",
     )
     with_config(ex)
-    ex.add_argument("--redundancy", type=int, help="keep the newest N DONE backups")
-    ex.add_argument("--window", help="keep every point of the last D recoverable: 7d, 12h")
-    for level in ("hourly", "daily", "weekly", "monthly"):
-        ex.add_argument(
-            f"--{level}", type=int, help=f"keep the newest backup of each of N {level} periods"
-        )
+    retention_flags(ex)
     ex.add_argument("--dry-run", action="store_true", help="print the plan only")
     ex.set_defaults(func=cmd_expire)
+
+    rc = sub.add_parser(
+        "rebuild-catalog",
+        parents=[common],
+        help="recreate missing backup records from the snapshots and the archive",
+        description="Recreate the catalog records that are missing, from the storage's "
+        "snapshot groups (named by backup id) and the archive's .backup files. Existing "
+        "records are never overwritten; what cannot be rebuilt is listed with the reason.",
+    )
+    with_config(rc)
+    rc.add_argument("--dry-run", action="store_true", help="show what would be rebuilt")
+    rc.add_argument(
+        "--log-timezone",
+        metavar="ZONE",
+        help="the server's log_timezone (e.g. Europe/Berlin), to read START/STOP TIME "
+        "written with a zone abbreviation such as CET",
+    )
+    rc.set_defaults(func=cmd_rebuild_catalog)
 
     de = sub.add_parser("delete", parents=[common], help="delete one backup")
     with_config(de)

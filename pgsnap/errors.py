@@ -34,6 +34,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── VolumeNotFound (LookupError)
     │   ├── SnapshotNotFound (LookupError)
     │   ├── BackendUnavailable              retryable: network, timeouts, 5xx
+    │   ├── SnapshotLimitError              a volume has as many snapshots as the storage allows
     │   └── AuthenticationError
     ├── DatabaseError                       PostgreSQL refused or failed (sqlstate)
     │   └── BackupModeError                 backup start/stop failed or session lost
@@ -93,6 +94,7 @@ __all__ = [
     "PlanLockedError",
     "PlanningError",
     "PreflightError",
+    "SnapshotLimitError",
     "SnapshotNotFound",
     "StalePlanError",
     "TargetError",
@@ -376,6 +378,16 @@ class BackendUnavailable(BackendError):
     """The backend cannot be reached or timed out; retrying may succeed."""
 
     retryable: ClassVar[bool] = True
+
+
+class SnapshotLimitError(BackendError):
+    """The storage holds as many snapshots of a volume as it allows (a PowerFlex
+    V-Tree, a mock with ``snapshot_limit``): no new snapshot of it can be taken
+    until old ones are deleted (``volume_id`` and ``limit`` when known).
+
+    ``pgsnap check`` warns before the limit is reached, when the backend
+    reports its problems (:class:`~pgsnap.protocols.StorageHealth`).
+    """
 
 
 class AuthenticationError(BackendError):

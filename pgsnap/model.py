@@ -47,9 +47,11 @@ __all__ = [
     "RestorePreparation",
     "RestoreProfile",
     "ServerFacts",
+    "Severity",
     "Snapshot",
     "SnapshotGroup",
     "SnapshotPolicy",
+    "StorageProblem",
     "StorageVolume",
     "Tablespace",
     "TargetKind",
@@ -513,6 +515,72 @@ class Mount:
     fstype: str = ""
     options: tuple[str, ...] = attrs.field(default=(), converter=_options)
     """Mount options (``rw``, ``noatime``...), in the kernel's order."""
+
+
+# --------------------------------------------------------------------------- storage health
+
+
+class Severity(enum.Enum):
+    """How much a finding or a storage problem matters."""
+
+    ERROR = "error"
+    """Blocks a backup, or puts a recovery at risk."""
+    WARNING = "warning"
+    """Worth knowing; does not block (yet)."""
+
+
+_PROBLEM_CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def _problem_code(_inst: object, _attr: object, value: str) -> None:
+    if not isinstance(value, str) or not _PROBLEM_CODE_RE.match(value):
+        raise InputError(
+            f"a storage problem's code must be a short snake_case word, not {value!r}",
+            hint="e.g. 'snapshot_limit', 'snapshot_invalid', 'snapshot_filling'",
+        )
+
+
+def _opt_percent(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+@attrs.frozen
+class StorageProblem:
+    """Something wrong, or about to go wrong, on the storage, said before anyone relies on it.
+
+    A backend that can tell reports these from ``storage_problems()`` (the
+    optional :class:`~pgsnap.protocols.StorageHealth` protocol); ``pgsnap
+    check`` shows each as a finding whose code is :attr:`code`.
+
+    - ``code``: stable, for scripts (snake_case). pgsnap's backends use
+      ``snapshot_limit`` (a snapshot tree near or at the storage's snapshot
+      limit: new backups fail once it is reached), ``snapshot_invalid`` (a
+      snapshot whose content is lost: it restores nothing),
+      ``snapshot_filling`` (a copy-on-write snapshot filling up: it becomes
+      invalid when full), ``pool_filling`` (a thin pool holding snapshots
+      filling up) and ``restore_leftover`` (something an interrupted restore
+      left behind);
+    - ``severity``: :attr:`Severity.ERROR` when something fails now (a
+      backup, a restore), :attr:`Severity.WARNING` before it does;
+    - ``message``: what is wrong, in a sentence naming the object;
+    - ``hint``: what to do about it;
+    - ``volume_id`` / ``snapshot_id``: the volume and the snapshot concerned
+      (None when the problem is not about one);
+    - ``percent_used``: how full the limited resource is (0 to 100 and more;
+      None when the problem is not about filling up).
+    """
+
+    code: str = attrs.field(validator=_problem_code)
+    severity: Severity
+    message: str
+    hint: str = ""
+    volume_id: str | None = None
+    snapshot_id: str | None = None
+    percent_used: float | None = attrs.field(default=None, converter=_opt_percent)
+
+    def __str__(self) -> str:
+        text = f"{self.severity.value}: {self.message}"
+        return f"{text}; {self.hint}" if self.hint else text
 
 
 # --------------------------------------------------------------------------- archiver

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from pgsnap.catalog import catalog_system_identifiers
+from pgsnap.catalog import catalog_system_identifiers, scan_catalog
 from pgsnap.errors import HostFileNotFound, PgsnapError, VolumeNotFound
 from pgsnap.host import FileKind, LocalRunner
+from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import (
     LSN,
     BackupRecord,
@@ -42,18 +43,22 @@ from pgsnap.planner.facts import (
     WalEvents,
     cluster_paths,
 )
+from pgsnap.planner.reconcile import RebuildFacts, RebuildSource, SnapshotHold, hold_of_journal
 from pgsnap.planner.recovery import Candidate, RecoveryRequest, iter_candidates
 from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import (
     ArchiveIndex,
     TimelineGraph,
     TimelineSpan,
+    backup_file_name,
     check,
+    parse_backup_file,
     segment_name,
     segment_start,
 )
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
+from pgsnap.walreader import read_segment_header
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
@@ -142,7 +147,9 @@ class Observer:
     that reader found in each archived segment, so planning reads each
     segment once (:mod:`pgsnap.walindex`; None: no index);
     ``max_scan_segments`` bounds the segments read for commit times per
-    plan (segments the index answers are not counted).
+    plan (segments the index answers are not counted); ``journal_dir`` is
+    the executor's journal directory (what unfinished runs still need from
+    the storage: :meth:`snapshot_holds`; None: no journals).
     """
 
     adapter: DatabaseAdapter
@@ -154,6 +161,7 @@ class Observer:
     waldump: Path | None = None
     max_scan_segments: int = 256
     wal_index: WalIndex | None = None
+    journal_dir: Path | None = None
 
     def _now(self) -> dt.datetime:
         return self.clock()
@@ -195,7 +203,8 @@ class Observer:
     def expiry_facts(self) -> ExpiryFacts:
         """Observe what the expiry planner needs: the catalog, the storage's snapshots,
         the archive (one listing, names only) and its timeline histories."""
-        backups = self.catalog.list()
+        scan = scan_catalog(self.catalog)
+        backups = scan.records
         index = self.archive.index(self._segment_size(backups), check_sizes=False)
         return ExpiryFacts(
             backups=backups,
@@ -205,7 +214,103 @@ class Observer:
             now=self._now(),
             capabilities=self.backend.capabilities,
             archive_location=self.archive.location,
+            volume_ids=frozenset(v.id for v in self.layout.volumes),
+            holds=self.snapshot_holds(),
+            unreadable=tuple(u.backup_id for u in scan.unreadable),
         )
+
+    def rebuild_facts(self, log_timezone: dt.tzinfo | None = None) -> RebuildFacts:
+        """Observe what a catalog rebuild needs (reads only): the catalog, the
+        storage's snapshots, the archive's index, histories and ``.backup`` files
+        (those of backups the catalog already has are not read), and the
+        cluster's system identifier and version (the server's, else the
+        newest archived segment's header). ``log_timezone`` resolves the zone
+        abbreviations of START/STOP TIME (``CET``...)."""
+        from pgsnap import __version__  # noqa: PLC0415
+
+        scan = scan_catalog(self.catalog)
+        backups = scan.records
+        seg = self._segment_size(backups)
+        index = self.archive.index(seg, check_sizes=False)
+        known = {
+            backup_file_name(b.start_lsn, b.start_timeline, b.wal_segment_size) for b in backups
+        }
+        sources = []
+        for name in index.backup_names:
+            if name in known or name.split(".backup")[0] + ".backup" in known:
+                continue  # a backup the catalog has
+            try:
+                text = self.archive.read_text(name)
+                parsed = parse_backup_file(text, log_timezone=log_timezone)
+            except PgsnapError as exc:
+                sources.append(RebuildSource(name, "", None, exc.message))
+                continue
+            sources.append(RebuildSource(name, text, parsed))
+        sysid, version = self._cluster_identity(index)
+        return RebuildFacts(
+            backups=backups,
+            snapshots=self.backend.list_snapshots(),
+            volume_ids=frozenset(v.id for v in self.layout.volumes),
+            layout=self.layout,
+            sources=tuple(sources),
+            archive=index,
+            timelines=self._histories(index),
+            system_identifier=sysid,
+            server_version=version,
+            pgsnap_version=__version__,
+            unreadable=tuple(u.backup_id for u in scan.unreadable),
+        )
+
+    def _cluster_identity(self, index: ArchiveIndex) -> tuple[str | None, int | None]:
+        """(system identifier, server_version_num): the server's, else the newest
+        archived segment's header (the version as ``major * 10000``)."""
+        try:
+            server = self.adapter.describe()
+        except PgsnapError as exc:
+            log.info("rebuild: the server cannot be asked (%s); reading the archive", exc)
+        else:
+            return server.system_identifier, server.version_num
+        seg = index.segment_size
+        for tli in sorted(index.timelines(), reverse=True):
+            ranges = index.ranges(tli)
+            if not ranges:
+                continue
+            path = Path(self.archive.location) / segment_name(tli, ranges[-1].last, seg)
+            try:
+                header = read_segment_header(path)
+            except PgsnapError as exc:
+                log.info("rebuild: %s", exc)
+                return None, None
+            major = header.major
+            return str(header.system_identifier), None if major is None else major * 10000
+        return None, None
+
+    def snapshot_holds(self) -> tuple[SnapshotHold, ...]:
+        """What the journals of runs that have not ended (interrupted, or running
+        now) still need from the storage (:func:`~pgsnap.planner.reconcile.hold_of_journal`).
+
+        A journal that cannot be read holds nothing but is logged: its run is
+        resumed (or discarded) by hand, and ``pgsnap resume`` says why.
+        """
+        directory = self.journal_dir
+        if directory is None or not directory.is_dir():
+            return ()
+        holds = []
+        for path in sorted(directory.glob(f"*{JOURNAL_SUFFIX}")):
+            try:
+                view = read_journal(path)
+            except (OSError, PgsnapError) as exc:
+                log.warning("unreadable journal %s: what its run needs is not known: %s", path, exc)
+                continue
+            if view is None or view.state is not RunState.RUNNING:
+                continue
+            hold = hold_of_journal(
+                {**view.plan, "id": view.plan_id},
+                {k: r.outputs for k, r in view.steps.items()},
+            )
+            if hold is not None:
+                holds.append(hold)
+        return tuple(holds)
 
     def _timelines_from(self, timeline: int) -> tuple[int, ...]:
         """``timeline`` and the timelines after it whose ``.history`` the archive holds

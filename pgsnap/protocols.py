@@ -6,7 +6,9 @@ fits. Each method's docstring is its contract: what it guarantees and which
 :mod:`pgsnap.testing.conformance` is what "implements StorageBackend" means.
 
 - :class:`StorageBackend`: volumes, consistency-group snapshots, restore,
-  where a host finds a volume, attach and detach, clones, snapshot policies.
+  where a host finds a volume, attach and detach, clones, snapshot policies;
+  optionally :class:`StorageHealth`: problems the storage can see coming
+  (a snapshot limit near, an invalid snapshot), reported by ``pgsnap check``.
 - :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server.
 - :class:`WalArchive`: where archived WAL lives.
 - :class:`Catalog`: where backup records live.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pgsnap.host import CommandResult, Host
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
         Snapshot,
         SnapshotGroup,
         SnapshotPolicy,
+        StorageProblem,
         StorageVolume,
     )
     from pgsnap.wal import ArchiveIndex, TimelineGraph
@@ -49,6 +52,7 @@ __all__ = [
     "RecoveryOutcome",
     "Runner",
     "StorageBackend",
+    "StorageHealth",
     "WalArchive",
 ]
 
@@ -216,6 +220,34 @@ class StorageBackend(Protocol):
 
     def resume_policy(self, policy_id: str) -> None:
         """Let a paused policy run again; idempotent."""
+        ...
+
+
+@runtime_checkable
+class StorageHealth(Protocol):
+    """Optional for a :class:`StorageBackend`: what is wrong with the storage
+    before a backup or a restore fails on it.
+
+    A backend that has ``storage_problems`` is asked by ``Cluster.check()``
+    (``pgsnap check``), and each :class:`~pgsnap.model.StorageProblem` becomes
+    a finding with the problem's code; a backend without it reports nothing
+    (``isinstance(backend, StorageHealth)`` tells). pgsnap's backends report a
+    snapshot tree near its snapshot limit (mock, PowerFlex), and invalid,
+    filling or left-over snapshots and filling thin pools (LVM).
+    """
+
+    def storage_problems(
+        self, volume_ids: Sequence[str] | None = None
+    ) -> tuple[StorageProblem, ...]:
+        """The problems the storage has now, worst first (empty: none).
+
+        ``volume_ids``: only problems concerning these volumes and their
+        snapshots (a cluster passes the volumes it snapshots); None: every
+        volume the backend sees. Read-only and quick (one listing); an
+        unknown volume id is skipped, not an error. Raises
+        :class:`~pgsnap.errors.BackendError` when the storage cannot be
+        asked (a check reports that as a finding too).
+        """
         ...
 
 

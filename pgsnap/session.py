@@ -37,10 +37,12 @@ from pgsnap.catalog import (
 from pgsnap.checks import EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import (
     ArchiveError,
+    BackupNotFound,
     ConfigurationError,
     DatabaseError,
     HostError,
     InputError,
+    PgsnapError,
     PlanningError,
     StalePlanError,
     TargetError,
@@ -53,6 +55,7 @@ from pgsnap.model import (
     Pin,
     RecoveryAction,
     RecoveryTarget,
+    StorageProblem,
     VolumeRole,
     from_dict,
 )
@@ -65,6 +68,8 @@ from pgsnap.planner.facts import (
     BackupFacts,
     RecoveryFacts,
 )
+from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_notes
+from pgsnap.planner.reconcile import Orphan, RebuildReport, find_orphans, plan_rebuild
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import ArchiverHealth, archiver_health
@@ -87,10 +92,13 @@ class CheckReport:
     ``findings``: the backup preflight's and the check's own (a server that
     cannot be asked, an unreadable archive or catalog record, WAL missing after
     a backup, an archive that is not where ``archive_command`` writes, a wrong
-    OS user; see :mod:`pgsnap.checks`); ``archiver``: archiving health (None
+    OS user, the storage's own problems such as a snapshot limit near; see
+    :mod:`pgsnap.checks`); ``archiver``: archiving health (None
     when the server could not be asked); ``wal``: the archive per timeline;
     ``backups``: the readable catalog records; ``unreadable``: the catalog
-    entries that cannot be read (also findings).
+    entries that cannot be read (also findings); ``storage_problems``: what
+    the storage backend reported (also findings; see
+    :class:`~pgsnap.protocols.StorageHealth`), as data for scripts.
     """
 
     findings: tuple[Finding, ...]
@@ -98,6 +106,7 @@ class CheckReport:
     wal: tuple[str, ...]
     backups: tuple[str, ...]
     unreadable: tuple[UnreadableEntry, ...] = ()
+    storage_problems: tuple[StorageProblem, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -128,20 +137,40 @@ class BackupList(tuple[BackupRecord, ...]):
     """Backup records, oldest first: a plain tuple that displays as a table.
 
     ``unreadable`` are the catalog entries that could not be read (each with
-    its path and the error); they are not in the tuple.
+    its path and the error); they are not in the tuple. ``forecast`` is what
+    the next expiry with a retention policy does to each backup
+    (:class:`~pgsnap.planner.forecast.ExpiryForecast`; None: no policy was
+    given); ``now`` the time the list was made (pins are judged at it).
     """
 
     unreadable: tuple[UnreadableEntry, ...]
+    forecast: ExpiryForecast | None
+    now: dt.datetime
 
     def __new__(
-        cls, records: Iterable[BackupRecord] = (), unreadable: Iterable[UnreadableEntry] = ()
+        cls,
+        records: Iterable[BackupRecord] = (),
+        unreadable: Iterable[UnreadableEntry] = (),
+        *,
+        forecast: ExpiryForecast | None = None,
+        now: dt.datetime | None = None,
     ) -> BackupList:
         obj = super().__new__(cls, records)
         obj.unreadable = tuple(unreadable)
+        obj.forecast = forecast
+        obj.now = now or (forecast.now if forecast else dt.datetime.now(dt.UTC))
         return obj
 
+    def notes(self, record: BackupRecord) -> tuple[str, ...]:
+        """What keeps or removes ``record``: its pin, a secure snapshot's expiry and,
+        with a ``forecast``, what the next expiry does to it
+        (:func:`~pgsnap.planner.forecast.retention_notes`)."""
+        outlook = None if self.forecast is None else self.forecast.backups.get(record.id)
+        return retention_notes(record, outlook, self.now)
+
     def rows(self) -> list[tuple[str, ...]]:
-        """One row of text per backup: id, state, timeline, start, stop, time, label."""
+        """One row of text per backup: id, state, timeline, start, stop, time, label,
+        retention (:meth:`notes`, ``-`` when none)."""
         return [
             (
                 b.id,
@@ -151,12 +180,15 @@ class BackupList(tuple[BackupRecord, ...]):
                 str(b.stop_lsn or "-"),
                 b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-",
                 b.label,
+                "; ".join(self.notes(b)) or "-",
             )
             for b in self
         ]
 
     def __repr__(self) -> str:
         more = f", {len(self.unreadable)} unreadable" if self.unreadable else ""
+        if self.forecast is not None:
+            more += f", next expire removes {len(self.forecast.removed)}"
         return f"<BackupList {len(self)} backups{more}>"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
@@ -165,7 +197,16 @@ class BackupList(tuple[BackupRecord, ...]):
         p.text("\n".join(lines) or "no backups")
 
     def _repr_html_(self) -> str:
-        head = ("id", "state", "timeline", "start LSN", "stop LSN", "consistent at", "label")
+        head = (
+            "id",
+            "state",
+            "timeline",
+            "start LSN",
+            "stop LSN",
+            "consistent at",
+            "label",
+            "retention",
+        )
         e = html.escape
         body = "".join(
             "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
@@ -230,6 +271,24 @@ def _backup_id(value: object, name: str = "backup_id") -> str | None:
             argument=name,
         )
     return value
+
+
+def _zone(value: object) -> dt.tzinfo | None:
+    """A time zone argument: None, a ``tzinfo`` or an IANA name (``Europe/Berlin``)."""
+    if value is None or isinstance(value, dt.tzinfo):
+        return value
+    if isinstance(value, str):
+        import zoneinfo  # noqa: PLC0415
+
+        try:
+            return zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            pass
+    raise InputError(
+        f"log_timezone must be a time zone, not {value!r}",
+        hint="give the server's log_timezone (SHOW log_timezone), e.g. 'Europe/Berlin'",
+        argument="log_timezone",
+    )
 
 
 def _target(value: object) -> RecoveryTarget:
@@ -384,6 +443,7 @@ class Cluster:
             waldump=self._waldump,
             max_scan_segments=self.max_scan_segments,
             wal_index=self.wal_index,
+            journal_dir=None if self.journal_dir is None else Path(self.journal_dir),
         )
 
     def backup_facts(self) -> BackupFacts:
@@ -400,8 +460,11 @@ class Cluster:
         """Findings (preflight and recovery risks), archiver health, the archive, the backups.
 
         Nothing is changed. A server that cannot be asked, an archive that
-        cannot be read and unreadable catalog records are findings, not
-        exceptions, so the rest is still reported.
+        cannot be read, unreadable catalog records and a storage backend
+        that cannot report its health are findings, not exceptions, so the
+        rest is still reported. A backend with ``storage_problems``
+        (:class:`~pgsnap.protocols.StorageHealth`) is asked about the
+        layout's snapshotted volumes: each problem is a finding.
         """
         scan = scan_catalog(self.catalog)  # first: a later list() does not warn again
         findings: list[Finding] = []
@@ -428,6 +491,13 @@ class Cluster:
             server_error=server_error,
             archiver=None if facts is None else facts.archiver,
             segment_size=None if facts is None else facts.server.wal_segment_size,
+            backend=self.backend,
+            volume_ids=[v.id for v in self.layout.snapshotted],
+        )
+        data = attrs.evolve(
+            data,
+            orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),
+            now=self._now(),
         )
         findings += check_findings(data)
         seg = data.segment_size
@@ -460,16 +530,34 @@ class Cluster:
             wal=tuple(wal_lines),
             backups=backups,
             unreadable=data.unreadable,
+            storage_problems=data.storage_problems,
         )
 
-    def backups(self) -> BackupList:
+    def backups(self, policy: RetentionPolicy | None = None) -> BackupList:
         """The catalog's backups, oldest first (a tuple that renders as a table).
 
         Catalog entries that cannot be read are in its ``unreadable``, each
-        with its path and the error.
+        with its path and the error. With a retention ``policy``, the list's
+        ``forecast`` says which backups the next :meth:`expire` with it
+        removes (and why), marks unusable, or keeps, and until when secure
+        snapshots hold (the storage and the archive are observed, as for
+        :meth:`plan_expiry`; nothing changes). Without one only the catalog
+        is read.
         """
-        scan: CatalogScan = scan_catalog(self.catalog)
-        return BackupList(scan.records, scan.unreadable)
+        if policy is not None and not isinstance(policy, RetentionPolicy):
+            raise InputError(
+                f"policy must be a RetentionPolicy or None, not {policy!r}",
+                hint="e.g. RetentionPolicy(redundancy=7, window=timedelta(days=14))",
+                argument="policy",
+            )
+        now = self._now()
+        if policy is None:
+            scan: CatalogScan = scan_catalog(self.catalog)
+            return BackupList(scan.records, scan.unreadable, now=now)
+        facts = self.observer.expiry_facts()
+        scan = scan_catalog(self.catalog)
+        forecast = expiry_forecast(facts, policy)
+        return BackupList(scan.records, scan.unreadable, forecast=forecast, now=now)
 
     # ------------------------------------------------------------------ plan
 
@@ -705,6 +793,72 @@ class Cluster:
     def interrupted(self) -> tuple[Plan, ...]:
         """Plans whose execution stopped half way; :meth:`execute` one to resume it."""
         return self.executor().interrupted()
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def _orphans(
+        self, backups: Iterable[BackupRecord], unreadable: Iterable[str]
+    ) -> tuple[Orphan, ...]:
+        """The orphan snapshot groups of this cluster's volumes (empty, and logged,
+        when the storage cannot be listed: the check reports the storage apart)."""
+        try:
+            snapshots = self.backend.list_snapshots()
+        except PgsnapError as exc:
+            log.debug("check: the snapshots cannot be listed: %s", exc)
+            return ()
+        return find_orphans(
+            backups,
+            snapshots,
+            volume_ids=[v.id for v in self.layout.volumes],
+            holds=self.observer.snapshot_holds(),
+            unreadable=unreadable,
+        )
+
+    def orphans(self) -> tuple[Orphan, ...]:
+        """Snapshots pgsnap made of this cluster's volumes that no catalog record
+        names, one :class:`~pgsnap.planner.reconcile.Orphan` per group, oldest first
+        (see :mod:`pgsnap.planner.reconcile`). Nothing is changed."""
+        facts = self.observer.expiry_facts()
+        return facts.orphans()
+
+    def rebuild_catalog(
+        self, *, dry_run: bool = False, log_timezone: dt.tzinfo | str | None = None
+    ) -> RebuildReport:
+        """Recreate the catalog records that are missing, from the storage's snapshot
+        groups (named by backup id) and the archive's ``.backup`` files.
+
+        A record already in the catalog is never overwritten (nor one whose
+        file cannot be read). The report says what was rebuilt and, for each
+        snapshot group or ``.backup`` file that could not become a record, why
+        (:func:`~pgsnap.planner.reconcile.plan_rebuild`). With ``dry_run``
+        nothing is written. ``log_timezone`` (a zone or its name, e.g.
+        ``"Europe/Berlin"``: the server's ``log_timezone``) resolves the zone
+        abbreviations PostgreSQL wrote in START/STOP TIME, such as ``CET``.
+        """
+        dry_run = _flag("dry_run", dry_run)
+        zone = _zone(log_timezone)
+        planned = plan_rebuild(self.observer.rebuild_facts(zone))
+        if dry_run:
+            return attrs.evolve(planned, dry_run=True)
+        written: list[BackupRecord] = []
+        skipped = list(planned.skipped)
+        for record in planned.rebuilt:
+            try:
+                existing: BackupRecord | None = self.catalog.get(record.id)
+            except BackupNotFound:
+                existing = None
+            except PgsnapError as exc:  # unreadable: a record is there, never overwritten
+                skipped.append((f"backup {record.id}", f"its catalog entry cannot be read: {exc}"))
+                continue
+            if existing is not None:
+                skipped.append((f"backup {record.id}", "recorded meanwhile; kept as it is"))
+                continue
+            self.catalog.put(record)
+            log.info(
+                "catalog rebuild: backup %s recorded from the storage and the archive", record.id
+            )
+            written.append(record)
+        return attrs.evolve(planned, rebuilt=tuple(written), skipped=tuple(skipped))
 
     def backup(
         self,

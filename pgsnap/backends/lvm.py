@@ -129,9 +129,11 @@ from pgsnap.model import (
     Location,
     RestorePreparation,
     RestoreProfile,
+    Severity,
     Snapshot,
     SnapshotGroup,
     SnapshotPolicy,
+    StorageProblem,
     StorageVolume,
 )
 from pgsnap.protocols import Capability
@@ -795,6 +797,11 @@ class LvmBackend:
         """
         with self._lock:
             lvs = self._lvs()
+            vg, _, name = volume_id.partition("/")
+            marks = (f"{TAG_PREFIX}.new={name}", f"{TAG_PREFIX}.old={name}")
+            if any(lv.vg == vg and not set(marks).isdisjoint(lv.tags) for lv in lvs):
+                self._finish_swap(vg, name)  # an interrupted restore of this volume
+                lvs = self._lvs()
             snap = self._snapshot(lvs, snapshot_id)
             vol = self._volume(lvs, volume_id)
             if snap.record.volume_id != vol.id:
@@ -836,45 +843,92 @@ class LvmBackend:
             if not vol.thin:
                 self._merge(vol, snap.lv, snapshot_id)
                 return
-            # Thin: keep a copy (a snapshot of the snapshot), merge the snapshot, and
-            # give the copy the snapshot's name and tags: the backup survives.
-            copy_name = _snapshot_name(vol.name, secrets.token_hex(4), 0, copy=True)
-            copy_tag = f"{TAG_PREFIX}.copy={snap.lv.name}"
-            try:
-                self._lvm(
-                    vol.vg,
-                    [
-                        "lvcreate",
-                        "-s",
-                        "-n",
-                        copy_name,
-                        *("--addtag", TAG_PREFIX, "--addtag", copy_tag),
-                        snap.lv.id,
-                    ],
-                    what=f"copying snapshot {snapshot_id} before merging it into {vol.id}",
-                    volume_id=vol.id,
-                    snapshot_id=snapshot_id,
-                )
-            except BaseException:
-                self._remove_leftover(vol.vg, copy_name)
-                raise
-            self._merge(vol, snap.lv, snapshot_id)
+            self._swap(vol, snap.lv, snapshot_id)
+
+    def _swap(self, vol: LogicalVolume, snap: LogicalVolume, snapshot_id: str) -> None:
+        """Thin restore: a thin snapshot of the backup's snapshot takes the volume's name.
+
+        Not a merge: after ``lvconvert --merge`` into a thin volume, lvm2 forgets
+        the origin of every other thin snapshot of it (and of a copy of the
+        merged one), which then cannot be merged ("is not a mergeable logical
+        volume"): a second restore, from another backup or from the safety
+        snapshot, would fail. A swap needs no origin link; the backup's snapshot
+        is not touched. Steps (each LV tagged so an interrupted swap is finished
+        by the next restore, see :meth:`_finish_swap`): snapshot the snapshot as
+        ``NEW`` (activation skip cleared), rename the volume to ``OLD``, ``NEW``
+        to the volume, remove ``OLD``.
+        """
+        token = secrets.token_hex(4)
+        new_name = _swap_name(vol.name, "new", token)
+        old_name = _swap_name(vol.name, "old", token)
+        new_tag, old_tag = f"{TAG_PREFIX}.new={vol.name}", f"{TAG_PREFIX}.old={vol.name}"
+        try:
             self._lvm(
                 vol.vg,
-                ["lvrename", vol.vg, copy_name, snap.lv.name],
-                what=f"renaming the copy {vol.vg}/{copy_name} to {snapshot_id}",
+                ["lvcreate", "-s", "-n", new_name, "--addtag", new_tag, "-ky", snap.id],
+                what=f"copying snapshot {snapshot_id} to restore {vol.id}",
+                volume_id=vol.id,
                 snapshot_id=snapshot_id,
             )
-            tag_args: list[str] = ["--deltag", copy_tag]
-            for tag in snap.lv.tags:
-                if tag != TAG_PREFIX:
-                    tag_args += ["--addtag", tag]
-            self._lvm(
-                vol.vg,
-                ["lvchange", *tag_args, snap.lv.id],
-                what=f"tagging {snapshot_id} (the copy kept by the restore)",
-                snapshot_id=snapshot_id,
-            )
+        except BaseException:
+            self._remove_leftover(vol.vg, new_name)
+            raise
+        self._lvm(
+            vol.vg,
+            ["lvchange", "-kn", "-ay", f"{vol.vg}/{new_name}"],
+            what=f"activating the copy {vol.vg}/{new_name}",
+            volume_id=vol.id,
+        )
+        self._lvm(
+            vol.vg,
+            ["lvchange", "--addtag", old_tag, vol.id],
+            what=f"tagging {vol.id} before replacing it",
+            volume_id=vol.id,
+        )
+        self._lvm(
+            vol.vg,
+            ["lvrename", vol.vg, vol.name, old_name],
+            what=f"renaming {vol.id} out of the way",
+            volume_id=vol.id,
+        )
+        self._finish_swap(vol.vg, vol.name, interrupted=False)
+
+    def _finish_swap(self, vg: str, name: str, *, interrupted: bool = True) -> None:
+        """Complete or undo a swap of ``vg/name`` that was interrupted (or just begun).
+
+        - ``name`` is missing: the copy (``new=``) takes the name; without a copy,
+          the renamed volume (``old=``) gets its name back;
+        - ``name`` exists: a copy still tagged ``new=`` but not renamed is removed
+          (the swap had not begun), the volume's ``new=``/``old=`` tags go;
+        - an ``old=`` volume beside a complete ``name`` is removed.
+        """
+        new_tag, old_tag = f"{TAG_PREFIX}.new={name}", f"{TAG_PREFIX}.old={name}"
+        lvs = self._lvs([vg])
+        current = next((lv for lv in lvs if lv.bare_name == name), None)
+        news = [lv for lv in lvs if new_tag in lv.tags and lv.bare_name != name]
+        olds = [lv for lv in lvs if old_tag in lv.tags and lv.bare_name != name]
+        if current is None:
+            source = news[0] if news else (olds[0] if olds else None)
+            if source is None:
+                return
+            if interrupted:
+                log.warning("lvm: finishing an interrupted restore of %s/%s", vg, name)
+            self._lvm(vg, ["lvrename", vg, source.bare_name, name], what=f"renaming to {vg}/{name}")
+            if source in olds:
+                olds.remove(source)
+            else:
+                news.remove(source)
+            current = source
+        # What is left beside the volume: a copy whose swap never began, or the
+        # replaced volume.
+        stale = [t for t in (new_tag, old_tag) if t in current.tags]
+        if stale:
+            args = ["lvchange"]
+            for tag in stale:
+                args += ["--deltag", tag]
+            self._lvm(vg, [*args, f"{vg}/{name}"], what=f"untagging {vg}/{name}")
+        for lv in [*news, *olds]:
+            self._lvm(vg, ["lvremove", "-y", lv.id], what=f"removing {lv.id} (replaced)")
 
     def restore_profile(self, volume_id: str) -> RestoreProfile:
         """``UNMOUNT``; classic snapshots are consumed, thin ones are not; complete at once."""
@@ -946,45 +1000,131 @@ class LvmBackend:
 
     # ------------------------------------------------------------------ vendor-only (ex_)
 
-    def ex_check(self) -> tuple[str, ...]:
-        """Problems with pgsnap's snapshots, one sentence each (empty: none).
+    def storage_problems(
+        self, volume_ids: Sequence[str] | None = None
+    ) -> tuple[StorageProblem, ...]:
+        """Problems with pgsnap's snapshots (:class:`~pgsnap.protocols.StorageHealth`),
+        errors first, from one ``lvs``.
 
-        Invalid classic snapshots (their content is lost), snapshots fuller
-        than ``warn_percent``, thin pools fuller than it (a full pool stops
-        every thin volume in it), and restore copies left by an interrupted
-        restore.
+        - ``snapshot_invalid`` (error): a classic snapshot whose copy-on-write
+          store overflowed: its content is lost, a restore from it is refused
+          (:class:`SnapshotInvalidError`);
+        - ``snapshot_filling`` (warning): a classic snapshot fuller than
+          ``warn_percent``: it becomes invalid when full;
+        - ``pool_filling``: a thin pool holding pgsnap's snapshots (or, with
+          ``volume_ids``, those volumes) fuller than ``warn_percent`` (an error
+          when full: a full pool stops every thin volume in it);
+        - ``restore_leftover`` (warning): a copy an interrupted thin restore
+          left behind.
+
+        ``volume_ids``: only those volumes' snapshots, copies and pools (None:
+        every volume's).
         """
         lvs = self._lvs()
-        problems: list[str] = []
+        wanted = None if volume_ids is None else frozenset(volume_ids)
+
+        def ours(volume_id: str) -> bool:
+            return wanted is None or volume_id in wanted
+
+        problems: list[StorageProblem] = []
         for snap in self._snapshots(lvs):
-            lv = snap.lv
+            lv, vid = snap.lv, snap.record.volume_id
+            if not ours(vid):
+                continue
             if lv.invalid:
                 problems.append(
-                    f"snapshot {lv.id} of {snap.record.volume_id} is invalid: its copy-on-write "
-                    "store overflowed, it cannot restore anything"
+                    StorageProblem(
+                        code="snapshot_invalid",
+                        severity=Severity.ERROR,
+                        message=f"snapshot {lv.id} of {vid} is invalid: its copy-on-write "
+                        "store overflowed, it cannot restore anything",
+                        hint="the backup that names it cannot be restored: delete that backup "
+                        "(pgsnap delete) and take a new one; give classic snapshots more "
+                        "room (cow_size) or use thin volumes",
+                        volume_id=vid,
+                        snapshot_id=lv.id,
+                        percent_used=lv.snap_percent,
+                    )
                 )
             elif lv.classic_snapshot and (lv.snap_percent or 0.0) >= self._warn:
                 problems.append(
-                    f"snapshot {lv.id} of {snap.record.volume_id} is {lv.snap_percent:.1f}% "
-                    f"full: it becomes invalid when full (grow it with lvextend)"
+                    StorageProblem(
+                        code="snapshot_filling",
+                        severity=Severity.WARNING,
+                        message=f"snapshot {lv.id} of {vid} is {lv.snap_percent:.1f}% full: "
+                        "it becomes invalid when full",
+                        hint=f"grow it now (lvextend -L +1G {lv.id}), or give classic "
+                        "snapshots more room (cow_size)",
+                        volume_id=vid,
+                        snapshot_id=lv.id,
+                        percent_used=lv.snap_percent,
+                    )
                 )
-        pools = {lv.pool for lv in lvs if lv.pool and lv.pgsnap}
+        pools: set[tuple[str, str]] = set()
         for lv in lvs:
-            if lv.kind == "t" and lv.name in pools and (lv.data_percent or 0.0) >= self._warn:
+            if not lv.pool:
+                continue
+            if lv.pgsnap:  # a snapshot (or restore copy): whose volume?
+                origin = lv.tag("origin") or lv.bare_name.split(".pgsnapcopy.", 1)[0]
+                if ours(f"{lv.vg}/{origin}"):
+                    pools.add((lv.vg, lv.pool))
+            elif wanted is not None and lv.id in wanted:  # one of the volumes itself
+                pools.add((lv.vg, lv.pool))
+        for lv in lvs:
+            used = lv.data_percent or 0.0
+            if lv.kind == "t" and (lv.vg, lv.name) in pools and used >= self._warn:
+                full = used >= 100.0
                 problems.append(
-                    f"thin pool {lv.id} holding snapshots is {lv.data_percent:.1f}% full"
+                    StorageProblem(
+                        code="pool_filling",
+                        severity=Severity.ERROR if full else Severity.WARNING,
+                        message=f"thin pool {lv.id} holding the snapshots is {used:.1f}% full"
+                        + (": its thin volumes and snapshots stop" if full else ""),
+                        hint=f"grow the pool (lvextend -L +1G {lv.id}) or delete old "
+                        "backups (pgsnap expire)",
+                        percent_used=used,
+                    )
                 )
-            if lv.pgsnap and lv.tag("copy") is not None and not lv.merging:
-                problems.append(
-                    f"{lv.id} is a restore copy left by an interrupted restore (remove it)"
-                )
+            copy_of = lv.tag("copy") if lv.pgsnap else None
+            if copy_of is not None and not lv.merging:
+                vid = f"{lv.vg}/{lv.bare_name.split('.pgsnapcopy.', 1)[0]}"
+                if ours(vid):
+                    problems.append(
+                        StorageProblem(
+                            code="restore_leftover",
+                            severity=Severity.WARNING,
+                            message=f"{lv.id} is a restore copy left by an interrupted restore",
+                            hint=f"remove it (lvremove {lv.id}) once no restore is running",
+                            volume_id=vid,
+                            snapshot_id=lv.id,
+                        )
+                    )
+        problems.sort(key=lambda p: p.severity is not Severity.ERROR)
         return tuple(problems)
 
+    def ex_check(self) -> tuple[str, ...]:
+        """Problems with pgsnap's snapshots, one sentence each with what to do (empty:
+        none): :meth:`storage_problems` as text."""
+        return tuple(f"{p.message}; {p.hint}" for p in self.storage_problems())
+
     def ex_activate(self, snapshot_id: str) -> str:
-        """Activate a snapshot (``lvchange -ay -K``: thin snapshots skip activation)
-        and return its device path, to read it."""
+        """Activate a thin snapshot (``lvchange -ay -K``: thin snapshots skip
+        activation) and return its device path, to read it; a classic snapshot is
+        active with its origin (:class:`LvmError` when the origin is not)."""
         with self._lock:
             snap = self._snapshot(self._lvs(), snapshot_id)
+            if not snap.lv.thin:
+                # A classic snapshot is active with its origin; lvchange would ask
+                # whether to change the origin too.
+                if snap.lv.active:
+                    return snap.lv.path
+                raise LvmError(
+                    f"snapshot {snapshot_id} is inactive because its origin "
+                    f"{snap.record.volume_id} is: activate the origin first",
+                    hint=f"lvchange -ay {snap.record.volume_id}",
+                    backend=_NAME,
+                    snapshot_id=snapshot_id,
+                )
             self._lvm(
                 snap.lv.vg,
                 ["lvchange", "-ay", "-K", snap.lv.id],
@@ -1003,6 +1143,44 @@ class LvmBackend:
                 what=f"deactivating snapshot {snap.lv.id}",
                 snapshot_id=snapshot_id,
             )
+
+    def ex_mount_snapshot(
+        self, snapshot_id: str, mount_point: str, *, read_only: bool = True
+    ) -> str:
+        """Activate a snapshot and mount its file system on ``mount_point`` (beside
+        its origin, which may be mounted); return the device.
+
+        XFS refuses a second file system with the same UUID, so XFS is mounted
+        with ``nouuid``; read-only, without replaying the log a snapshot of a
+        mounted file system carries (XFS ``norecovery``, ext4 ``noload``), so
+        the snapshot is not written. The file system type is read from the
+        superblock. :meth:`ex_unmount_snapshot` undoes it.
+        """
+        device = self.ex_activate(snapshot_id)
+        head = self._host.run(
+            ["dd", f"if={device}", "bs=4096", "count=1", "status=none"], timeout=60
+        ).stdout
+        options: list[str] = []
+        if head[:4] == b"XFSB":
+            options.append("nouuid")
+            if read_only:
+                options += ["ro", "norecovery"]
+        elif head[1080:1082] == b"\x53\xef":  # ext2/3/4
+            if read_only:
+                options += ["ro", "noload"]
+        elif read_only:
+            options.append("ro")
+        self._host.make_dirs(mount_point, mode=0o755)
+        self._host.mount(device, mount_point, options=options)
+        return device
+
+    def ex_unmount_snapshot(self, snapshot_id: str, mount_point: str) -> None:
+        """Unmount a snapshot mounted by :meth:`ex_mount_snapshot`; deactivate it
+        again if it is thin (thin snapshots skip activation)."""
+        self._host.unmount(mount_point)
+        snap = self._snapshot(self._lvs(), snapshot_id)
+        if snap.lv.thin:
+            self.ex_deactivate(snapshot_id)
 
     def ex_logical_volumes(self) -> tuple[LogicalVolume, ...]:
         """Every LV of the volume groups as ``lvs`` reports it (for checks and tests)."""
@@ -1223,6 +1401,11 @@ def _merging_into(lvs: Iterable[LogicalVolume], vol: LogicalVolume) -> bool:
         if lv.kind == "S" and lv.origin == vol.name:
             return True
     return False
+
+
+def _swap_name(origin: str, kind: str, token: str) -> str:
+    suffix = f".pgsnap{kind}.{token}"
+    return origin[: 120 - len(suffix)] + suffix
 
 
 def _snapshot_name(origin: str, token: str, index: int, *, copy: bool = False) -> str:

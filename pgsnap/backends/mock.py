@@ -87,6 +87,17 @@ a method needing one that was not granted raises
 :meth:`~MockBackend.create_snapshot_group` snapshots the volumes one after the
 other, so their ``created_at`` differ, as a storage without consistency groups does.
 
+With ``snapshot_limit=N`` the mock imitates a storage that allows N
+snapshots per volume (a PowerFlex V-Tree: 126, 1022 on 5.x; one tree per
+volume here): a group that would give a volume more than N snapshots is
+refused before anything is taken with
+:class:`~pgsnap.errors.SnapshotLimitError` (as PowerFlex's
+``PowerFlexSnapshotLimit``), and :meth:`~MockBackend.storage_problems` (the
+optional :class:`~pgsnap.protocols.StorageHealth`, read by ``pgsnap check``)
+warns once a volume has ``limit_warn_percent`` (80 %) of N and reports an
+error at N. Like the capabilities, the limit belongs to the backend object,
+not to the state file.
+
 Test hooks: :meth:`~MockBackend.inject_fault`, :meth:`~MockBackend.add_latency`,
 :meth:`~MockBackend.clear_faults` and the call log :attr:`~MockBackend.calls`.
 Faults fire before any state change, so a failed call changes nothing.
@@ -124,6 +135,7 @@ from pgsnap.errors import (
     MountBusyError,
     MountError,
     PgsnapError,
+    SnapshotLimitError,
     SnapshotNotFound,
     UnsupportedCapability,
     VolumeNotFound,
@@ -133,9 +145,11 @@ from pgsnap.model import (
     Mount,
     RestorePreparation,
     RestoreProfile,
+    Severity,
     Snapshot,
     SnapshotGroup,
     SnapshotPolicy,
+    StorageProblem,
     StorageVolume,
     from_dict,
     to_dict,
@@ -153,11 +167,17 @@ DEFAULT_VOLUME_SIZE: Final = 1 << 30
 """Size reported for a volume added without ``size_bytes`` (1 GiB)."""
 
 FAULT_POINTS: Final = frozenset(
-    (*STORAGE_BACKEND_METHODS, "ex_run_policy", "ex_expire_secure", "snapshot_volume")
+    (
+        *STORAGE_BACKEND_METHODS,
+        "storage_problems",
+        "ex_run_policy",
+        "ex_expire_secure",
+        "snapshot_volume",
+    )
 )
 """Names :meth:`MockBackend.inject_fault` and :meth:`MockBackend.add_latency` accept.
 
-The protocol and ``ex_*`` methods, plus ``snapshot_volume``: the copy of one
+The protocol, ``storage_problems`` and ``ex_*`` methods, plus ``snapshot_volume``: the copy of one
 volume inside :meth:`~MockBackend.create_snapshot_group` (and
 :meth:`~MockBackend.ex_run_policy`), called once per volume, to fail a group
 half-way through.
@@ -748,6 +768,11 @@ class MockBackend:
     (see the module docstring). Both default to False, or, with a
     ``state_file`` that exists, to the mode it was created with; a different
     explicit value is a :class:`~pgsnap.errors.ConfigurationError`.
+
+    ``snapshot_limit`` (None: no limit) is how many snapshots one volume may
+    have; ``limit_warn_percent`` how full (in % of it) a volume's snapshot
+    count is when :meth:`storage_problems` starts to warn (see the module
+    docstring).
     """
 
     def __init__(
@@ -761,8 +786,31 @@ class MockBackend:
         volumes: Iterable[Mapping[str, Any]] | None = None,
         block: bool | None = None,
         async_restore: bool | None = None,
+        snapshot_limit: int | None = None,
+        limit_warn_percent: float = 80.0,
     ) -> None:
         self._caps = _capabilities(capabilities)
+        if snapshot_limit is not None and (
+            isinstance(snapshot_limit, bool)
+            or not isinstance(snapshot_limit, int)
+            or snapshot_limit < 1
+        ):
+            raise ConfigurationError(
+                f"snapshot_limit must be a positive whole number or None, not {snapshot_limit!r}",
+                hint="e.g. snapshot_limit = 126 (a PowerFlex V-Tree), or leave it out: no limit",
+            )
+        if (
+            isinstance(limit_warn_percent, bool)
+            or not isinstance(limit_warn_percent, int | float)
+            or not 0 < limit_warn_percent <= 100
+        ):
+            raise ConfigurationError(
+                f"limit_warn_percent must be a number above 0 and at most 100, "
+                f"not {limit_warn_percent!r}",
+                hint="e.g. limit_warn_percent = 80 (warn at 80 % of snapshot_limit)",
+            )
+        self._snapshot_limit = snapshot_limit
+        self._limit_warn = float(limit_warn_percent)
         block_arg = _option_bool(block, "block")
         async_arg = _option_bool(async_restore, "async_restore")
         if block_arg:
@@ -839,6 +887,11 @@ class MockBackend:
     def async_restore(self) -> bool:
         """True when restores complete later (:meth:`wait_for_restore` completes them)."""
         return self._async
+
+    @property
+    def snapshot_limit(self) -> int | None:
+        """How many snapshots one volume may have (None: no limit)."""
+        return self._snapshot_limit
 
     def __repr__(self) -> str:
         with self._lock:
@@ -1327,6 +1380,58 @@ class MockBackend:
             self._policy(policy_id).paused = False
 
     # ------------------------------------------------------------------ vendor-only (ex_)
+
+    def storage_problems(
+        self, volume_ids: Sequence[str] | None = None
+    ) -> tuple[StorageProblem, ...]:
+        """Volumes near or at ``snapshot_limit`` (:class:`~pgsnap.protocols.StorageHealth`).
+
+        A volume (of ``volume_ids``, or any; unknown ids are skipped) with at
+        least ``limit_warn_percent`` of the limit is a ``snapshot_limit``
+        warning; one at the limit an error (its next snapshot is refused).
+        Without a limit: nothing. Errors first, then by volume id.
+        """
+        wanted = None if volume_ids is None else tuple(volume_ids)
+        self._enter("storage_problems", wanted)
+        limit = self._snapshot_limit
+        if limit is None:
+            return ()
+        with self._reading():
+            counts = dict.fromkeys(self._volumes, 0)
+            for snap in self._snaps.values():
+                if snap.record.volume_id in counts:
+                    counts[snap.record.volume_id] += 1
+        problems: list[StorageProblem] = []
+        for vid in sorted(counts if wanted is None else set(wanted) & set(counts)):
+            count = counts[vid]
+            percent = 100.0 * count / limit
+            if count >= limit:
+                problems.append(
+                    StorageProblem(
+                        code="snapshot_limit",
+                        severity=Severity.ERROR,
+                        message=f"volume {vid} has {count} snapshots, the mock's limit of "
+                        f"{limit}: its next backup will fail",
+                        hint="delete old backups now (pgsnap expire, pgsnap delete)",
+                        volume_id=vid,
+                        percent_used=percent,
+                    )
+                )
+            elif percent >= self._limit_warn:
+                problems.append(
+                    StorageProblem(
+                        code="snapshot_limit",
+                        severity=Severity.WARNING,
+                        message=f"volume {vid} has {count} of the {limit} snapshots the mock "
+                        f"allows ({percent:.0f} %): backups fail once it has {limit}",
+                        hint="delete old backups (pgsnap expire with a retention policy) "
+                        "before the limit is reached",
+                        volume_id=vid,
+                        percent_used=percent,
+                    )
+                )
+        problems.sort(key=lambda p: p.severity is not Severity.ERROR)
+        return tuple(problems)
 
     def ex_run_policy(self, policy_id: str) -> SnapshotGroup:
         """Run a policy once, as its schedule would: snapshot its volumes, then rotate.
@@ -2229,6 +2334,7 @@ class MockBackend:
         vols = [self._volume(v) for v in ids]
         for vol in vols:
             self._refuse_restoring(vol, "snapshotted")
+        self._refuse_over_limit(vols, name)
         counters = dict(self._counters)
         consistent = Capability.CONSISTENCY_GROUPS in self._caps
         instant = self._now() if consistent else None
@@ -2287,6 +2393,24 @@ class MockBackend:
         self._groups[group_id] = group
         log.debug("mock: group %s %r: %s", group_id, name, [s.record.id for s in taken])
         return self._group_record(group)
+
+    def _refuse_over_limit(self, vols: Sequence[_Volume], name: str) -> None:
+        """Refuse a group that would give a volume more than ``snapshot_limit`` snapshots."""
+        limit = self._snapshot_limit
+        if limit is None:
+            return
+        for vol in vols:
+            count = sum(1 for s in self._snaps.values() if s.record.volume_id == vol.id)
+            if count >= limit:
+                raise SnapshotLimitError(
+                    f"cannot snapshot group {name!r}: volume {vol.id} has {count} snapshots, "
+                    f"the mock's limit of {limit}; nothing was taken",
+                    hint="delete old backups (pgsnap expire, pgsnap delete) to make room; "
+                    "pgsnap check warns before the limit is reached",
+                    backend=_NAME,
+                    volume_id=vol.id,
+                    limit=limit,
+                )
 
     def _refuse_secure(self, snaps: Sequence[_Snap]) -> None:
         for snap in snaps:

@@ -101,6 +101,7 @@ from pgsnap.errors import (
     BackendError,
     BackendUnavailable,
     ConfigurationError,
+    SnapshotLimitError,
     SnapshotNotFound,
     VolumeNotFound,
 )
@@ -108,9 +109,11 @@ from pgsnap.model import (
     Location,
     RestorePreparation,
     RestoreProfile,
+    Severity,
     Snapshot,
     SnapshotGroup,
     SnapshotPolicy,
+    StorageProblem,
     StorageVolume,
 )
 from pgsnap.protocols import Capability
@@ -121,6 +124,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_PASSWORD_ENV",
     "NAME_MAX",
+    "VTREE_SNAPSHOT_LIMIT",
     "PowerFlexAPIError",
     "PowerFlexBackend",
     "PowerFlexClient",
@@ -145,6 +149,8 @@ _GROUP_MAX: Final = 22
 _HEX_ID = re.compile(r"^[0-9a-fA-F]{16}$")
 _BAD_NAME_CHARS = re.compile(r"[^!-~]")
 _TRANSIENT_STATUS: Final = frozenset({502, 503, 504})
+VTREE_SNAPSHOT_LIMIT: Final = {3: 126, 4: 126, 5: 1022}
+"""Snapshots one V-Tree may hold, by PowerFlex major version (newer: the 5.x figure)."""
 _SNAPSHOT_TYPES: Final = frozenset({"Snapshot", "ReadOnlySnapshot"})
 
 
@@ -164,8 +170,11 @@ class PowerFlexNameInUse(PowerFlexAPIError):
     """The name is already used by a volume or snapshot (names share one namespace)."""
 
 
-class PowerFlexSnapshotLimit(PowerFlexAPIError):
-    """Too many snapshots in the V-Tree (``rc`` 182; 126 per V-Tree, 1022 on 5.x)."""
+class PowerFlexSnapshotLimit(PowerFlexAPIError, SnapshotLimitError):
+    """Too many snapshots in the V-Tree (``rc`` 182; 126 per V-Tree, 1022 on 5.x).
+
+    Also a :class:`~pgsnap.errors.SnapshotLimitError`, as every backend's.
+    """
 
 
 class PowerFlexVolumeMapped(PowerFlexAPIError):
@@ -709,7 +718,9 @@ class PowerFlexBackend:
     volumes costs one request, not K; every write through the backend, and
     every restore, attach and detach, reads the array afresh (0 turns the
     reuse off). ``client`` replaces the client built from the other options
-    (tests).
+    (tests). ``limit_warn_percent``: :meth:`storage_problems` warns when a
+    V-Tree of the cluster's volumes holds that share (80 %) of PowerFlex's
+    snapshot limit (:data:`VTREE_SNAPSHOT_LIMIT`).
     """
 
     def __init__(
@@ -730,7 +741,18 @@ class PowerFlexBackend:
         session: requests.Session | None = None,
         sleep: Callable[[float], None] | None = None,
         client: PowerFlexClient | None = None,
+        limit_warn_percent: float = 80.0,
     ) -> None:
+        if (
+            isinstance(limit_warn_percent, bool)
+            or not isinstance(limit_warn_percent, int | float)
+            or not 0 < limit_warn_percent <= 100
+        ):
+            raise ConfigurationError(
+                f"limit_warn_percent must be a number above 0 and at most 100, "
+                f"not {limit_warn_percent!r}",
+                hint="e.g. limit_warn_percent = 80 (warn at 80 % of the V-Tree snapshot limit)",
+            )
         if client is None:
             if not gateway:
                 raise ConfigurationError(
@@ -767,6 +789,7 @@ class PowerFlexBackend:
         self._multiple = allow_multiple_mappings
         self._ttl = listing_ttl
         self._listing: tuple[float, list[dict[str, Any]]] | None = None
+        self._limit_warn = float(limit_warn_percent)
 
     def __repr__(self) -> str:
         return f"<PowerFlexBackend {self._client!r}>"
@@ -1010,6 +1033,87 @@ class PowerFlexBackend:
             if _is_snapshot(v) and (wanted is None or v.get("ancestorVolumeId") == wanted)
         ]
         return tuple(sorted(snaps, key=lambda s: (s.created_at, s.id)))
+
+    # ------------------------------------------------------------------ health
+
+    @property
+    def vtree_snapshot_limit(self) -> int:
+        """How many snapshots one V-Tree may hold on this array (126; 1022 on 5.x)."""
+        major = self._client.major
+        return VTREE_SNAPSHOT_LIMIT.get(major, VTREE_SNAPSHOT_LIMIT[5 if major > 5 else 3])
+
+    def storage_problems(
+        self, volume_ids: Sequence[str] | None = None
+    ) -> tuple[StorageProblem, ...]:
+        """V-Trees near or at the snapshot limit (:class:`~pgsnap.protocols.StorageHealth`).
+
+        For each V-Tree holding one of ``volume_ids`` (ids or names; None:
+        every base volume; unknown ones skipped), its descendants (snapshots,
+        pgsnap's and others', and clones) are counted from one listing, as
+        PowerFlex counts them: from ``limit_warn_percent`` of
+        :attr:`vtree_snapshot_limit` a ``snapshot_limit`` warning, at the
+        limit an error (the next backup fails with
+        :class:`PowerFlexSnapshotLimit`). Errors first. The listing is read
+        afresh (one request): old snapshots matter, whoever took them.
+        """
+        listing = self._all(fresh=True)
+        if volume_ids is None:
+            vols: list[Mapping[str, Any]] = [
+                v for v in listing if not v.get("ancestorVolumeId") and v.get("vtreeId")
+            ]
+        else:
+            vols = []
+            for ref in volume_ids:
+                found = self._find(listing, ref)
+                if found is None or _is_snapshot(found):
+                    log.debug("powerflex: no volume %r to check the V-Tree of", ref)
+                    continue
+                vols.append(found)
+        counts: dict[str, int] = {}
+        for item in listing:
+            if item.get("ancestorVolumeId"):
+                tree = _text(item.get("vtreeId"))
+                counts[tree] = counts.get(tree, 0) + 1
+        limit = self.vtree_snapshot_limit
+        seen: set[str] = set()
+        problems: list[StorageProblem] = []
+        for v in sorted(vols, key=lambda v: _text(v.get("id"))):
+            tree = _text(v.get("vtreeId"))
+            if not tree or tree in seen:
+                continue
+            seen.add(tree)
+            count = counts.get(tree, 0)
+            percent = 100.0 * count / limit
+            vid, vname = _text(v.get("id")), _text(v.get("name"))
+            if count >= limit:
+                problems.append(
+                    StorageProblem(
+                        code="snapshot_limit",
+                        severity=Severity.ERROR,
+                        message=f"the V-Tree {tree} of volume {vname} ({vid}) holds {count} "
+                        f"snapshots, PowerFlex's limit of {limit}: the next backup will fail",
+                        hint="delete old backups now (pgsnap expire, pgsnap delete) or "
+                        "auto-snapshots of this volume",
+                        volume_id=vid,
+                        percent_used=percent,
+                    )
+                )
+            elif percent >= self._limit_warn:
+                problems.append(
+                    StorageProblem(
+                        code="snapshot_limit",
+                        severity=Severity.WARNING,
+                        message=f"the V-Tree {tree} of volume {vname} ({vid}) holds {count} "
+                        f"of the {limit} snapshots PowerFlex allows ({percent:.0f} %): "
+                        f"backups fail once it holds {limit}",
+                        hint="delete old backups (pgsnap expire with a retention policy) or "
+                        "auto-snapshots of this volume before the limit is reached",
+                        volume_id=vid,
+                        percent_used=percent,
+                    )
+                )
+        problems.sort(key=lambda p: p.severity is not Severity.ERROR)
+        return tuple(problems)
 
     # ------------------------------------------------------------------ snapshots
 

@@ -7,14 +7,13 @@ or raises :class:`~pgsnap.errors.PreflightError` listing the blocking findings.
 
 from __future__ import annotations
 
-import enum
 import os.path
 from collections.abc import Sequence
 
 import attrs
 
 from pgsnap.errors import PreflightError
-from pgsnap.model import LocationKind, Volume, VolumeRole
+from pgsnap.model import LocationKind, Severity, Volume, VolumeRole
 from pgsnap.operations import Ref
 from pgsnap.operations.catalog import (
     FailBackup,
@@ -31,15 +30,6 @@ from pgsnap.protocols import Capability
 from pgsnap.wal import archiver_health
 
 __all__ = ["BackupRequest", "Finding", "Severity", "plan_backup", "preflight"]
-
-
-class Severity(enum.Enum):
-    """How much a finding matters."""
-
-    ERROR = "error"
-    """Blocks the backup."""
-    WARNING = "warning"
-    """Worth knowing; does not block."""
 
 
 @attrs.frozen

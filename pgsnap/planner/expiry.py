@@ -36,6 +36,17 @@ before that, and whole timelines no kept backup reaches, go, with the
 ``.backup`` files of deleted backups. ``.history`` files are always kept.
 A retention plan deletes nothing a kept backup needs: a property test checks
 every kept backup against the recovery planner.
+
+**Orphans** (:mod:`pgsnap.planner.reconcile`): snapshots pgsnap made of the
+cluster's volumes that no record names (a killed backup run, a failed
+backup's unrecorded leftovers, a recovery's safety snapshot). Every expiry
+plan lists them with their age (a warning). With ``orphans_after`` set,
+those older than it are deleted (one step per group, with the reason); the
+younger ones are kept (a backup in flight has not recorded its snapshots
+yet), and so is any orphan an unfinished plan's journal needs
+(:class:`~pgsnap.planner.reconcile.SnapshotHold`), one of a backup not
+finished, and a secure one until its retention ends. A backup whose
+snapshots such a journal needs (a recovery restoring from it) is kept too.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 from collections.abc import Mapping
+from typing import Final
 
 import attrs
 
@@ -52,10 +64,18 @@ from pgsnap.operations.catalog import DeleteBackupRecord, DeleteWal, MarkUnusabl
 from pgsnap.operations.storage import DeleteSnapshotGroup, DeleteSnapshots
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
+from pgsnap.planner.reconcile import Orphan, SnapshotHold, find_orphans, fmt_age
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
 
-__all__ = ["ExpiryFacts", "RetentionPolicy", "kept_backups", "plan_delete", "plan_expiry"]
+__all__ = [
+    "MIN_ORPHANS_AFTER",
+    "ExpiryFacts",
+    "RetentionPolicy",
+    "kept_backups",
+    "plan_delete",
+    "plan_expiry",
+]
 
 
 @attrs.frozen
@@ -66,6 +86,9 @@ class RetentionPolicy:
     refused). ``window``: a duration every point of which stays recoverable.
     ``hourly``/``daily``/``weekly``/``monthly``: grandfather-father-son levels
     (0: level unused). A policy that keeps nothing by any rule is refused.
+    ``orphans_after``: delete orphan snapshots (pgsnap's, named by no record)
+    older than this (None, the default: list them, delete none; at least
+    :data:`MIN_ORPHANS_AFTER`).
     """
 
     redundancy: int | None = None
@@ -74,6 +97,7 @@ class RetentionPolicy:
     daily: int = 0
     weekly: int = 0
     monthly: int = 0
+    orphans_after: dt.timedelta | None = None
 
     def __attrs_post_init__(self) -> None:
         counts = {
@@ -103,6 +127,17 @@ class RetentionPolicy:
                 f"retention window must be positive, not {self.window}",
                 hint="e.g. window=timedelta(days=7) (pgsnap expire --window 7d)",
             )
+        if self.orphans_after is not None and (
+            not isinstance(self.orphans_after, dt.timedelta)
+            or self.orphans_after < MIN_ORPHANS_AFTER
+        ):
+            raise ConfigurationError(
+                f"retention orphans_after must be at least {_fmt_delta(MIN_ORPHANS_AFTER)}, "
+                f"not {self.orphans_after}",
+                hint="a backup in flight records its snapshots only once backup mode ends: "
+                "give orphans some time, e.g. orphans_after=timedelta(days=1) "
+                "(pgsnap expire --orphans-after 1d)",
+            )
         if (
             self.redundancy is None
             and self.window is None
@@ -115,7 +150,9 @@ class RetentionPolicy:
 
     def to_request(self) -> dict[str, int | None]:
         """The policy as a plan's ``request`` (plain JSON)."""
+        orphans = self.orphans_after
         return {
+            "orphans_after_seconds": None if orphans is None else int(orphans.total_seconds()),
             "redundancy": self.redundancy,
             "window_seconds": None if self.window is None else int(self.window.total_seconds()),
             "hourly": self.hourly,
@@ -134,7 +171,11 @@ class RetentionPolicy:
 
         redundancy = request.get("redundancy")
         window = request.get("window_seconds")
+        orphans = request.get("orphans_after_seconds")
         return cls(
+            orphans_after=dt.timedelta(seconds=orphans)
+            if isinstance(orphans, int) and not isinstance(orphans, bool)
+            else None,
             redundancy=redundancy if isinstance(redundancy, int) else None,
             window=dt.timedelta(seconds=window) if isinstance(window, int) else None,
             hourly=count("hourly"),
@@ -162,12 +203,20 @@ class RetentionPolicy:
         ]
         if levels:
             parts.append("levels " + ", ".join(levels))
+        if self.orphans_after is not None:
+            parts.append(f"orphans after {_fmt_delta(self.orphans_after)}")
         return "; ".join(parts)
 
 
 @attrs.frozen
 class ExpiryFacts:
-    """Everything the expiry planner looks at."""
+    """Everything the expiry planner looks at.
+
+    ``volume_ids``: the cluster's volumes (the layout's); only snapshots of
+    them can be orphans (empty: no snapshot is judged an orphan).
+    ``holds``: what the journals of plans whose run has not ended still
+    need (:class:`~pgsnap.planner.reconcile.SnapshotHold`): never deleted.
+    """
 
     backups: tuple[BackupRecord, ...]
     snapshots: tuple[Snapshot, ...]
@@ -176,6 +225,25 @@ class ExpiryFacts:
     now: dt.datetime
     capabilities: frozenset[Capability] = frozenset()
     archive_location: str = ""
+    volume_ids: frozenset[str] = frozenset()
+    holds: tuple[SnapshotHold, ...] = ()
+    unreadable: tuple[str, ...] = ()
+    """Ids of catalog entries that cannot be read (no orphan is deleted while one is)."""
+
+    def orphans(self) -> tuple[Orphan, ...]:
+        """The orphan snapshot groups (:func:`~pgsnap.planner.reconcile.find_orphans`)."""
+        return find_orphans(
+            self.backups,
+            self.snapshots,
+            volume_ids=self.volume_ids,
+            holds=self.holds,
+            unreadable=self.unreadable,
+        )
+
+
+MIN_ORPHANS_AFTER: Final = dt.timedelta(hours=1)
+"""The shortest ``orphans_after``: a backup in flight records its snapshots only when
+backup mode ends, seconds after they are taken; an hour leaves room for any."""
 
 
 def _fmt_delta(delta: dt.timedelta) -> str:
@@ -281,6 +349,12 @@ def kept_backups(
             hold(b, f"secure snapshot ({until})")
         if b.state in (BackupState.STARTED, BackupState.WAITING_FOR_WAL):
             hold(b, f"not finished ({b.state.value})")
+        for h in facts.holds:
+            if (b.snapshot_group_id is not None and b.snapshot_group_id in h.group_ids) or (
+                set(b.snapshots.values()) & h.snapshot_ids
+            ):
+                hold(b, f"the {h.plan} has not ended and needs its snapshots")
+                break
     return keep, warnings
 
 
@@ -374,6 +448,10 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         )
         gone.append(b)
         steps += _delete_backup_steps(b, present, why)
+    orphans = facts.orphans()
+    orphan_steps, orphan_kept, orphan_lost, orphan_notes = _orphan_steps(orphans, policy, facts.now)
+    steps += orphan_steps
+    warnings += orphan_notes
     kept_done = [b for b in facts.backups if b.id in keep and b.state is BackupState.DONE]
     unfinished = [b for b in facts.backups if b.id in keep and b.state is not BackupState.DONE]
     wal_steps, wal_lost = _wal_steps(facts, kept_done + unfinished, gone)
@@ -386,6 +464,9 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         "backup_files": sorted(facts.archive.backup_names),
         "segment_size": seg,
         "policy": policy.describe(),
+        "orphans": sorted(sid for o in orphans for sid in o.snapshot_ids),
+        "holds": sorted(h.key() for h in facts.holds),
+        "unreadable": sorted(facts.unreadable),
     }
     return Plan(
         kind="expiry",
@@ -396,10 +477,13 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
             "now": facts.now.isoformat(),
             "backups kept": str(len(keep)),
             "backups deleted": str(len(gone)),
+            "orphan snapshot groups": f"{len(orphans)} ({len(orphan_lost)} deleted)",
         },
         request=policy.to_request(),
-        kept=tuple(f"backup {bid}: {'; '.join(why)}" for bid, why in sorted(keep.items())),
+        kept=tuple(f"backup {bid}: {'; '.join(why)}" for bid, why in sorted(keep.items()))
+        + tuple(orphan_kept),
         lost=tuple(f"backup {b.id} ({b.label}, {_when(b).isoformat()})" for b in gone)
+        + tuple(orphan_lost)
         + tuple(wal_lost),
         warnings=tuple(warnings),
     )
@@ -440,6 +524,61 @@ def _delete_backup_steps(b: BackupRecord, present: set[str], why: str) -> list[S
         )
     )
     return steps
+
+
+def _orphan_steps(
+    orphans: tuple[Orphan, ...], policy: RetentionPolicy, now: dt.datetime
+) -> tuple[list[Step], list[str], list[str], list[str]]:
+    """The steps that delete the orphans ``policy`` lets go, and the lines for the
+    plan: (steps, kept, lost, warnings)."""
+    steps: list[Step] = []
+    kept: list[str] = []
+    lost: list[str] = []
+    notes: list[str] = []
+    limit = policy.orphans_after
+    for o in orphans:
+        line = o.describe(now)
+        notes.append(f"orphan: {line}")
+        if o.held is not None:
+            kept.append(f"orphan {o.group_name}: {o.held}")
+            continue
+        if o.secure_until is not None:
+            kept.append(f"orphan {o.group_name}: secure snapshot ({o.secure_until})")
+            continue
+        if limit is None:
+            kept.append(
+                f"orphan {o.group_name}: no orphans_after in the policy (set one, e.g. "
+                "--orphans-after 7d, to delete orphans)"
+            )
+            continue
+        age = o.age(now)
+        if age < limit:
+            kept.append(
+                f"orphan {o.group_name}: {fmt_age(age)} old, younger than orphans_after "
+                f"{_fmt_delta(limit)} (a backup in flight records its snapshots late)"
+            )
+            continue
+        why = (
+            f"{'a recovery safety snapshot' if o.kind == 'safety' else 'an orphan snapshot group'}"
+            f" no backup record names, {fmt_age(age)} old: older than orphans_after "
+            f"{_fmt_delta(limit)} ({o.ours})"
+        )
+        op = (
+            DeleteSnapshotGroup(group_id=o.group_id)
+            if o.whole_group
+            else DeleteSnapshots(snapshot_ids=o.snapshot_ids)
+        )
+        steps.append(
+            Step.of(
+                f"delete-orphan-{o.group_id}",
+                op,
+                description=f"delete orphan snapshot group {o.group_name} ({o.group_id}: "
+                f"{', '.join(o.snapshot_ids)})",
+                reason=why,
+            )
+        )
+        lost.append(f"orphan {line}")
+    return steps, kept, lost, notes
 
 
 def _why_not_kept(b: BackupRecord, policy: RetentionPolicy) -> str:

@@ -196,6 +196,12 @@ def _snapshots_present(
     return missing
 
 
+def _snapshots_invalid(
+    invalid: frozenset[str], backup: BackupRecord, volumes: Iterable[Volume]
+) -> list[str]:
+    return [f"{v.id}: {s}" for v in volumes if (s := backup.snapshots.get(v.id)) in invalid]
+
+
 def _volumes_to_restore(facts: RecoveryFacts, request: RecoveryRequest) -> tuple[Volume, ...]:
     layout = facts.layout
     chosen = [layout.data, *layout.by_role(VolumeRole.TABLESPACE)]
@@ -264,6 +270,9 @@ def iter_candidates(
             )
     done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
     present = frozenset(s.id for s in facts.snapshots)
+    # A snapshot the storage reports invalid (an overflowed classic LVM snapshot)
+    # restores nothing: the backup is passed over like one whose snapshot is gone.
+    invalid = frozenset(s.id for s in facts.snapshots if s.extra.get("state") == "invalid")
     for b in done:
         tli = _target_timeline(facts, request, b)
         assert b.stop_lsn is not None
@@ -293,6 +302,13 @@ def iter_candidates(
         if missing:
             passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
             continue
+        broken = _snapshots_invalid(invalid, b, volumes) if invalid else []
+        if broken:
+            passed.append(
+                f"{b.id}: snapshots invalid, their copy-on-write store overflowed "
+                f"({'; '.join(broken)})"
+            )
+            continue
         yield Candidate(b, tli)
 
 
@@ -314,8 +330,7 @@ def choose_backup(
     passed_text = f"\nbackups passed over:\n{detail}" if detail else ""
     if not usable:
         raise NoBackupForTarget(
-            f"no backup can reach target {target}: the catalog has no DONE backup"
-            + passed_text,
+            f"no backup can reach target {target}: the catalog has no DONE backup" + passed_text,
             hint="take a backup first (pgsnap backup)",
             earliest=None,
             passed_over=tuple(passed),
@@ -444,9 +459,7 @@ def _forked_timeline_warnings(
         before = ev.last_commit(before=switch)
         if before is None or target.value <= before[1]:
             continue  # the target is before the fork: both timelines agree there
-        parent_end = max(
-            (r.last for r in facts.archive.ranges(parent.timeline)), default=None
-        )
+        parent_end = max((r.last for r in facts.archive.ranges(parent.timeline)), default=None)
         seg = facts.archive.segment_size
         if parent_end is None or (parent_end + 1) * seg <= switch.value:
             continue  # the parent has no WAL after the fork: nothing else to recover
@@ -532,8 +545,7 @@ def _check_target_reachable(
                         missing=holes,
                     )
                 raise TargetOutOfRange(
-                    f"{what} {target.value!r} is not in the reachable WAL "
-                    f"(scanned {scanned})",
+                    f"{what} {target.value!r} is not in the reachable WAL (scanned {scanned})",
                     hint="check the name/xid, or choose a time or LSN target"
                     + _other_timelines_hint(facts, wal.reachable_timeline),
                 )

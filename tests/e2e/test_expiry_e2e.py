@@ -11,6 +11,8 @@ WAL) is run for real.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
+import time
 from typing import Any
 
 import pytest
@@ -140,3 +142,127 @@ def test_delete_one_backup_and_timelines_after_a_fork(e2e_env: Any) -> None:
     env.lose_data()
     env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
     assert env.batches() == env.expect(1, 2, 3, 5, 6)
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+def test_a_lost_catalog_is_rebuilt_from_the_snapshots_and_the_archive_and_recovers(
+    e2e_env: Any,
+) -> None:
+    from pgsnap.catalog import DirectoryCatalog
+    from pgsnap.walindex import WalIndex
+
+    env: Env = e2e_env()
+    env.create_table()
+    records = []
+    # Default labels ("pgsnap <id>") are matched by label; the last one's custom
+    # label is not, so it is matched by time, a few seconds after the others.
+    for batch, label in ((1, None), (2, None), (3, "nightly")):
+        if label is not None:
+            time.sleep(3)
+        env.write(batch)
+        records.append(env.cluster.backup(label))
+        env.switch_wal()
+    env.write(4)
+    env.switch_wal()
+    a, b, c = records
+    catalog = env.cluster.catalog
+    assert isinstance(catalog, DirectoryCatalog)
+    shutil.rmtree(catalog.path)
+    env.cluster.catalog = DirectoryCatalog(catalog.path)
+    env.cluster.wal_index = WalIndex(catalog.path / "wal-index")
+    assert list(env.cluster.backups()) == []
+
+    dry = env.cluster.rebuild_catalog(dry_run=True)
+    assert [r.id for r in dry.rebuilt] == [a.id, b.id, c.id], dry.explain()
+    assert list(env.cluster.backups()) == []  # a dry run writes nothing
+
+    report = env.cluster.rebuild_catalog()
+    assert report.skipped == (), report.explain()
+    rebuilt = {r.id: r for r in env.cluster.backups()}
+    for original in (a, b, c):
+        r = rebuilt[original.id]
+        assert r.labelfile == original.labelfile  # byte for byte, as PostgreSQL wrote it
+        assert (r.label, r.state, r.snapshots, r.snapshot_group_id) == (
+            original.label,
+            original.state,
+            original.snapshots,
+            original.snapshot_group_id,
+        )
+        assert (r.start_lsn, r.stop_lsn, r.start_timeline, r.stop_timeline) == (
+            original.start_lsn,
+            original.stop_lsn,
+            original.start_timeline,
+            original.stop_timeline,
+        )
+        assert (r.system_identifier, r.wal_segment_size) == (
+            original.system_identifier,
+            original.wal_segment_size,
+        )
+        assert r.server_version // 10000 == original.server_version // 10000
+        assert original.stop_time <= r.stop_time < original.stop_time + dt.timedelta(seconds=1)
+    # Rebuilding again changes nothing: existing records are never overwritten.
+    again = env.cluster.rebuild_catalog()
+    assert again.rebuilt == () and set(again.existing) == {a.id, b.id, c.id}
+
+    # The rebuilt records recover: the middle one to its consistency point, then the end.
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(
+        env.cluster.plan_recovery(RecoveryTarget.immediate(), lost=[DATA], backup_id=b.id)
+    )
+    assert env.batches() == env.expect(1, 2)
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(
+        env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA], backup_id=c.id,
+                                  timeline=1)
+    )
+    assert env.batches() == env.expect(1, 2, 3, 4)
+
+
+def test_orphans_are_listed_then_expired_by_age_and_the_kept_backup_still_recovers(
+    e2e_env: Any,
+) -> None:
+    env: Env = e2e_env()
+    env.create_table()
+    env.write(1)
+    a = env.cluster.backup("a")
+    env.write(2)
+    env.switch_wal()
+    # A killed backup run's snapshots (no record names them), and a recovery's
+    # safety snapshot (the recovery below), and a snapshot someone else took.
+    killed = env.backend.create_snapshot_group([env.data_vol, env.wal_vol], "20260101T000000000Z")
+    foreign = env.backend.create_snapshot_group([env.data_vol], "before-upgrade")
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
+    assert env.batches() == env.expect(1, 2)
+
+    orphans = env.cluster.orphans()
+    assert [o.kind for o in orphans] == ["backup", "safety"]
+    assert orphans[0].group_id == killed.id
+    report = env.cluster.check()
+    (finding,) = [f for f in report.findings if f.code == "orphan_snapshots"]
+    assert killed.id in str(finding) and "age" in str(finding)
+
+    policy = RetentionPolicy(redundancy=1, orphans_after=dt.timedelta(days=1))
+    young = env.cluster.expire(policy)  # too young: kept, listed
+    assert not [s for s in young.steps if s.id.startswith("delete-orphan-")]
+    assert any("younger than orphans_after 1d" in k for k in young.kept), young.explain()
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(days=2)
+    env.cluster.clock = lambda: later
+    plan = env.cluster.expire(policy)
+    deleted = [s for s in plan.steps if s.id.startswith("delete-orphan-")]
+    assert len(deleted) == 2, plan.explain()
+    left = env.snapshot_ids()
+    assert not {sid for o in orphans for sid in o.snapshot_ids} & left
+    assert {s.id for s in foreign.snapshots} <= left  # not pgsnap's: never touched
+    assert set(a.snapshots.values()) <= left
+    assert env.cluster.orphans() == ()
+
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
+    assert env.batches() == env.expect(1, 2)

@@ -556,3 +556,95 @@ def test_retention_commands(cli_env: CliEnv) -> None:
     assert code != 0 and "keeps nothing" in err  # no policy anywhere: refused
     code, _out, err = env.run("expire", "--window", "soon")
     assert code != 0 and "not a duration" in err
+
+
+def test_check_warns_of_a_snapshot_limit_and_list_shows_what_expire_removes(
+    cli_env: CliEnv,
+) -> None:
+    """Issue 13: a V-Tree-like limit (the mock's snapshot_limit) in ``check``, and
+    ``list`` with a ``[retention]`` policy showing which backups go next and why."""
+    env = cli_env
+    text = env.config.read_text().replace(
+        "[storage.options]\n", "[storage.options]\nsnapshot_limit = 3\nlimit_warn_percent = 60\n"
+    )
+    config = env.work / "limited.toml"
+    config.write_text(text + "\n[retention]\nredundancy = 2\n")
+    ids = []
+    for batch in (1, 2):
+        env.write(batch)
+        code, out, err = env.run("backup", config=config)
+        assert code == 0, err
+        ids.append(out.split()[1])
+    code, report, text = check_report(env, config)
+    assert code == 0 and report["ok"] is True  # a warning: backups still work
+    assert finding_codes(report)["snapshot_limit"] == "warning"
+    assert {p["volume_id"] for p in report["storage_problems"]} == {"vol-data", "vol-wal"}
+    assert {p["severity"] for p in report["storage_problems"]} == {"warning"}
+    assert "2 of the 3 snapshots" in text and "[snapshot_limit]" in text
+    env.write(3)
+    code, out, err = env.run("backup", config=config)
+    assert code == 0, err
+    ids.append(out.split()[1])
+    code, report, _ = check_report(env, config)
+    assert code == 4 and finding_codes(report)["snapshot_limit"] == "error"
+    code, _, err = env.run("backup", config=config)  # what check announced
+    assert code == 1 and "limit" in err and "Traceback" not in err
+
+    # list: the configured policy says what the next expire removes, and why.
+    code, out, err = env.run("pin", ids[1], "--reason", "old audit", "--until",
+                             "2000-01-01T00:00:00+00:00")
+    assert code == 0, err
+    code, out, err = env.run("list", config=config)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == (
+        f"retention policy: redundancy 2; the next `pgsnap expire` removes 1 backup(s): {ids[0]}"
+    )
+    (first,) = [line for line in lines if line.startswith(ids[0])]
+    assert first.endswith("[next expire removes it: beyond redundancy 2]")
+    (second,) = [line for line in lines if line.startswith(ids[1])]
+    assert "[pin expired 2000-01-01T00:00:00+00:00: old audit]" in second
+    assert "next expire" not in second
+    # Flags win over the configuration; JSON carries the same, per record.
+    docs = env.run_json("list", "-c", str(config), "--redundancy", "1")
+    retention = {d["id"]: d["retention"] for d in docs if d["state"] == "done"}
+    assert [bid for bid, r in retention.items() if r["removed_by_next_expire"]] == ids[:2]
+    assert retention[ids[0]]["reasons"] == ["beyond redundancy 1"]
+    assert retention[ids[2]]["reasons"] == ["within redundancy 1"]
+    assert retention[ids[2]]["policy"] == "redundancy 1"
+    # Without a policy, list reads only the catalog, as before.
+    assert "retention" not in env.run_json("list")[0]
+    code, out, _ = env.run("list")
+    assert code == 0 and "retention policy" not in out and "next expire" not in out
+
+    # Expiring with the configured policy makes room: 2 of 3 left, a warning again.
+    code, out, err = env.run("expire", config=config)
+    assert code == 0, err
+    code, report, _ = check_report(env, config)
+    assert code == 0 and finding_codes(report)["snapshot_limit"] == "warning"
+    code, out, err = env.run("backup", config=config)  # the third of 3: taken
+    assert code == 0, err
+    assert check_report(env, config)[0] == 4  # at the limit now
+    code, out, err = env.run("expire", "--redundancy", "1", config=config)
+    assert code == 0, err
+    code, report, _ = check_report(env, config)
+    assert "snapshot_limit" not in finding_codes(report), report["findings"]
+
+
+def test_rebuild_catalog_and_orphans_after_through_the_command(cli_env: CliEnv) -> None:
+    """Issue 13 §3: `pgsnap rebuild-catalog` and `pgsnap expire --orphans-after`."""
+    env = cli_env
+    env.write(1)
+    code, out, err = env.run("backup")
+    assert code == 0, err
+    bid = out.split()[1]
+    code, out, err = env.run("rebuild-catalog", "--dry-run")
+    assert code == 0, err
+    assert "would rebuild 0 record(s)" in out and bid in out  # already in the catalog
+    code, out, err = env.run("expire", "--redundancy", "1", "--orphans-after", "10min")
+    assert code != 0 and "orphans_after must be at least 1h" in err
+    code, out, err = env.run("expire", "--redundancy", "1", "--orphans-after", "1d", "--dry-run")
+    assert code == 0, err
+    assert "orphans after 1d" in out
+    code, out, err = env.run("rebuild-catalog", "--log-timezone", "Not/AZone")
+    assert code != 0 and "log_timezone" in err

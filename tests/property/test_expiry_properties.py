@@ -9,12 +9,18 @@ expiry plan is applied to the facts (what its steps delete is removed), and:
     is kept and plans a recovery to the end;
 (b) nothing pinned (while the pin holds), secure or unfinished is deleted;
 (c) planning again on the result deletes nothing.
+
+Orphan snapshots (pgsnap's, named by no record) among them: (d) none that an
+unfinished run's journal holds, secure, younger than ``orphans_after`` or
+not provably pgsnap's (another tool's name, a storage policy's) is deleted;
+every other one is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +40,7 @@ from pgsnap.model import (
 )
 from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
 from pgsnap.planner.facts import RecoveryFacts, VolumeFacts
+from pgsnap.planner.reconcile import SnapshotHold
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Capability
 from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
@@ -200,3 +207,76 @@ def test_an_empty_or_zero_policy_is_refused():
         RetentionPolicy(redundancy=0)
     with pytest.raises(errors.ConfigurationError, match="window must be positive"):
         RetentionPolicy(window=dt.timedelta(0))
+
+
+# --------------------------------------------------------------------------- orphans
+
+orphan_groups = st.lists(
+    st.tuples(
+        st.integers(0, 200),  # hours old
+        st.sampled_from(["backup", "safety", "foreign", "policy"]),
+        st.sampled_from([None, "name", "group", "snapshot"]),  # what a journal holds of it
+        st.booleans(),  # secure
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    history=histories,
+    groups=orphan_groups,
+    after_hours=st.integers(1, 96),
+    policy=policies(),
+)
+def test_orphans_a_journal_needs_are_never_deleted(history, groups, after_hours, policy):
+    backups = tuple(
+        _backup(i, seg, state, pinned) for i, (seg, state, pinned, _s) in enumerate(history)
+    )
+    now = T0 + dt.timedelta(hours=END2 + 300)
+    snapshots = list(_snapshots(backups, set()))
+    holds, protected, deletable = [], set(), set()
+    for i, (hours, kind, held, secure) in enumerate(groups):
+        stamp = f"20270101T00{i:02d}00000Z"
+        name = {"backup": stamp, "safety": f"s-{stamp}"}.get(kind, f"admin-{i}")
+        gid = f"cg-orphan-{i}"
+        extra = {"policy_id": "p"} if kind == "policy" else {}
+        members = [
+            Snapshot(f"o{i}-{v}", v, name, now - dt.timedelta(hours=hours), group_id=gid,
+                     secure=secure, extra=extra)
+            for v in ("vol-data", "vol-wal")
+        ]
+        snapshots += members
+        if held == "name":
+            holds.append(SnapshotHold(f"plan {i}", group_names=frozenset({name})))
+        elif held == "group":
+            holds.append(SnapshotHold(f"plan {i}", group_ids=frozenset({gid})))
+        elif held == "snapshot":
+            holds.append(SnapshotHold(f"plan {i}", snapshot_ids=frozenset({members[1].id})))
+        ids = {s.id for s in members}
+        if kind in ("foreign", "policy") or held or secure or hours < after_hours:
+            protected |= ids
+        else:
+            deletable |= ids
+    facts = ExpiryFacts(
+        backups=backups,
+        snapshots=tuple(snapshots),
+        archive=ArchiveIndex.build(_names([(1, 0, END1), (2, FORK, END2)]), MB),
+        timelines=TimelineGraph.from_histories([HISTORY]),
+        now=now,
+        capabilities=frozenset(Capability),
+        volume_ids=frozenset(v.id for v in LAYOUT.volumes),
+        holds=tuple(holds),
+    )
+    policy = attrs.evolve(policy, orphans_after=dt.timedelta(hours=max(after_hours, 1)))
+    plan = plan_expiry(facts, policy)
+    after = _apply(facts, plan)
+    gone = {s.id for s in facts.snapshots} - {s.id for s in after.snapshots}
+    for step in plan.steps:  # orphan steps that delete snapshots one by one
+        if step.action == "storage.delete_snapshots":
+            gone |= set(step.params["snapshot_ids"])
+    assert not gone & protected, plan.explain()
+    assert deletable <= gone, plan.explain()
+    named = {s for b in after.backups for s in b.snapshots.values()}
+    assert named <= {s.id for s in after.snapshots}  # no kept backup lost a snapshot
+    assert not [s for s in plan_expiry(after, policy).steps if s.id.startswith("delete-orphan")]

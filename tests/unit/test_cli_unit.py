@@ -1004,3 +1004,35 @@ def test_list_does_not_import_the_database_driver(config: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=False, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+
+
+def test_list_with_a_policy_and_no_backups(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + "\n[retention]\nredundancy = 3\n")
+    code, out, err = run("list", "-c", str(path))
+    assert (code, err) == (0, "")
+    assert out == (
+        "retention policy: redundancy 3; the next `pgsnap expire` removes none\nno backups\n"
+    )
+    code, out, _ = run("list", "-c", str(path), "--window", "7d")  # flags win per key
+    assert code == 0 and out.startswith("retention policy: redundancy 3; window 7d;")
+
+
+def test_a_misspelt_retention_key_is_refused(run: Run, tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    path.write_text(path.read_text() + "\n[retention]\nredundnacy = 3\n")
+    for command in ("list", "expire"):
+        code, _, err = run(command, "-c", str(path))
+        assert code == 2, command
+        assert "[retention] has an unknown key 'redundnacy'" in err
+        assert "did you mean 'redundancy'?" in err
+
+
+def test_list_shows_the_backups_when_the_forecast_cannot_be_made(
+    run: Run, tmp_path: Path
+) -> None:
+    path = write_config(tmp_path)
+    (tmp_path / "archive").rmdir()  # the expiry facts need the archive
+    code, out, err = run("list", "-c", str(path), "--redundancy", "1")
+    assert code == 0 and out == "no backups\n"
+    assert "warning: what the next expire removes is not shown" in err

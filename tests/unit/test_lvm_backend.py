@@ -345,17 +345,22 @@ def test_restore_refuses_before_running_lvconvert(backend: LvmBackend, runner) -
     assert not [c for c in runner.commands() if c[0] == "lvconvert"]
 
 
-def test_thin_restore_merges_the_snapshot_and_keeps_a_renamed_copy(runner) -> None:
+def test_thin_restore_swaps_in_a_copy_of_the_snapshot(runner) -> None:
+    """Thin: no merge (it would cut every other snapshot's origin link): a snapshot of
+    the backup's snapshot replaces the volume, which is removed; the backup stays."""
     backend = LvmBackend("vg0", host=Host(runner))
     runner.lvs_text = LVS_2_03_16.replace('"Vwi-aotz--"', '"Vwi-a-tz--"')
     backend.restore_volume("vg0/t", "vg0/t.pgsnap.811f9000.1")
-    names = [c[0] for c in runner.commands()]
-    assert names == ["lvcreate", "lvconvert", "lvrename", "lvchange"]
-    create, merge, rename, tag = runner.commands()
-    assert create[-1] == "vg0/t.pgsnap.811f9000.1" and "pgsnap.copy=t.pgsnap.811f9000.1" in create
-    assert merge == ("lvconvert", "--merge", "vg0/t.pgsnap.811f9000.1")
-    assert rename[-1] == "t.pgsnap.811f9000.1" and rename[2] == create[create.index("-n") + 1]
-    assert "--deltag" in tag and "pgsnap.group=cg-20261201T054920000001Z-811f9000" in tag
+    commands = runner.commands()
+    assert [c[0] for c in commands[:4]] == ["lvcreate", "lvchange", "lvchange", "lvrename"]
+    assert not [c for c in commands if c[0] == "lvconvert"]
+    create, activate, tag, rename = commands[:4]
+    new = create[create.index("-n") + 1]
+    assert create[-1] == "vg0/t.pgsnap.811f9000.1" and "pgsnap.new=t" in create
+    assert new.startswith("t.pgsnapnew.") and "-ky" in create
+    assert activate == ("lvchange", "-kn", "-ay", f"vg0/{new}")
+    assert tag == ("lvchange", "--addtag", "pgsnap.old=t", "vg0/t")
+    assert rename[:3] == ("lvrename", "vg0", "t") and rename[3].startswith("t.pgsnapold.")
 
 
 def test_a_deferred_merge_reactivates_the_origin(runner) -> None:
@@ -408,3 +413,63 @@ def test_unsupported_and_unavailable(backend: LvmBackend, runner) -> None:
 def test_bad_configuration_is_refused(options: dict[str, object]) -> None:
     with pytest.raises(ConfigurationError):
         LvmBackend(**options)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- storage problems
+
+_COPY_ROW = (
+    '{"lv_name":"t.pgsnapcopy.0badc0de.0", "vg_name":"vg0", "lv_attr":"Vwi---tz-k", '
+    '"lv_size":"67108864", "origin":"t.pgsnap.811f9000.1", "pool_lv":"pool", '
+    '"data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:50:00 +0000", '
+    '"lv_tags":"pgsnap,pgsnap.copy=t.pgsnap.811f9000.1"}'
+)
+
+
+def _with_copy(text: str) -> str:
+    anchor = '{"lv_name":"t", "vg_name":"vg0"'
+    return text.replace(anchor, _COPY_ROW + ",\n" + anchor, 1)
+
+
+def test_storage_problems_of_snapshots_pools_and_leftovers(runner: FakeRunner) -> None:
+    from pgsnap.model import Severity
+    from pgsnap.protocols import StorageHealth
+
+    backend = LvmBackend("vg0", host=Host(runner), warn_percent=30)
+    assert isinstance(backend, StorageHealth)
+    # The classic snapshot of a is 37.79 % full: above 30 %, a warning with what to do.
+    (filling,) = backend.storage_problems()
+    assert (filling.code, filling.severity) == ("snapshot_filling", Severity.WARNING)
+    assert (filling.volume_id, filling.snapshot_id) == ("vg0/a", "vg0/a.pgsnap.811f9000.1")
+    assert filling.percent_used == pytest.approx(37.79) and "lvextend" in filling.hint
+    assert backend.storage_problems(["vg0/t"]) == ()  # only the volumes asked about
+    # Invalid, a pool nearly full, and a copy an interrupted restore left behind.
+    runner.lvs_text = _with_copy(
+        LVS_2_03_16.replace('"swi-a-s---"', '"swi-I-s---"').replace(
+            '"data_percent":"1.23", "snap_percent":"1.23"',
+            '"data_percent":"92.50", "snap_percent":"92.50"',
+        )
+    )
+    problems = backend.storage_problems()
+    assert [(p.code, p.severity) for p in problems] == [
+        ("snapshot_invalid", Severity.ERROR),
+        ("pool_filling", Severity.WARNING),
+        ("restore_leftover", Severity.WARNING),
+    ]
+    assert problems[0].snapshot_id == "vg0/a.pgsnap.811f9000.1" and problems[0].hint
+    assert "vg0/pool" in problems[1].message
+    assert problems[2].volume_id == "vg0/t"
+    assert [p.code for p in backend.storage_problems(["vg0/t"])] == [
+        "pool_filling",
+        "restore_leftover",
+    ]
+    assert [p.code for p in backend.storage_problems(["vg0/a"])] == ["snapshot_invalid"]
+    # ex_check keeps saying the same, one sentence each, with what to do.
+    sentences = backend.ex_check()
+    assert len(sentences) == 3 and "invalid" in sentences[0] and "lvextend" in sentences[1]
+    # A full pool stops its thin volumes: an error.
+    runner.lvs_text = LVS_2_03_16.replace(
+        '"data_percent":"1.23", "snap_percent":"1.23"',
+        '"data_percent":"100.00", "snap_percent":"100.00"',
+    )
+    (full,) = [p for p in backend.storage_problems() if p.code == "pool_filling"]
+    assert full.severity is Severity.ERROR and "stop" in full.message

@@ -131,6 +131,22 @@ def test_failed_backups_and_missing_snapshots_are_passed_over():
         plan_recovery(f, RecoveryRequest(backup_id="b3"))
 
 
+def test_a_backup_with_an_invalid_snapshot_is_passed_over():
+    """An overflowed classic LVM snapshot (``extra["state"] == "invalid"``) restores
+    nothing: the planner takes the older backup and says why."""
+    f = facts([B1, B2])
+    f = attrs.evolve(
+        f,
+        snapshots=tuple(
+            attrs.evolve(s, extra={**s.extra, "state": "invalid"}) if s.id == "b2-d" else s
+            for s in f.snapshots
+        ),
+    )
+    plan = plan_recovery(f, RecoveryRequest())
+    assert plan.summary["backup"].startswith("b1")
+    assert any("b2: snapshots invalid" in w and "b2-d" in w for w in plan.warnings)
+
+
 def test_only_backups_newer_than_the_chosen_one_are_judged_and_named():
     """Issue 9: the plan takes the newest usable backup without judging the older
     ones (ten thousand of them at fleet scale), and its warnings name only the newer
