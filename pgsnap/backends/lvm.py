@@ -30,18 +30,21 @@ Volumes, snapshots and restores
   ``+XX``, hex of their UTF-8 bytes). The full backup record stays in pgsnap's
   catalog; the tags are enough to list the snapshots and groups from the
   volume group alone (a new backend on the same VG sees the same ones).
-- **A restore is a merge** (``lvconvert --merge``), with the file system
-  unmounted (:meth:`LvmBackend.restore_profile` says ``UNMOUNT``) and the
-  origin not open (refused with :class:`LvInUseError` otherwise):
+- **A restore** needs the file system unmounted
+  (:meth:`LvmBackend.restore_profile` says ``UNMOUNT``) and the origin not
+  open (refused with :class:`LvInUseError` otherwise):
 
-  - thin: the backup's snapshot is first snapshotted itself (a *copy*, tagged
-    ``pgsnap.copy=<snapshot>``), the snapshot is merged, and the copy is
-    renamed to the snapshot's name with its tags: the backup survives its own
-    restore under the same id (``consumes_snapshot=False``);
-  - classic: the snapshot itself is merged, and is consumed
-    (``consumes_snapshot=True``: the recovery plan lists the backup as lost).
+  - thin: a thin snapshot of the backup's snapshot (tagged
+    ``pgsnap.new=<volume>``) takes the volume's name and the volume (renamed,
+    tagged ``pgsnap.old=``) is removed: the backup's snapshot is untouched
+    (``consumes_snapshot=False``). Not a merge: lvm2 drops the origin of a
+    thin volume's other snapshots when one is merged into it, after which
+    they cannot be merged (a second restore would fail);
+  - classic: the snapshot itself is merged (``lvconvert --merge``), and is
+    consumed (``consumes_snapshot=True``: the recovery plan lists the backup
+    as lost).
 
-  Into a closed origin lvm merges at once (observed, thin and classic). When
+  Into a closed origin lvm merges at once (observed). When
   it defers the merge (``Delaying merge since origin is open``, ``Merging of
   ... will occur on next activation``), the origin is deactivated and
   activated again, which starts it; the restore returns only once ``lvs``
@@ -49,9 +52,6 @@ Volumes, snapshots and restores
   complete at once (``completes_later=False``).
   :meth:`LvmBackend.wait_for_restore` finishes a merge an interrupted restore
   left deferred, once the origin is closed.
-- A thin copy's merge goes into *its* origin (the backup's snapshot), so the
-  snapshot itself is merged and the copy takes its place (``lvrename``, then
-  the snapshot's tags): the snapshot id stays valid for the catalog.
 - **Deletes** are ``lvremove -y``.
 
 Consistency of a group (why ``CONSISTENCY_GROUPS`` is not declared)
@@ -787,13 +787,15 @@ class LvmBackend:
                 )
 
     def restore_volume(self, volume_id: str, snapshot_id: str) -> None:
-        """Merge the snapshot into its volume and return once the merge has finished.
+        """Put the snapshot's content back into its volume; return once it is there.
 
         The volume's file system must be unmounted (the profile says
         ``UNMOUNT``): an open volume is refused with :class:`LvInUseError`
-        before anything changes. Thin: a copy of the snapshot is merged and the
-        snapshot stays. Classic: the snapshot is merged and consumed; an
-        invalid one is refused with :class:`SnapshotInvalidError`.
+        before anything changes. Thin: a thin copy of the snapshot replaces the
+        volume (:meth:`_swap`) and the snapshot stays; a swap an interrupted
+        restore left half done is finished first. Classic: the snapshot is
+        merged and consumed; an invalid one is refused with
+        :class:`SnapshotInvalidError`.
         """
         with self._lock:
             lvs = self._lvs()
@@ -931,7 +933,8 @@ class LvmBackend:
             self._lvm(vg, ["lvremove", "-y", lv.id], what=f"removing {lv.id} (replaced)")
 
     def restore_profile(self, volume_id: str) -> RestoreProfile:
-        """``UNMOUNT``; classic snapshots are consumed, thin ones are not; complete at once."""
+        """``UNMOUNT``; classic snapshots are consumed (merged), thin ones are not
+        (swapped); complete at once."""
         vol = self._volume(self._lvs(), volume_id)
         return RestoreProfile(before=RestorePreparation.UNMOUNT, consumes_snapshot=not vol.thin)
 
@@ -1014,8 +1017,9 @@ class LvmBackend:
         - ``pool_filling``: a thin pool holding pgsnap's snapshots (or, with
           ``volume_ids``, those volumes) fuller than ``warn_percent`` (an error
           when full: a full pool stops every thin volume in it);
-        - ``restore_leftover`` (warning): a copy an interrupted thin restore
-          left behind.
+        - ``restore_leftover`` (warning): the copy or the replaced volume an
+          interrupted thin restore left behind (tagged ``pgsnap.new=`` /
+          ``pgsnap.old=``; the next restore of the volume finishes the swap).
 
         ``volume_ids``: only those volumes' snapshots, copies and pools (None:
         every volume's).
@@ -1064,8 +1068,8 @@ class LvmBackend:
         for lv in lvs:
             if not lv.pool:
                 continue
-            if lv.pgsnap:  # a snapshot (or restore copy): whose volume?
-                origin = lv.tag("origin") or lv.bare_name.split(".pgsnapcopy.", 1)[0]
+            if lv.pgsnap or lv.tag("new") or lv.tag("old"):  # whose volume?
+                origin = lv.tag("origin") or lv.tag("new") or lv.tag("old") or lv.bare_name
                 if ours(f"{lv.vg}/{origin}"):
                     pools.add((lv.vg, lv.pool))
             elif wanted is not None and lv.id in wanted:  # one of the volumes itself
@@ -1085,16 +1089,20 @@ class LvmBackend:
                         percent_used=used,
                     )
                 )
-            copy_of = lv.tag("copy") if lv.pgsnap else None
-            if copy_of is not None and not lv.merging:
-                vid = f"{lv.vg}/{lv.bare_name.split('.pgsnapcopy.', 1)[0]}"
+            for kind in ("new", "old"):
+                name = lv.tag(kind)
+                if name is None or lv.bare_name == name:
+                    continue
+                vid = f"{lv.vg}/{name}"
                 if ours(vid):
+                    what = "copy" if kind == "new" else "replaced volume"
                     problems.append(
                         StorageProblem(
                             code="restore_leftover",
                             severity=Severity.WARNING,
-                            message=f"{lv.id} is a restore copy left by an interrupted restore",
-                            hint=f"remove it (lvremove {lv.id}) once no restore is running",
+                            message=f"{lv.id} is the {what} of an interrupted restore of {vid}",
+                            hint=f"restore {vid} again (pgsnap finishes the swap), or remove "
+                            f"{lv.id} (lvremove) once no restore is running",
                             volume_id=vid,
                             snapshot_id=lv.id,
                         )

@@ -29,15 +29,21 @@ What it builds, and where (:data:`CACHE_DIR`, ``PGSNAP_LVMVM_CACHE`` wins):
 
 The console command channel (:class:`ConsoleRunner`): ``/init`` turns off the
 console's echo and ends in ``cat /dev/ttyS0 | sh`` (a non-interactive shell
-reading the console), so each command is one line typed on qemu's standard
-input. The command line is the argument list quoted with :func:`shlex.join`
-(never a string built by the caller), run under busybox ``timeout -s KILL``
-with its standard input from ``/dev/null`` (or from a file the runner wrote
-first, in acknowledged chunks, from ``stdin``), its standard output and error
-to two files that are then printed base64-encoded between markers with a
-random tag, followed by the exit status. A marker never appears literally in
-what is typed (``"__PGSNAP""_..."``). The runner serializes commands (one
-console).
+reading the console), so each command is one line typed on the console,
+which qemu serves on a unix socket (:attr:`LvmVm.console_path`; one
+connection at a time: ``vm.runner.released()`` lends it to another process,
+which connects with :meth:`ConsoleRunner.attach`). The command line is the
+argument list quoted with :func:`shlex.join` (never a string built by the
+caller), run under busybox ``timeout -s KILL`` with its standard input from
+``/dev/null`` (or from a file the runner wrote first, in acknowledged chunks,
+from ``stdin``), its standard output and error to two files that are then
+printed base64-encoded between markers with a random tag, followed by the exit
+status. A marker never appears literally in what is typed
+(``"__PGSNAP""_..."``). The runner serializes commands (one console).
+
+Directories of this machine can be shared with the guest at the same paths
+(``LvmVm.boot(share=[...])``, virtiofs served by qemu's ``virtiofsd``): a
+WAL archive the guest's PostgreSQL writes is then read here by pgsnap.
 
 :func:`lvmvm_unavailable` says why a VM cannot run here (no qemu, no
 busybox-static, no lvm2...); the tests skip with that reason, and fail under
@@ -62,7 +68,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
@@ -82,6 +88,7 @@ __all__ = [
     "build_image",
     "free_port",
     "lvmvm_unavailable",
+    "virtiofsd_path",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,9 +110,13 @@ MODULES: Final = (
     "dm-persistent-data",
     "dm-snapshot",
     "dm-thin-pool",
+    "xfs",
+    "fuse",
+    "virtiofs",
 )
 """Kernel modules loaded by ``/init``, in dependency order (a module built into the
-kernel is skipped)."""
+kernel is skipped): virtio, device-mapper snapshots and thin pools, XFS, and
+virtiofs for the directories :meth:`LvmVm.boot` shares."""
 
 NET_MODULES: Final = ("failover", "net_failover", "virtio_net")
 """Modules for the virtio network card (loaded after :data:`MODULES` when a port is
@@ -118,6 +129,7 @@ _PROGRAMS: Final = (
     "/usr/sbin/fsfreeze",
     "/usr/bin/findmnt",
     "/usr/sbin/mke2fs",
+    "/usr/sbin/mkfs.xfs",
     "/usr/bin/dash",
     "/usr/bin/mount",
     "/usr/bin/umount",
@@ -158,6 +170,7 @@ _REQUIRED_HOST_PROGRAMS: Final = {
     "fsfreeze": "util-linux",
     "findmnt": "util-linux",
     "mke2fs": "e2fsprogs",
+    "mkfs.xfs": "xfsprogs",
 }
 
 LVM_CONF: Final = """\
@@ -585,24 +598,38 @@ def build_image(
 
 
 class _Console:
-    """qemu's standard input and output, read by a thread into a buffer."""
+    """A connection to qemu's serial console (a unix socket), read by a thread into a
+    buffer."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdin is not None and proc.stdout is not None
-        self._proc = proc
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
         self._buf = bytearray()
         self._cond = threading.Condition()
         self._eof = False
         self._thread = threading.Thread(target=self._read, name="lvmvm-console", daemon=True)
         self._thread.start()
 
+    @classmethod
+    def connect(cls, path: str | os.PathLike[str], *, timeout: float = 10.0) -> _Console:
+        """Connect to the console socket at ``path`` (retrying while qemu creates it)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(os.fspath(path))
+                return cls(sock)
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() > deadline:
+                    raise HostUnreachable(
+                        f"cannot connect to the test VM's console {path}: {exc}", host="lvmvm"
+                    ) from exc
+                time.sleep(0.05)
+
     def _read(self) -> None:
-        out = self._proc.stdout
-        assert out is not None
-        fd = out.fileno()
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                chunk = self._sock.recv(65536)
             except OSError:
                 chunk = b""
             with self._cond:
@@ -614,15 +641,20 @@ class _Console:
                 self._cond.notify_all()
 
     def write(self, data: bytes) -> None:
-        stdin = self._proc.stdin
-        assert stdin is not None
         try:
-            stdin.write(data)
-            stdin.flush()
-        except (BrokenPipeError, ValueError, OSError) as exc:
+            self._sock.sendall(data)
+        except OSError as exc:
             raise HostUnreachable(
-                "the test VM's console is closed (qemu exited)", host="lvmvm"
+                "the test VM's console is closed (qemu exited or the console was released)",
+                host="lvmvm",
             ) from exc
+
+    def close(self) -> None:
+        """Disconnect (qemu keeps running and accepts the next connection)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
 
     def wait_for(self, pattern: re.Pattern[bytes], deadline: float) -> re.Match[bytes] | None:
         """Wait for ``pattern`` in the unread output; consume through the match."""
@@ -661,19 +693,49 @@ _SLACK: Final = 30.0
 class ConsoleRunner:
     """A :class:`~pgsnap.protocols.Runner` whose commands run on the test VM's console.
 
-    Built by :class:`LvmVm`. Commands are argument lists, quoted with
-    :func:`shlex.join` and run by the VM's shell (``user`` through busybox
-    ``su``); standard output and error come back separately, byte for byte.
-    A command that outlives ``timeout`` is killed in the VM and raises
-    :class:`~pgsnap.errors.CommandTimeout`; a VM that stops answering raises
-    :class:`~pgsnap.errors.HostUnreachable`. Thread-safe (commands take turns).
+    Built by :class:`LvmVm`, or by :meth:`attach` in another process. Commands
+    are argument lists, quoted with :func:`shlex.join` and run by the VM's
+    shell (``user`` through busybox ``su``); standard output and error come
+    back separately, byte for byte. A command that outlives ``timeout`` is
+    killed in the VM and raises :class:`~pgsnap.errors.CommandTimeout`; a VM
+    that stops answering raises :class:`~pgsnap.errors.HostUnreachable`.
+    Thread-safe (commands take turns). The console takes one connection at a
+    time: :meth:`released` lends it to another process.
     """
 
-    def __init__(self, console: _Console, *, name: str = "lvmvm") -> None:
+    def __init__(
+        self, console: _Console, *, name: str = "lvmvm", path: str | None = None
+    ) -> None:
         self._console = console
         self._name = name
+        self._path = path
         self._lock = threading.Lock()
         self._broken: str | None = None
+
+    @classmethod
+    def attach(cls, path: str | os.PathLike[str], *, name: str = "lvmvm") -> ConsoleRunner:
+        """A runner on a running VM's console socket (:attr:`LvmVm.console_path`), from
+        any process, while the VM's own runner is :meth:`released`."""
+        return cls(_Console.connect(path), name=name, path=os.fspath(path))
+
+    def close(self) -> None:
+        """Disconnect from the console (the VM keeps running)."""
+        with self._lock:
+            self._console.close()
+
+    @contextlib.contextmanager
+    def released(self) -> Iterator[None]:
+        """Disconnect for the ``with`` block (another process may :meth:`attach`
+        meanwhile, between two of its commands) and connect again after it."""
+        if self._path is None:
+            raise ConfigurationError("this console runner has no socket to reconnect to")
+        with self._lock:
+            self._console.close()
+            try:
+                yield
+            finally:
+                self._console = _Console.connect(self._path)
+                self._broken = None
 
     def __repr__(self) -> str:
         return f"<ConsoleRunner {self._name}>"
@@ -813,6 +875,58 @@ def _check_argv(argv: Sequence[str]) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- the VM
 
 
+def virtiofsd_path() -> str | None:
+    """qemu's ``virtiofsd`` on this machine (None: not installed)."""
+    for path in ("/usr/libexec/virtiofsd", "/usr/lib/qemu/virtiofsd"):
+        if os.access(path, os.X_OK):
+            return path
+    return _which("virtiofsd")
+
+
+def _start_virtiofsd(directory: str, sock: Path) -> subprocess.Popen[bytes]:
+    """qemu's virtiofsd serving ``directory`` on ``sock``; returns once the socket exists."""
+    program = virtiofsd_path()
+    assert program is not None
+    argv = [
+        program,
+        f"--socket-path={sock}",
+        "-o",
+        f"source={directory}",
+        "-o",
+        "cache=none",
+        "-o",
+        "sandbox=chroot",  # namespaces may be unavailable in a container
+    ]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 10
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop([proc])
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            raise HostError(f"virtiofsd for {directory} did not start: {out[-800:]}", host="local")
+        time.sleep(0.02)
+    return proc
+
+
+def _stop(daemons: Iterable[subprocess.Popen[bytes]]) -> None:
+    for proc in daemons:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 15)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait(timeout=5)
+        if proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                proc.stdout.close()
+
+
 class LvmVm:
     """A running test VM: qemu, its disk image, its console runner and :attr:`host`.
 
@@ -829,11 +943,15 @@ class LvmVm:
         *,
         port: int | None,
         disk: Path,
+        daemons: Sequence[subprocess.Popen[bytes]] = (),
+        shared: Sequence[str] = (),
     ) -> None:
+        self._daemons = tuple(daemons)
+        self._shared = tuple(shared)
         self._proc = proc
         self._workdir = workdir
-        self._console = console
-        self._runner = ConsoleRunner(console)
+        self._console_path = str(workdir / "console.sock")
+        self._runner = ConsoleRunner(console, path=self._console_path)
         self._host = Host(self._runner, name="pgsnap-lvmvm")
         self._port = port
         self._disk = disk
@@ -849,6 +967,7 @@ class LvmVm:
         forward_port: bool = False,
         extra_paths: Sequence[str] = (),
         extra_files: Mapping[str, bytes] | None = None,
+        share: Sequence[str | os.PathLike[str]] = (),
         boot_timeout: float = 180.0,
     ) -> Self:
         """Build (or reuse) the image and boot it; return once the console answers.
@@ -857,16 +976,48 @@ class LvmVm:
         ``forward_port``: qemu user-mode networking, cut off from every network
         (``restrict=on``) except :attr:`port` on 127.0.0.1, forwarded to the
         guest's port 5432.
+        ``share``: directories of this machine mounted in the guest at the same
+        absolute paths (virtiofs, ``cache=none``: each side sees the other's
+        writes at once), so a WAL archive the guest's ``archive_command``
+        writes is the archive pgsnap reads here. Needs ``virtiofsd`` (qemu's,
+        in qemu-system-common) and root.
         """
         reason = lvmvm_unavailable()
         if reason is not None:
             raise ConfigurationError(f"cannot boot the lvm2 test VM: {reason}")
+        shared = [os.path.abspath(os.fspath(d)) for d in share]
+        for directory in shared:
+            if not os.path.isdir(directory):
+                raise ConfigurationError(f"cannot share {directory} with the VM: not a directory")
+        if shared and virtiofsd_path() is None:
+            raise ConfigurationError(
+                "cannot share directories with the VM: no virtiofsd "
+                "(apt-get install qemu-system-common)"
+            )
         image = build_image(network=forward_port, extra_paths=extra_paths, extra_files=extra_files)
         workdir = Path(tempfile.mkdtemp(prefix="pgsnap-lvmvm-"))
         disk = workdir / "disk.img"
         with open(disk, "wb") as fh:
             fh.truncate(disk_size)
         port = free_port() if forward_port else None
+        daemons: list[subprocess.Popen[bytes]] = []
+        share_args: list[str] = []
+        for i, directory in enumerate(shared):
+            sock = workdir / f"fs{i}.sock"
+            daemons.append(_start_virtiofsd(directory, sock))
+            share_args += [
+                "-chardev",
+                f"socket,id=fs{i},path={sock}",
+                "-device",
+                f"vhost-user-fs-pci,queue-size=1024,chardev=fs{i},tag=pgsnap{i}",
+            ]
+        if shared:  # vhost-user needs the guest's memory shared with virtiofsd
+            share_args += [
+                "-object",
+                f"memory-backend-memfd,id=mem,size={memory_mb}M,share=on",
+                "-numa",
+                "node,memdev=mem",
+            ]
         argv = [
             "qemu-system-x86_64",
             "-accel",
@@ -877,7 +1028,14 @@ class LvmVm:
             str(cpus),
             "-m",
             str(memory_mb),
-            "-nographic",
+            "-display",
+            "none",
+            "-monitor",
+            "none",
+            "-chardev",
+            f"socket,id=console,path={workdir / 'console.sock'},server=on,wait=on",
+            "-serial",
+            "chardev:console",
             "-no-reboot",
             "-kernel",
             str(image.kernel),
@@ -895,16 +1053,27 @@ class LvmVm:
             ]
         else:
             argv += ["-nic", "none"]
+        argv += share_args
         log.info("lvmvm: booting %s", shlex.join(argv))
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        console = _Console(proc)
-        vm = cls(proc, workdir, console, port=port, disk=disk)
+        try:
+            with open(workdir / "qemu.log", "wb") as qemu_log:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=qemu_log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            console = _Console.connect(workdir / "console.sock", timeout=30)
+        except BaseException:
+            if "proc" in locals():
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 9)
+                proc.wait(timeout=10)
+            _stop(daemons)
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        vm = cls(proc, workdir, console, port=port, disk=disk, daemons=daemons, shared=shared)
         try:
             ready = console.wait_for(
                 re.compile(rb"(PGSNAP_VM_MODULE_FAILED \S+)|" + READY.encode()),
@@ -914,12 +1083,17 @@ class LvmVm:
                 what = ready.group(1).decode() if ready is not None and ready.group(1) else None
                 raise HostUnreachable(
                     f"the lvm2 test VM did not boot: {what or 'no ready line'}; console tail: "
-                    f"{console.tail(1500)!r}",
+                    f"{console.tail(1500)!r}; qemu: {vm.qemu_log()[-800:]!r}",
                     host="lvmvm",
                 )
             result = vm.runner.run(["true"], timeout=30)
             if not result.ok:
                 raise HostUnreachable("the test VM's console shell does not answer", host="lvmvm")
+            for i, directory in enumerate(shared):
+                vm.runner.run(["mkdir", "-p", directory], timeout=30).check(host="lvmvm")
+                vm.runner.run(
+                    ["mount", "-t", "virtiofs", f"pgsnap{i}", directory], timeout=60
+                ).check(what=f"mounting the shared {directory}", host="lvmvm")
         except BaseException:
             vm.close()
             raise
@@ -946,6 +1120,24 @@ class LvmVm:
         return self._disk
 
     @property
+    def console_path(self) -> str:
+        """The console's unix socket: :meth:`ConsoleRunner.attach` connects to it from
+        another process while ``vm.runner.released()``."""
+        return self._console_path
+
+    def qemu_log(self) -> str:
+        """What qemu itself printed (its errors; the guest's console is the socket)."""
+        try:
+            return (self._workdir / "qemu.log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+    @property
+    def shared(self) -> tuple[str, ...]:
+        """The directories of this machine mounted at the same paths in the guest."""
+        return self._shared
+
+    @property
     def alive(self) -> bool:
         """True while qemu runs."""
         return self._proc.poll() is None
@@ -958,7 +1150,7 @@ class LvmVm:
         try:
             if self._proc.poll() is None:
                 with contextlib.suppress(Exception):
-                    self._console.write(b"sync; poweroff -f\n")
+                    self._runner._console.write(b"sync; poweroff -f\n")
                 try:
                     self._proc.wait(timeout=10)
                 except subprocess.TimeoutExpired:
@@ -967,10 +1159,9 @@ class LvmVm:
                     self._proc.wait(timeout=10)
         except Exception:
             log.warning("lvmvm: could not stop qemu (pid %d)", self._proc.pid, exc_info=True)
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
+        with contextlib.suppress(Exception):
+            self._runner._console.close()
+        _stop(self._daemons)
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> Self:

@@ -1,300 +1,358 @@
-"""PostgreSQL 15 on logical volumes inside the lvm2 test VM: backup, restore by merge, PITR.
+"""PostgreSQL on logical volumes inside the lvm2 test VM, backed up and recovered by
+:class:`~pgsnap.session.Cluster`.
 
-The VM (:mod:`pgsnap.testing.lvmvm`, with a forwarded port) carries this
-machine's PostgreSQL 15 server binaries. In it, a thin pool holds two thin
-volumes with ext4, ``pgvg/data`` (the data directory) and ``pgvg/wal``
-(``pg_wal``); the WAL archive is a directory outside them. psycopg on this
-machine talks to the server through the forwarded port. Each test writes
-numbered batches of rows, takes a backup with
-:class:`~pgsnap.backends.lvm.LvmBackend` in backup mode, breaks the cluster,
-restores by merging the snapshots back, and checks WHICH ROWS EXIST after
-PostgreSQL's recovery.
+:class:`~pgsnap.testing.lvmpg.LvmPostgres` boots the VM with a PostgreSQL
+server of this machine, two logical volumes (data, ``pg_wal``) and a WAL
+archive in a directory shared with this machine, where pgsnap reads it; the
+catalog and journal are here too. Everything on the database host goes
+through the VM's console Host. Two set-ups, one VM each:
 
-What is not here yet: these tests drive backup mode and the recovery steps
-themselves (as the design's procedure lists them), not through
-:class:`~pgsnap.session.Cluster`'s planner and executor, whose archive and
-catalog live on this machine while the server's archive lives in the VM.
+- **PostgreSQL 15, ext4 on thin volumes**: a restore swaps in a thin copy of
+  the backup's snapshot, which stays;
+- **PostgreSQL 17, XFS on linear volumes, classic snapshots**: a restore merges
+  the snapshot and consumes it (the plan says so under "lost").
+
+Each test writes numbered batches of rows, takes backups with
+``Cluster.backup``, breaks the cluster, recovers with ``Cluster.plan_recovery``
+and ``Cluster.execute``, and checks WHICH ROWS EXIST.
 """
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from pgsnap.backends.lvm import LvmBackend
-from pgsnap.errors import MountBusyError
-from pgsnap.host import Host
-from pgsnap.testing.lvmvm import LvmVm, lvmvm_unavailable
+from pgsnap.errors import MountBusyError, PgsnapError
+from pgsnap.executor import Event, EventKind
+from pgsnap.host import CommandResult, Host
+from pgsnap.model import RecoveryTarget, VolumeRole
+from pgsnap.testing.lvmpg import (
+    DATA_MNT,
+    PGDATA,
+    PGWAL,
+    VG,
+    WAL_MNT,
+    LvmPostgres,
+    VmPgSetup,
+    lvmpg_unavailable,
+)
 
 pytestmark = pytest.mark.postgres
 
-PG = Path("/usr/lib/postgresql/15")
-SHARE = Path("/usr/share/postgresql/15")
-VG = "pgvg"
-DATA_MNT, WAL_MNT, ARCHIVE = "/pg/data", "/pg/wal", "/pg/archive"
-PGDATA, PGWAL = f"{DATA_MNT}/pgdata", f"{WAL_MNT}/pg_wal"
-LOG = "/pg/server.log"
-SETTINGS = f"""
-listen_addresses = '*'
-port = 5432
-unix_socket_directories = '/tmp'
-wal_level = replica
-archive_mode = on
-archive_command = 'test ! -f {ARCHIVE}/%f && cp %p {ARCHIVE}/%f'
-jit = off
-shared_buffers = 32MB
-autovacuum = off
-"""
+DATA, WAL = VolumeRole.DATA, VolumeRole.WAL
+
+
+def boot(setup: VmPgSetup) -> Iterator[LvmPostgres]:
+    reason = lvmpg_unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL on lvm2 in a VM on this machine: {reason}")
+    with LvmPostgres.boot(setup) as pg:
+        pg.sql("CREATE TABLE rows (batch int, n int)")
+        yield pg
 
 
 @pytest.fixture(scope="module")
-def vm() -> Iterator[LvmVm]:
-    reason = lvmvm_unavailable()
-    if reason is not None:
-        pytest.skip(f"no lvm2 test VM on this machine: {reason}")
-    if not (PG / "bin" / "postgres").exists():
-        pytest.skip(f"no PostgreSQL 15 server at {PG} (apt-get install postgresql-15)")
-    machine = LvmVm.boot(
-        forward_port=True,
-        memory_mb=1536,
-        extra_paths=[str(PG / "bin"), str(PG / "lib"), str(SHARE), "/usr/share/zoneinfo/UTC"],
-        boot_timeout=300,
+def thin_ext4() -> Iterator[LvmPostgres]:
+    yield from boot(VmPgSetup(major=15, fs="ext4", thin=True))
+
+
+@pytest.fixture(scope="module")
+def classic_xfs() -> Iterator[LvmPostgres]:
+    yield from boot(VmPgSetup(major=17, fs="xfs", thin=False))
+
+
+def write(env: LvmPostgres, batch: int) -> None:
+    env.sql("INSERT INTO rows SELECT %s, g FROM generate_series(1, 3) g", (batch,))
+
+
+def batches(env: LvmPostgres) -> list[int]:
+    return [r[0] for r in env.sql("SELECT DISTINCT batch FROM rows ORDER BY 1")]
+
+
+def recover(env: LvmPostgres, target: RecoveryTarget, lost: Sequence[VolumeRole]) -> Any:
+    plan = env.cluster.plan_recovery(target, lost=list(lost))
+    try:
+        env.cluster.execute(plan)
+    except Exception:
+        print(plan.explain(), env.server_log(), sep="\n", file=sys.stderr)
+        raise
+    return plan
+
+
+def step_ids(plan: Any, prefix: str) -> list[str]:
+    return [s.id for s in plan.steps if s.id.startswith(prefix)]
+
+
+# --------------------------------------------------------------------------- PITR
+
+
+@pytest.mark.parametrize("which", ["thin_ext4", "classic_xfs"])
+def test_point_in_time_recovery_through_the_cluster(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    env: LvmPostgres = request.getfixturevalue(which)
+    write(env, 1)
+    record = env.cluster.backup("lvm-e2e")
+    assert sorted(record.snapshots) == [f"{VG}/data", f"{VG}/wal"]
+    kinds = {s.extra["kind"] for s in env.backend.list_snapshots()}
+    assert kinds == {"thin" if env.setup.thin else "classic"}
+    write(env, 2)
+    target = RecoveryTarget.time(env.now())
+    write(env, 3)
+    env.switch_wal()
+    assert batches(env)[-3:] == [1, 2, 3]
+    before = batches(env)[:-3]
+
+    env.crash()
+    env.lose(PGDATA)
+    env.lose(PGWAL)
+    plan = env.cluster.plan_recovery(target, lost=[DATA, WAL])
+    text = plan.explain()
+    # Block volumes: unmounted, merged back, mounted again.
+    assert len(step_ids(plan, "unmount-")) == 2, text
+    assert len(step_ids(plan, "restore-")) == 2, text
+    assert len(step_ids(plan, "mount-")) == 2, text
+    if not env.setup.thin:
+        assert "consume" in text or "lost" in text.lower(), text
+    recover(env, target, [DATA, WAL])
+
+    assert batches(env) == [*before, 1, 2], env.server_log()
+    assert env.timeline() >= 2
+    write(env, 4)  # writable
+    assert batches(env)[-3:] == [1, 2, 4]
+    mounts = env.host.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", DATA_MNT]).text.split()
+    assert mounts == [f"/dev/mapper/{VG}-data", env.setup.fs]
+    names = {s.id for s in env.backend.list_snapshots()}
+    backup_snaps = set(record.snapshots.values())
+    if env.setup.thin:
+        assert backup_snaps <= names  # a copy was merged; the backup survives
+    else:
+        assert not backup_snaps & names  # merged and consumed, as the plan said
+
+
+def test_complete_recovery_restores_data_and_keeps_the_wal_volume(thin_ext4: LvmPostgres) -> None:
+    env = thin_ext4
+    # The running server holds the data volume: unmounting it is refused, naming
+    # the holder, and everything stays mounted.
+    with pytest.raises(MountBusyError) as busy:
+        env.host.unmount(DATA_MNT)
+    assert any("postgres" in h for h in busy.value.holders), busy.value.holders
+    assert env.host.mount_of(DATA_MNT) is not None and env.host.mount_of(WAL_MNT) is not None
+
+    env.cluster.backup("lvm-e2e-complete")
+    write(env, 5)
+    env.switch_wal()
+    write(env, 6)  # only in pg_wal, on the WAL volume: never archived
+    (current,) = env.sql("SELECT pg_walfile_name(pg_current_wal_lsn())")[0]
+    expected = batches(env)
+    env.crash()
+    assert not (env.archive_dir / current).exists()
+    env.lose(PGDATA)
+
+    plan = recover(env, RecoveryTarget.latest(), [DATA])
+    assert [s.params["volume_id"] for s in plan.steps if s.id.startswith("restore-")] == [
+        f"{VG}/data"
+    ]
+    assert batches(env) == expected, env.server_log()
+    assert 6 in expected
+
+
+def test_a_busy_file_system_stops_the_recovery_and_leaves_it_mounted(
+    thin_ext4: LvmPostgres,
+) -> None:
+    """A process (not the server, which the plan stops) holds the data volume's file
+    system: the plan's unmount fails with MountBusyError naming it, the run is undone,
+    everything stays mounted; once it is gone a new plan recovers."""
+    env = thin_ext4
+    env.cluster.backup("lvm-e2e-busy")
+    write(env, 11)
+    env.switch_wal()
+    expected = batches(env)
+    env.crash()
+    env.lose(PGDATA)
+    env.host.run(
+        [
+            "sh",
+            "-c",
+            f"cd {DATA_MNT} && {{ sleep 3600 >/dev/null 2>&1 </dev/null & echo $! >/tmp/holder; }}",
+        ]
     )
     try:
-        yield machine
+        plan = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA])
+        with pytest.raises(PgsnapError) as failed:
+            env.cluster.execute(plan)
+        cause = failed.value.__cause__ or failed.value
+        assert isinstance(cause, MountBusyError) or "busy" in str(failed.value), failed.value
+        assert "sleep" in str(failed.value), failed.value
+        assert env.host.mount_of(DATA_MNT) is not None and env.host.mount_of(WAL_MNT) is not None
+        assert env.cluster.interrupted() == ()
     finally:
-        machine.close()
+        env.host.run(["sh", "-c", "kill $(cat /tmp/holder)"])
+    time.sleep(1)
+    recover(env, RecoveryTarget.latest(), [DATA])
+    assert batches(env) == expected, env.server_log()
 
 
-def pg(host: Host, *args: str, timeout: float = 120) -> str:
-    """A PostgreSQL program in the VM, as the postgres user."""
-    return host.run([str(PG / "bin" / args[0]), *args[1:]], user="postgres", timeout=timeout).text
+# --------------------------------------------------------------------------- faults
 
 
-@pytest.fixture(scope="module")
-def cluster(vm: LvmVm) -> Host:
-    """The volume group, two ext4 thin volumes mounted, an initialised cluster (stopped)."""
-    host = vm.host
-    host.run(["pvcreate", "-q", "/dev/vda"])
-    host.run(["vgcreate", "-q", VG, "/dev/vda"])
-    host.run(["lvcreate", "-q", "-T", "-L", "2G", f"{VG}/pool"])
-    for lv, mnt in (("data", DATA_MNT), ("wal", WAL_MNT)):
-        host.run(["lvcreate", "-q", "-y", "-V", "512M", "-T", f"{VG}/pool", "-n", lv])
-        host.run(["mkfs.ext4", "-q", f"/dev/{VG}/{lv}"])
-        host.make_dirs(mnt, mode=0o755)
-        host.run(["mount", f"/dev/{VG}/{lv}", mnt])
-        host.run(["chown", "postgres:postgres", mnt])
-    host.make_dirs(ARCHIVE, mode=0o700, owner="postgres")
-    host.run(["chown", "postgres:postgres", "/pg"])
-    pg(
-        host,
-        "initdb",
-        "-D",
-        PGDATA,
-        "-X",
-        PGWAL,
-        "--no-locale",
-        "-E",
-        "UTF8",
-        "-A",
-        "trust",
-        "--wal-segsize=1",
-        "-U",
-        "postgres",
-        timeout=300,
-    )
-    conf = host.read_text(f"{PGDATA}/postgresql.conf") + SETTINGS
-    host.write_atomic(f"{PGDATA}/postgresql.conf", conf.encode(), owner="postgres")
-    hba = host.read_text(f"{PGDATA}/pg_hba.conf") + "\nhost all all 0.0.0.0/0 trust\n"
-    host.write_atomic(f"{PGDATA}/pg_hba.conf", hba.encode(), owner="postgres")
-    return host
+def run_until_killed(env: LvmPostgres, plan: Any, kill_after: str) -> int:
+    """Execute ``plan`` in another process that SIGKILLs itself once ``kill_after``
+    finished; return its exit status.
+
+    That process builds its own Cluster and talks to the VM over the console
+    socket, which this process releases meanwhile (one connection at a time).
+    """
+    plan_file = env.base / "plan.json"
+    plan_file.write_text(plan.to_json())
+    args = {
+        "console": env.vm.console_path,
+        "port": env.port,
+        "setup": attrs.asdict(env.setup),
+        "base": str(env.base),
+        "bindir": env.bindir,
+        "plan": str(plan_file),
+        "kill_after": kill_after,
+    }
+    root = Path(__file__).resolve().parents[2]
+    with env.vm.runner.released():
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.e2e._lvm_child", json.dumps(args)],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+            check=False,
+        )
+    if child.returncode != -signal.SIGKILL:
+        print(child.stdout, child.stderr, sep="\n", file=sys.stderr)
+    return child.returncode
 
 
-def start(host: Host) -> None:
-    pg(host, "pg_ctl", "-D", PGDATA, "-l", LOG, "-w", "-t", "120", "start", timeout=180)
+def test_a_killed_recovery_resumes_from_its_journal(classic_xfs: LvmPostgres) -> None:
+    env = classic_xfs
+    env.cluster.backup("lvm-e2e-killed")
+    write(env, 9)
+    target = RecoveryTarget.time(env.now())
+    write(env, 10)
+    env.switch_wal()
+    expected = [b for b in batches(env) if b != 10]
+    env.crash()
+    env.lose(PGDATA)
+    plan = env.cluster.plan_recovery(target, lost=[DATA])
+    kill_after = step_ids(plan, "restore-")[-1]
+
+    assert run_until_killed(env, plan, kill_after) == -signal.SIGKILL
+    assert [p for p in env.cluster.interrupted() if p.id == plan.id]
+
+    events: list[Event] = []
+    result = env.cluster.execute(plan, on_event=events.append)
+    assert result.resumed
+    ids = [s.id for s in plan.steps]
+    skipped = [e.step_id for e in events if e.kind is EventKind.SKIPPED]
+    assert skipped == ids[: ids.index(kill_after) + 1]
+    assert batches(env) == expected, env.server_log()
+    assert env.timeline() >= 2
 
 
-def connect(vm: LvmVm, *, timeout: float = 120) -> Any:
-    import psycopg
+class FailingRestore:
+    """A Runner that passes everything to the VM but fails the ``nth`` command of a
+    restore the way lvm2 does: the thin copy (``lvcreate -s`` tagged ``pgsnap.new=``,
+    the pool is full) or the classic ``lvconvert --merge`` (exit status 5)."""
 
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return psycopg.connect(
-                host="127.0.0.1",
-                port=vm.port,
-                user="postgres",
-                dbname="postgres",
-                autocommit=True,
-                connect_timeout=10,
-            )
-        except psycopg.OperationalError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    def __init__(self, inner: Any, *, thin: bool, nth: int) -> None:
+        self.inner = inner
+        self.thin = thin
+        self.nth = nth
+        self.seen = 0
 
+    @property
+    def description(self) -> str:
+        return str(self.inner.description)
 
-def write(conn: Any, batch: int) -> None:
-    conn.execute("INSERT INTO rows SELECT %s, g FROM generate_series(1, 3) g", (batch,))
+    def _matches(self, argv: Sequence[str]) -> bool:
+        if self.thin:
+            return "lvcreate" in argv and any(a.startswith("pgsnap.new=") for a in argv)
+        return "lvconvert" in argv and "--merge" in argv  # after ``env LC_ALL=C``
 
-
-def batches(conn: Any) -> list[int]:
-    return [r[0] for r in conn.execute("SELECT DISTINCT batch FROM rows ORDER BY 1").fetchall()]
-
-
-def wait_archived(conn: Any) -> None:
-    """Switch WAL and wait until the finished segment is in the archive."""
-    (name,) = conn.execute("SELECT pg_walfile_name(pg_switch_wal())").fetchone()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        (last,) = conn.execute("SELECT last_archived_wal FROM pg_stat_archiver").fetchone()
-        if last is not None and last >= name:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{name} was not archived within 60 s")
-
-
-def test_backup_merge_restore_and_point_in_time_recovery(vm: LvmVm, cluster: Host) -> None:
-    host = cluster
-    backend = LvmBackend(VG, host=host)
-    start(host)
-    conn = connect(vm)
-    conn.execute("CREATE TABLE rows (batch int, n int)")
-    write(conn, 1)
-
-    # Backup: backup mode on a dedicated session, both volumes snapshotted, stop.
-    with connect(vm) as session:
-        session.execute("SELECT pg_backup_start('lvm-e2e', true)")
-        group = backend.create_snapshot_group([f"{VG}/data", f"{VG}/wal"], "lvm-e2e")
-        label, spcmap = session.execute(
-            "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
-        ).fetchone()
-    assert "START WAL LOCATION" in label
-    assert sorted(s.volume_id for s in group.snapshots) == [f"{VG}/data", f"{VG}/wal"]
-    assert all(s.extra["kind"] == "thin" for s in group.snapshots)
-
-    write(conn, 2)
-    conn.execute("SELECT pg_create_restore_point('after-2')")
-    write(conn, 3)
-    wait_archived(conn)
-    assert batches(conn) == [1, 2, 3]
-    conn.close()
-
-    # Lose the cluster: the server dies, both volumes are wrong.
-    pg(host, "pg_ctl", "-D", PGDATA, "-m", "immediate", "-w", "stop")
-    host.run(
-        [
-            "dd",
-            "if=/dev/zero",
-            f"of={PGDATA}/global/pg_control",
-            "bs=512",
-            "count=1",
-            "conv=notrunc,fsync",
-        ]
-    )
-
-    # Restore both volumes by merging: unmount, merge (the thin backup survives), mount.
-    for lv, mnt in (("data", DATA_MNT), ("wal", WAL_MNT)):
-        host.unmount(mnt)
-        profile = backend.restore_profile(f"{VG}/{lv}")
-        assert profile.unmounts and not profile.consumes_snapshot
-        backend.restore_volume(f"{VG}/{lv}", group.for_volume(f"{VG}/{lv}").id)
-        host.mount(f"/dev/{VG}/{lv}", mnt)
-    assert {s.id for s in backend.list_snapshots()} == {s.id for s in group.snapshots}
-
-    # Recovery settings, as the design's restore steps list them.
-    host.remove([f"{PGDATA}/postmaster.pid"])
-    wal_files = [n for n in host.list_dir(PGWAL) if n != "archive_status"]
-    host.remove([f"{PGWAL}/{n}" for n in wal_files])
-    host.write_atomic(f"{PGDATA}/backup_label", label.encode(), owner="postgres")
-    if spcmap:
-        host.write_atomic(f"{PGDATA}/tablespace_map", spcmap.encode(), owner="postgres")
-    auto = (
-        f"restore_command = 'cp {ARCHIVE}/%f %p'\n"
-        "recovery_target_name = 'after-2'\n"
-        "recovery_target_action = 'promote'\n"
-    )
-    host.write_atomic(f"{PGDATA}/postgresql.auto.conf", auto.encode(), owner="postgres")
-    host.write_atomic(f"{PGDATA}/recovery.signal", b"", owner="postgres")
-    start(host)
-    conn = connect(vm)
-    deadline = time.monotonic() + 120
-    while conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
-        assert time.monotonic() < deadline, host.read_text(LOG)[-3000:]
-        time.sleep(0.5)
-    assert batches(conn) == [1, 2], host.read_text(LOG)[-3000:]
-    assert conn.execute("SELECT timeline_id FROM pg_control_checkpoint()").fetchone()[0] == 2
-    write(conn, 4)
-    assert batches(conn) == [1, 2, 4]
-    conn.close()
-    log = host.read_text(LOG)
-    assert 'recovery stopping at restore point "after-2"' in log
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> CommandResult:
+        if self._matches(argv):
+            self.seen += 1
+            if self.seen == self.nth:
+                message = (
+                    f"  Cannot create new thin volume, free space in thin pool {VG}/pool "
+                    "reached threshold.\n"
+                    if self.thin
+                    else f'  Unable to merge LV "{argv[-1]}" into its origin.\n'
+                )
+                return CommandResult(tuple(argv), 5, b"", message.encode())
+        result: CommandResult = self.inner.run(argv, user=user, stdin=stdin, timeout=timeout)
+        return result
 
 
-def test_busy_unmount_then_complete_recovery_keeps_the_wal_volume(vm: LvmVm, cluster: Host) -> None:
-    """Runs after the PITR test, on its cluster (timeline 2, batches 1, 2, 4)."""
-    host = cluster
-    backend = LvmBackend(VG, host=host)
-    conn = connect(vm)
-    assert batches(conn) == [1, 2, 4]
+@pytest.mark.parametrize("which", ["thin_ext4", "classic_xfs"])
+def test_a_failed_restore_is_compensated_and_a_new_plan_recovers(
+    which: str, request: pytest.FixtureRequest
+) -> None:
+    env: LvmPostgres = request.getfixturevalue(which)
+    first = env.cluster.backup("lvm-e2e-first")
+    write(env, 7)
+    second = env.cluster.backup("lvm-e2e-second")
+    write(env, 8)
+    env.switch_wal()
+    expected = batches(env)
+    env.crash()
+    env.lose(PGDATA)
+    env.host.write_atomic(f"{PGDATA}/MARKER", b"the state before the recovery")
+    env.host.write_atomic(f"{PGWAL}/MARKER", b"the WAL before the recovery")
 
-    # The running server holds the data volume: the unmount is refused, naming it,
-    # and everything stays mounted.
-    with pytest.raises(MountBusyError) as busy:
-        host.unmount(DATA_MNT)
-    assert any("postgres" in h for h in busy.value.holders), busy.value.holders
-    assert host.mount_of(DATA_MNT) is not None and host.mount_of(WAL_MNT) is not None
-    assert batches(conn) == [1, 2, 4]
+    # The second volume's restore fails: the first volume, already restored, is put
+    # back from the safety snapshot, both are mounted again.
+    failing = FailingRestore(env.vm.runner, thin=env.setup.thin, nth=2)
+    cluster = env.make_cluster(LvmBackend(VG, host=Host(failing)))
+    plan = cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA, WAL])
+    assert second.id in plan.explain()
+    events: list[Event] = []
+    with pytest.raises(PgsnapError) as failed:
+        cluster.execute(plan, on_event=events.append)
+    assert failing.seen >= 2, failed.value
+    assert "undone" in str(failed.value), failed.value
+    compensated = [e.step_id for e in events if e.kind is EventKind.COMPENSATING]
+    assert any(s.startswith("restore-") for s in compensated), compensated
+    assert env.host.read_text(f"{PGDATA}/MARKER") == "the state before the recovery"
+    assert env.host.read_text(f"{PGWAL}/MARKER") == "the WAL before the recovery"
+    assert env.host.mount_of(DATA_MNT) is not None and env.host.mount_of(WAL_MNT) is not None
+    assert cluster.interrupted() == ()
+    present = {s.id for s in env.backend.list_snapshots()}
+    assert set(first.snapshots.values()) <= present
+    if env.setup.thin:
+        assert set(second.snapshots.values()) <= present  # nothing of the backup was used up
+    else:
+        # The first volume's merge consumed its snapshot, as the plan said it would.
+        assert "lost" in plan.explain().lower()
+        assert not set(second.snapshots.values()) <= present
 
-    with connect(vm) as session:
-        session.execute("SELECT pg_backup_start('lvm-e2e-2', true)")
-        group = backend.create_snapshot_group([f"{VG}/data", f"{VG}/wal"], "lvm-e2e-2")
-        label, _spcmap = session.execute(
-            "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
-        ).fetchone()
-    write(conn, 5)
-    wait_archived(conn)
-    write(conn, 6)  # only in pg_wal, on the WAL volume: never archived
-    (current,) = conn.execute("SELECT pg_walfile_name(pg_current_wal_lsn())").fetchone()
-    conn.close()
-    pg(host, "pg_ctl", "-D", PGDATA, "-m", "immediate", "-w", "stop")
-    assert not host.exists(f"{ARCHIVE}/{current}")
-    host.run(
-        [
-            "dd",
-            "if=/dev/zero",
-            f"of={PGDATA}/global/pg_control",
-            "bs=512",
-            "count=1",
-            "conv=notrunc,fsync",
-        ]
-    )
-
-    # Only the data volume is restored; the WAL volume with batch 6 is kept.
-    wal_snapshot = group.for_volume(f"{VG}/wal").id
-    host.unmount(DATA_MNT)
-    backend.restore_volume(f"{VG}/data", group.for_volume(f"{VG}/data").id)
-    host.mount(f"/dev/{VG}/data", DATA_MNT)
-    host.remove([f"{PGDATA}/postmaster.pid"])
-    host.write_atomic(f"{PGDATA}/backup_label", label.encode(), owner="postgres")
-    host.write_atomic(
-        f"{PGDATA}/postgresql.auto.conf",
-        f"restore_command = 'cp {ARCHIVE}/%f %p'\n".encode(),
-        owner="postgres",
-    )
-    host.write_atomic(f"{PGDATA}/recovery.signal", b"", owner="postgres")
-    start(host)
-    conn = connect(vm)
-    deadline = time.monotonic() + 120
-    while conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
-        assert time.monotonic() < deadline, host.read_text(LOG)[-3000:]
-        time.sleep(0.5)
-    assert batches(conn) == [1, 2, 4, 5, 6], host.read_text(LOG)[-3000:]
-    conn.close()
-    # Both snapshots of the backup are still there (thin: a copy was merged).
-    assert wal_snapshot in {s.id for s in backend.list_snapshots(f"{VG}/wal")}
-    assert group.for_volume(f"{VG}/data").id in {s.id for s in backend.list_snapshots(f"{VG}/data")}
+    # A new plan, without the fault, recovers everything (from the first backup when
+    # the second lost a snapshot to the failed run).
+    env.host.remove([f"{PGDATA}/MARKER", f"{PGWAL}/MARKER"])
+    plan = recover(env, RecoveryTarget.latest(), [DATA, WAL])
+    used = first if not env.setup.thin else second
+    assert used.id in plan.explain()
+    assert batches(env) == expected, env.server_log()

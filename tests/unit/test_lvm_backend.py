@@ -418,10 +418,10 @@ def test_bad_configuration_is_refused(options: dict[str, object]) -> None:
 # --------------------------------------------------------------------------- storage problems
 
 _COPY_ROW = (
-    '{"lv_name":"t.pgsnapcopy.0badc0de.0", "vg_name":"vg0", "lv_attr":"Vwi---tz-k", '
+    '{"lv_name":"t.pgsnapnew.0badc0de", "vg_name":"vg0", "lv_attr":"Vwi---tz-k", '
     '"lv_size":"67108864", "origin":"t.pgsnap.811f9000.1", "pool_lv":"pool", '
     '"data_percent":"", "snap_percent":"", "lv_time":"2026-12-01 05:50:00 +0000", '
-    '"lv_tags":"pgsnap,pgsnap.copy=t.pgsnap.811f9000.1"}'
+    '"lv_tags":"pgsnap.new=t"}'
 )
 
 
