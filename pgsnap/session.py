@@ -37,6 +37,7 @@ from pgsnap.catalog import (
 from pgsnap.checks import EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import (
     ArchiveError,
+    BackendError,
     BackupNotFound,
     ConfigurationError,
     DatabaseError,
@@ -470,6 +471,7 @@ class Cluster:
         findings: list[Finding] = []
         facts: BackupFacts | None = None
         server_error: str | None = None
+        storage_error: str | None = None
         try:
             try:
                 facts = self.backup_facts()
@@ -481,6 +483,9 @@ class Cluster:
         except (DatabaseError, HostError) as exc:
             server_error = str(exc)
             log.debug("check: the server or its host cannot be asked: %s", exc)
+        except BackendError as exc:  # the storage is down: say so, report the rest
+            storage_error = str(exc)
+            log.debug("check: the storage cannot be asked: %s", exc)
         if facts is not None:
             findings += preflight(facts)
         data = gather_check_facts(
@@ -494,6 +499,8 @@ class Cluster:
             backend=self.backend,
             volume_ids=[v.id for v in self.layout.snapshotted],
         )
+        if storage_error is not None and data.storage_error is None:
+            data = attrs.evolve(data, storage_error=storage_error)
         data = attrs.evolve(
             data,
             orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),

@@ -460,8 +460,11 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     parts = {
         "backups": sorted((b.id, b.state.value, str(_when(b))) for b in facts.backups),
         "snapshots": sorted(present),
-        "ranges": [(r.timeline, r.first, r.last) for r in facts.archive.segment_ranges],
-        "backup_files": sorted(facts.archive.backup_names),
+        # Where each run of segments starts, not where it ends: the archiver keeps
+        # appending while the plan waits, and new WAL changes nothing it deletes.
+        "ranges": [(r.timeline, r.first) for r in facts.archive.segment_ranges],
+        # Not the archive's .backup files: another tool's backup adds one at any
+        # time, and the plan deletes only those it names.
         "segment_size": seg,
         "policy": policy.describe(),
         "orphans": sorted(sid for o in orphans for sid in o.snapshot_ids),

@@ -101,3 +101,18 @@ def test_a_backend_that_cannot_report_is_a_finding_not_a_crash(e2e_env: Any) -> 
     (finding,) = [f for f in report.findings if f.code == "storage"]
     assert finding.severity is Severity.WARNING and "injected fault" in finding.message
     assert report.storage_problems == ()
+
+
+def test_a_storage_outage_is_a_finding_and_the_rest_is_still_reported(e2e_env: Any) -> None:
+    """The backend fails every call (the array is unreachable): check reports the
+    storage as a finding and still reports the archive and the backups."""
+    env: Env = e2e_env()
+    env.create_table()
+    env.cluster.backup("before the outage")
+    for method in ("list_volumes", "get_volume", "locate", "list_snapshots", "storage_problems"):
+        env.backend.inject_fault(method, times=100)
+    report = env.cluster.check()
+    (finding,) = [f for f in report.findings if f.code == "storage"]
+    assert "injected fault" in finding.message
+    assert len(report.backups) == 1
+    assert report.wal and "no WAL archived yet" not in report.wal[0]

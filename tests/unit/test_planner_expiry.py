@@ -56,3 +56,21 @@ def test_a_failed_backup_stays_while_no_newer_backup_is_done():
     plan = plan_expiry(_facts([a, b]), RetentionPolicy(redundancy=1))
     assert not [s for s in plan.steps if s.action == "catalog.delete_backup"]
     assert any(line.startswith(f"backup {b.id}: failed, and no newer DONE") for line in plan.kept)
+
+
+def test_wal_archived_while_the_plan_waits_does_not_make_it_stale():
+    """The archiver keeps appending between planning and execution: the plan deletes
+    the same things, so its fingerprint stays; a WAL gap filled or a new backup does
+    change what it may delete, and the fingerprint with it."""
+    backups = [_backup(i, seg, BackupState.DONE, False) for i, seg in enumerate((5, 20, 40))]
+    policy = RetentionPolicy(redundancy=1)
+    before = plan_expiry(_facts(backups), policy)
+    grown = attrs.evolve(
+        _facts(backups), archive=ArchiveIndex.build(_names([(1, 0, END1 + 7)]), MB)
+    )
+    after = plan_expiry(grown, policy)
+    assert after.steps == before.steps and after.fingerprint == before.fingerprint
+    trimmed = attrs.evolve(_facts(backups), archive=ArchiveIndex.build(_names([(1, 3, END1)]), MB))
+    assert plan_expiry(trimmed, policy).fingerprint != before.fingerprint
+    newer = _backup(3, 50, BackupState.DONE, False)
+    assert plan_expiry(_facts([*backups, newer]), policy).fingerprint != before.fingerprint
