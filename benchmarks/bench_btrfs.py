@@ -642,6 +642,12 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
+def _porcelain_paths(status: str) -> list[str]:
+    """The paths of ``git status --porcelain`` lines (``sh`` strips the first line's
+    leading blank, so the path is the last field, not ``line[3:]``)."""
+    return [line.split(maxsplit=1)[-1] for line in status.splitlines() if line.strip()]
+
+
 def machine(parent: Path, bindir: Path) -> str:
     commit = sh(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"])
     dirty = sh(["git", "-C", str(Path(__file__).resolve().parent), "status", "--porcelain"])
@@ -678,7 +684,7 @@ def machine(parent: Path, bindir: Path) -> str:
         f"{sh(['btrfs', '--version'])}, Python {platform.python_version()}, "
         f"{sh([str(bindir / 'postgres'), '--version'])}, commit {commit}"
         f"{' + uncommitted changes' if dirty else ''}"
-        f" (in pgsnap/: {', '.join(line[3:] for line in pkg.splitlines()) or 'none'}); "
+        f" (in pgsnap/: {', '.join(_porcelain_paths(pkg)) or 'none'}); "
         f"--dir {parent} on {' '.join(disk)} "
         f"({shutil.disk_usage(parent).free / GB:.0f} GB free); load average "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}"
