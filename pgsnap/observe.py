@@ -15,13 +15,13 @@ import posixpath
 import subprocess
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import attrs
 
 from pgsnap.catalog import catalog_system_identifiers, scan_catalog
 from pgsnap.errors import HostFileNotFound, PgsnapError, VolumeNotFound
-from pgsnap.host import FileKind, LocalRunner
+from pgsnap.host import FileKind, Host, LocalRunner, mount_holding
 from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import (
     LSN,
@@ -59,9 +59,6 @@ from pgsnap.wal import (
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
 from pgsnap.walreader import read_segment_header
-
-if TYPE_CHECKING:
-    from pgsnap.host import Host
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -378,15 +375,22 @@ class Observer:
     def _path_facts(self, server: ServerFacts) -> tuple[PathFacts, ...]:
         """The cluster's directories as the host resolves them, and the mounts holding them."""
         host = self.host
-        out = []
-        for what, path in cluster_paths(server):
-            real = host.realpath(path)
-            mount = host.mount_of(real)
-            device = None
-            if mount is not None:
-                device = host.realpath(mount.source) if mount.source.startswith("/") else None
-            out.append(PathFacts(what, path, real, mount, device))
-        return tuple(out)
+        paths = cluster_paths(server)
+        if not paths:
+            return ()
+        # Three commands for all the paths (each is a round trip on a remote host).
+        reals = host.realpaths([path for _, path in paths])
+        if type(host).mount_of is Host.mount_of:
+            mounts = host.mounts()
+            holders = [mount_holding(real, mounts) for real in reals]
+        else:  # a host that simulates mounts answers for itself
+            holders = [host.mount_of(real) for real in reals]
+        sources = sorted({m.source for m in holders if m is not None and m.source.startswith("/")})
+        devices = dict(zip(sources, host.realpaths(sources), strict=True))
+        return tuple(
+            PathFacts(what, path, real, mount, None if mount is None else devices.get(mount.source))
+            for (what, path), real, mount in zip(paths, reals, holders, strict=True)
+        )
 
     def _segment_sysid(self, name: str) -> str | None:
         path = Path(self.archive.location) / name

@@ -27,7 +27,7 @@ The host needs a POSIX shell, GNU coreutils, util-linux (``findmnt``,
 
 from __future__ import annotations
 
-from pgsnap.host.host import FileInfo, FileKind, Host, ProcessInfo
+from pgsnap.host.host import FileInfo, FileKind, Host, ProcessInfo, mount_holding
 from pgsnap.host.runners import CommandResult, LocalRunner
 from pgsnap.host.ssh import SshRunner
 
@@ -39,4 +39,5 @@ __all__ = [
     "LocalRunner",
     "ProcessInfo",
     "SshRunner",
+    "mount_holding",
 ]

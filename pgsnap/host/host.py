@@ -28,7 +28,7 @@ from pgsnap.host.runners import CommandResult, LocalRunner
 from pgsnap.model import Mount
 from pgsnap.protocols import Runner
 
-__all__ = ["FileInfo", "FileKind", "Host", "ProcessInfo"]
+__all__ = ["FileInfo", "FileKind", "Host", "ProcessInfo", "mount_holding"]
 
 _log = logging.getLogger(__name__)
 
@@ -262,6 +262,29 @@ class Host:
             raise self._file_error(result, path, what=f"resolving {path}")
         return result.stdout.rstrip(b"\0").decode("utf-8", "surrogateescape")
 
+    def realpaths(self, paths: Sequence[str]) -> tuple[str, ...]:
+        """:meth:`realpath` of several paths in one command, in their order (a
+        subclass that overrides :meth:`realpath` gets it called per path)."""
+        items = list(paths)
+        if type(self).realpath is not Host.realpath:
+            return tuple(self.realpath(p) for p in items)
+        for path in items:
+            _check_path(path)
+        if not items:
+            return ()
+        result = self.run(["realpath", "-m", "-z", "--", *items], check=False)
+        if not result.ok:
+            raise self._file_error(result, items[0], what=f"resolving {', '.join(items)}")
+        out = result.stdout.split(b"\0")
+        if out and out[-1] == b"":
+            out.pop()
+        if len(out) != len(items):
+            raise HostError(
+                f"realpath gave {len(out)} paths for {len(items)} on {self.description}",
+                host=self.description,
+            )
+        return tuple(o.decode("utf-8", "surrogateescape") for o in out)
+
     def list_dir(self, path: str) -> tuple[str, ...]:
         """The names in a directory, sorted (``.`` and ``..`` left out).
 
@@ -490,14 +513,7 @@ class Host:
 
     def mount_of(self, path: str) -> Mount | None:
         """The mount that holds ``path`` (the longest mount point above its real path)."""
-        real = self.realpath(path)
-        best: Mount | None = None
-        for mount in self.mounts():
-            if _is_under(real, mount.target) and (
-                best is None or len(mount.target) >= len(best.target)
-            ):
-                best = mount
-        return best
+        return mount_holding(self.realpath(path), self.mounts())
 
     def mount(
         self, source: str, target: str, *, fstype: str | None = None, options: Sequence[str] = ()
@@ -796,6 +812,19 @@ def _process_info(pid: int, user: str, stat_line: str, cwd: str) -> ProcessInfo:
 def _glob_escape(text: str) -> str:
     """``text`` as a find ``-lname`` pattern matching only itself."""
     return re.sub(r"([\\*?\[\]])", r"\\\1", text)
+
+
+def mount_holding(real_path: str, mounts: Sequence[Mount]) -> Mount | None:
+    """The mount among ``mounts`` (:meth:`Host.mounts`) that holds ``real_path`` (a
+    path with its symlinks resolved): the longest mount point above it, the last
+    of several on one target."""
+    best: Mount | None = None
+    for mount in mounts:
+        if _is_under(real_path, mount.target) and (
+            best is None or len(mount.target) >= len(best.target)
+        ):
+            best = mount
+    return best
 
 
 def _is_under(path: str, directory: str) -> bool:

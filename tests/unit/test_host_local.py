@@ -322,6 +322,14 @@ class TestHostFiles:
         assert host.realpath(str(public_dir / "link" / "not" / "yet")) == f"{target}/not/yet"
         assert host.realpath(f"{public_dir}/./link/../link/") == str(target)
 
+    def test_realpaths_resolves_several_in_one_command(self, host, public_dir):
+        target = public_dir / "real dir\nx"
+        target.mkdir()
+        (public_dir / "link").symlink_to(target)
+        paths = [str(public_dir / "link"), f"{public_dir}/link/not/yet", str(public_dir), "/"]
+        assert host.realpaths(paths) == tuple(host.realpath(p) for p in paths)
+        assert host.realpaths([]) == ()
+
     def test_list_dir_names_with_any_character(self, host, public_dir):
         for name in NAMES:
             (public_dir / name).write_bytes(b"")
