@@ -1,8 +1,12 @@
-"""What the benchmarks share: printing their results as Markdown tables."""
+"""What the benchmarks share: Markdown tables and the description of the machine."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Sequence
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
 
 
 def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
@@ -15,3 +19,44 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
         for r in rows
     ]
     return "\n".join([line, sep, *body])
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``?``."""
+    return next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
+
+
+def memory_bytes() -> int:
+    """Total memory (``/proc/meminfo``), 0 if unknown."""
+    return next(
+        (
+            int(line.split()[1]) * 1024
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal:")
+        ),
+        0,
+    )
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(_HERE.parent), *args], capture_output=True, text=True, check=False
+    )
+    return proc.stdout
+
+
+def git_commit() -> str:
+    """The checkout's short commit id (empty outside a git checkout)."""
+    return _git("rev-parse", "--short", "HEAD").strip()
+
+
+def uncommitted(path: str = "pgsnap") -> list[str]:
+    """The paths under ``path`` (of the checkout) with uncommitted changes."""
+    return [line[3:] for line in _git("status", "--porcelain", path).splitlines() if line.strip()]

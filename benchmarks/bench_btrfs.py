@@ -82,7 +82,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import table
+from _report import cpu_model, git_commit, memory_bytes, table, uncommitted
 from bench_backup import CallLog, client_args, pg_env, run_measured, stats, time_methods, tree_bytes
 from bench_recovery import Calls, attribute, log_lines, verdict
 
@@ -642,49 +642,17 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt("SIGTERM")
 
 
-def _porcelain_paths(status: str) -> list[str]:
-    """The paths of ``git status --porcelain`` lines (``sh`` strips the first line's
-    leading blank, so the path is the last field, not ``line[3:]``)."""
-    return [line.split(maxsplit=1)[-1] for line in status.splitlines() if line.strip()]
-
-
 def machine(parent: Path, bindir: Path) -> str:
-    commit = sh(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"])
-    dirty = sh(["git", "-C", str(Path(__file__).resolve().parent), "status", "--porcelain"])
-    pkg = sh(
-        [
-            "git",
-            "-C",
-            str(Path(__file__).resolve().parent.parent),
-            "status",
-            "--porcelain",
-            "pgsnap",
-        ]
-    )
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "?",
-    )
-    mem = next(
-        (
-            int(line.split()[1]) * 1024
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal:")
-        ),
-        0,
-    )
+    changed = uncommitted("pgsnap")
     disk = sh(["df", "--output=source,fstype", str(parent)]).splitlines()[-1].split()
     return (
         f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, {platform.node()}, "
-        f"{os.cpu_count()} CPUs ({cpu}), {mem / GB:.0f} GB RAM, Linux {platform.release()}, "
-        f"{sh(['btrfs', '--version'])}, Python {platform.python_version()}, "
-        f"{sh([str(bindir / 'postgres'), '--version'])}, commit {commit}"
-        f"{' + uncommitted changes' if dirty else ''}"
-        f" (in pgsnap/: {', '.join(_porcelain_paths(pkg)) or 'none'}); "
+        f"{os.cpu_count()} CPUs ({cpu_model()}), {memory_bytes() / GB:.0f} GB RAM, "
+        f"Linux {platform.release()}, {sh(['btrfs', '--version'])}, "
+        f"Python {platform.python_version()}, "
+        f"{sh([str(bindir / 'postgres'), '--version'])}, commit {git_commit()}"
+        f"{' + uncommitted changes' if uncommitted('.') else ''}"
+        f" (in pgsnap/: {', '.join(changed) or 'none'}); "
         f"--dir {parent} on {' '.join(disk)} "
         f"({shutil.disk_usage(parent).free / GB:.0f} GB free); load average "
         f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}"

@@ -88,7 +88,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import table
+from _report import cpu_model, git_commit, memory_bytes, table, uncommitted
 from bench_backup import CallLog, stats, time_methods
 
 from pgsnap.backends.lvm import LvmBackend
@@ -697,36 +697,12 @@ def _sigterm(_signum: int, _frame: FrameType | None) -> None:
 
 
 def machine() -> str:
-    here = Path(__file__).resolve().parent
-    commit = sh(["git", "-C", str(here), "rev-parse", "--short", "HEAD"])
-    dirty = subprocess.run(
-        ["git", "-C", str(here.parent), "status", "--porcelain", "pgsnap"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        "?",
-    )
-    mem = next(
-        (
-            int(line.split()[1]) * 1024
-            for line in Path("/proc/meminfo").read_text().splitlines()
-            if line.startswith("MemTotal:")
-        ),
-        0,
-    )
     qemu = sh(["qemu-system-x86_64", "--version"]).splitlines()[0]
     return (
         f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}, {platform.node()}, "
-        f"{os.cpu_count()} CPUs ({cpu}), {mem / GIB:.0f} GiB RAM, Linux {platform.release()}, "
-        f"{qemu}, Python {platform.python_version()}, commit {commit}"
-        f" (uncommitted in pgsnap/: {', '.join(line[3:] for line in dirty.splitlines()) or 'none'}"
+        f"{os.cpu_count()} CPUs ({cpu_model()}), {memory_bytes() / GIB:.0f} GiB RAM, "
+        f"Linux {platform.release()}, {qemu}, Python {platform.python_version()}, "
+        f"commit {git_commit()} (uncommitted in pgsnap/: {', '.join(uncommitted()) or 'none'}"
         f"); load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}"
     )
 
