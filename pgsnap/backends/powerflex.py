@@ -35,7 +35,12 @@ Volumes, snapshots and restores
   of a volume still mapped is refused by the backend itself.
 - **Mapping** (``MAPPING``): ``attach``/``detach`` take the SDC's id, GUID,
   IP address or name; both are idempotent. A volume is mapped to one SDC at
-  a time unless ``allow_multiple_mappings=True``.
+  a time unless ``allow_multiple_mappings=True``. As Dell's PyPowerFlex does
+  it: on 3.x and 4.x through the SDC (``GET /api/types/Sdc/instances``,
+  ``addMappedSdc``/``removeMappedSdc`` with ``sdcId``), on 5.x through the
+  SDC's Host object, of the same id (``GET /api/types/Host/instances``,
+  ``addMappedHost``/``removeMappedHost`` with ``hostId``). NVMe/TCP hosts
+  are refused: their devices are not ``emc-vol-`` paths.
 - **Policies** (``POLICIES``): snapshot policies are listed with their
   source volumes and paused or resumed (recovery plans pause the policies of
   the volumes they restore).
@@ -925,18 +930,45 @@ class PowerFlexBackend:
         """The id of the volume named or identified by ``name_or_id``."""
         return str(self._resolve(name_or_id)["id"])
 
+    @property
+    def _maps_hosts(self) -> bool:
+        """5.x maps through Host objects (``addMappedHost``/``removeMappedHost`` with a
+        ``hostId``, ``GET /api/types/Host/instances``), as PyPowerFlex's gen2 does;
+        3.x and 4.x through SDCs (``addMappedSdc``/``removeMappedSdc``)."""
+        return self._client.major >= 5
+
     def _sdc(self, host: str) -> Mapping[str, Any]:
-        sdcs = [s for s in self._client.get("/types/Sdc/instances") if isinstance(s, dict)]
+        """The SDC (on 5.x: the Host of type ``SdcHost``) that ``host`` names: its id,
+        GUID or name, then one of its IP addresses. NVMe hosts are refused."""
+        listing = "/types/Host/instances" if self._maps_hosts else "/types/Sdc/instances"
+        sdcs = [s for s in self._client.get(listing) if isinstance(s, dict)]
         wanted = host.strip().lower()
+        found: Mapping[str, Any] | None = None
         for key in ("id", "sdcGuid", "name"):
             for s in sdcs:
-                if _text(s.get(key)).lower() == wanted and wanted:
-                    return s
+                if found is None and wanted and _text(s.get(key)).lower() == wanted:
+                    found = s
         for s in sdcs:
             ips = [_text(s.get("sdcIp")), *(_text(i) for i in s.get("sdcIps") or ())]
-            if wanted and wanted in ips:
-                return s
-        names = ", ".join(sorted(_text(s.get("name")) or _text(s.get("id")) for s in sdcs))
+            if found is None and wanted and wanted in ips:
+                found = s
+        if found is not None and found.get("hostType") == "NVMeHost":
+            raise BackendError(
+                f"PowerFlex host {host!r} is an NVMe/TCP host: pgsnap maps volumes to SDCs "
+                "only (the device paths differ)",
+                hint="run the PowerFlex SDC on the database host and name its SDC",
+                backend=_NAME,
+                sdc=host,
+            )
+        if found is not None:
+            return found
+        names = ", ".join(
+            sorted(
+                _text(s.get("name")) or _text(s.get("id"))
+                for s in sdcs
+                if s.get("hostType") != "NVMeHost"
+            )
+        )
         raise PowerFlexNotFound(
             f"PowerFlex knows no SDC {host!r} (by id, GUID, IP or name)",
             hint=f"the SDCs are: {names or 'none'}; the host's name must be its SDC's",
@@ -1386,39 +1418,47 @@ class PowerFlexBackend:
     # ------------------------------------------------------------------ mapping
 
     def attach(self, volume_id: str, host: str) -> None:
-        """``addMappedSdc`` to the SDC ``host`` (id, GUID, IP or name); idempotent."""
+        """Map the volume to the SDC ``host`` (id, GUID, IP or name); idempotent.
+
+        ``addMappedSdc`` (``sdcId``) on 3.x and 4.x; ``addMappedHost``
+        (``hostId``, the SDC's Host) on 5.x.
+        """
         vol = self._resolve(volume_id, fresh=True)
         sdc = self._sdc(host)
         if any(m.get("sdcId") == sdc.get("id") for m in vol.get("mappedSdcInfo") or ()):
             return
-        body = {
-            "sdcId": sdc["id"],
-            "allowMultipleMappings": self._multiple,
-            "accessMode": "ReadWrite",
-        }
+        key, action = ("hostId", "addMappedHost") if self._maps_hosts else ("sdcId", "addMappedSdc")
+        body = {key: sdc["id"], "allowMultipleMappings": self._multiple, "accessMode": "ReadWrite"}
         try:
-            self._write(f"/instances/Volume::{vol['id']}/action/addMappedSdc", body)
+            self._write(f"/instances/Volume::{vol['id']}/action/{action}", body)
         except PowerFlexAPIError as exc:
             if exc.details.get("error_code") == 81:
                 return  # mapped meanwhile: what was asked
             raise
-        log.info("volume %s mapped to SDC %s", vol["id"], sdc.get("name") or sdc["id"])
+        log.info("volume %s mapped to SDC %s (%s)", vol["id"], sdc.get("name") or sdc["id"], action)
 
     def detach(self, volume_id: str, host: str) -> None:
-        """``removeMappedSdc`` from the SDC ``host``; idempotent."""
+        """Unmap the volume from the SDC ``host``; idempotent.
+
+        ``removeMappedSdc`` on 3.x and 4.x; ``removeMappedHost`` on 5.x.
+        """
         vol = self._resolve(volume_id, fresh=True)
         sdc = self._sdc(host)
         if not any(m.get("sdcId") == sdc.get("id") for m in vol.get("mappedSdcInfo") or ()):
             return
+        if self._maps_hosts:
+            key, action, done = "hostId", "removeMappedHost", {84, 4039}
+        else:
+            key, action, done = "sdcId", "removeMappedSdc", {84}
         try:
-            self._write(
-                f"/instances/Volume::{vol['id']}/action/removeMappedSdc", {"sdcId": sdc["id"]}
-            )
+            self._write(f"/instances/Volume::{vol['id']}/action/{action}", {key: sdc["id"]})
         except PowerFlexAPIError as exc:
-            if exc.details.get("error_code") == 84:
-                return
+            if exc.details.get("error_code") in done:
+                return  # unmapped meanwhile
             raise
-        log.info("volume %s unmapped from SDC %s", vol["id"], sdc.get("name") or sdc["id"])
+        log.info(
+            "volume %s unmapped from SDC %s (%s)", vol["id"], sdc.get("name") or sdc["id"], action
+        )
 
     # ------------------------------------------------------------------ clones
 

@@ -9,9 +9,15 @@ knows nothing of pgsnap's client.
 What it models:
 
 - **objects**: one System, a StoragePool, Volumes (base volumes and
-  snapshots, which are volumes), V-Trees, SDCs, SnapshotPolicies; ids are 16
-  hex characters, increasing (a non-hex id is ``"must be a hexadecimal
+  snapshots, which are volumes), V-Trees, SDCs, Hosts, SnapshotPolicies; ids
+  are 16 hex characters, increasing (a non-hex id is ``"must be a hexadecimal
   number"``);
+- **hosts** (4.x, 5.x): an SDC is also a ``Host`` of the same id
+  (``hostType`` ``SdcHost``; ``Sdc::<id>`` and ``Host::<id>`` are one
+  object), and NVMe/TCP hosts (``NVMeHost``, an ``nqn``) are created with
+  ``POST /api/types/Host/instances``; both types' listings hold both kinds
+  (ansible-powerflex filters the Sdc listing on ``hostType``). 3.x has SDCs
+  only;
 - **the URL scheme**: ``/api/types/<T>/instances``, ``/api/instances/<T>::<id>``,
   ``.../action/<action>``, ``.../relationships/<Rel>``, type-level actions;
 - **authentication**: ``GET /api/version`` (a JSON string; open by default,
@@ -238,11 +244,18 @@ class _Volume:
 
 
 @attrs.define
-class _Sdc:
+class _Host:
+    """A host of the system: an SDC (``SdcHost``) or, on 4.x and 5.x, an NVMe host
+    (``NVMeHost``). One object under two types: ``Sdc::<id>`` is ``Host::<id>``."""
+
     id: str
     name: str
-    guid: str
-    ip: str
+    guid: str | None
+    ip: str | None
+    host_type: str = "SdcHost"
+    nqn: str | None = None
+    max_num_paths: int | None = None
+    max_num_sys_ports: int | None = None
 
 
 @attrs.define
@@ -427,7 +440,7 @@ class PowerFlexSimulator:
         (self.root / "luns").mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._volumes: dict[str, _Volume] = {}
-        self._sdcs: dict[str, _Sdc] = {}
+        self._hosts: dict[str, _Host] = {}
         self._policies: dict[str, _Policy] = {}
         self._tokens: dict[str, _Token] = {}
         self._refresh: dict[str, str] = {}
@@ -507,17 +520,32 @@ class PowerFlexSimulator:
             return self._create_volume(name, size_gb * 1024 * 1024)
 
     def add_sdc(self, name: str, *, guid: str | None = None, ip: str | None = None) -> str:
-        """Register an SDC (a host running the PowerFlex client); its id."""
+        """Register an SDC (a host running the PowerFlex client); its id.
+
+        On 4.x and 5.x the SDC is also a ``Host`` (``hostType`` ``SdcHost``) of
+        the same id, listed by ``GET /api/types/Host/instances``.
+        """
         with self._lock:
             sid = self._new_id("sdc")
-            n = len(self._sdcs) + 1
-            self._sdcs[sid] = _Sdc(
+            n = len(self._hosts) + 1
+            self._hosts[sid] = _Host(
                 sid,
                 name,
                 guid or f"{n:08X}-0000-4000-8000-{sid[-12:].upper()}",
                 ip or f"10.0.0.{n}",
             )
             return sid
+
+    def add_nvme_host(self, name: str, *, nqn: str | None = None) -> str:
+        """Register an NVMe/TCP host (4.x and 5.x, as ``POST /api/types/Host/instances``
+        does); its id."""
+        if self.major < 4:
+            raise ConfigurationError(
+                f"PowerFlex {self.version} has no NVMe hosts", hint="use version '4.5' or '5.0'"
+            )
+        with self._lock:
+            nqn = nqn or f"nqn.2014-08.org.nvmexpress:uuid:{name}"
+            return self._create_host({"name": name, "nqn": nqn})
 
     def add_policy(
         self, name: str, volume_ids: Sequence[str] = (), *, cadence_min: int = 60
@@ -591,7 +619,7 @@ class PowerFlexSimulator:
         """A :class:`~pgsnap.host.Host` named ``name`` that sees this array's volumes mapped
         to the SDC of that name (registered now if unknown)."""
         with self._lock:
-            if not any(s.name == name for s in self._sdcs.values()):
+            if not any(s.name == name and s.host_type == "SdcHost" for s in self._hosts.values()):
                 self.add_sdc(name)
         return SimulatedSdcHost(self, name)
 
@@ -787,7 +815,9 @@ class PowerFlexSimulator:
         if kind == "Volume":
             return [self._volume_json(v) for v in self._volumes.values()]
         if kind == "Sdc":
-            return [self._sdc_json(s) for s in self._sdcs.values()]
+            return [self._sdc_json(s) for s in self._hosts.values()]
+        if kind == "Host" and self.major >= 4:
+            return [self._host_json(h) for h in self._hosts.values()]
         if kind == "SnapshotPolicy":
             return [self._policy_json(p) for p in self._policies.values()]
         if kind == "StoragePool":
@@ -813,6 +843,8 @@ class PowerFlexSimulator:
             return self._vtree_json(self._vtree(oid))
         if kind == "Sdc":
             return self._sdc_json(self._sdc(oid))
+        if kind == "Host" and self.major >= 4:
+            return self._host_json(self._sdc(oid))
         if kind == "SnapshotPolicy":
             return self._policy_json(self._policy(oid))
         raise _ApiError(404, "no route handled")
@@ -824,7 +856,7 @@ class PowerFlexSimulator:
         if kind == "SnapshotPolicy" and rel == "SourceVolume":
             policy = self._policy(oid)
             return [self._volume_json(self._volumes[v]) for v in policy.sources]
-        if kind == "Sdc" and rel == "Volume":
+        if (kind == "Sdc" or (kind == "Host" and self.major >= 4)) and rel == "Volume":
             sdc = self._sdc(oid)
             return [
                 self._volume_json(v)
@@ -833,7 +865,7 @@ class PowerFlexSimulator:
             ]
         if kind == "System" and rel == "Sdc":
             self._get("System", oid)
-            return [self._sdc_json(s) for s in self._sdcs.values()]
+            return [self._sdc_json(s) for s in self._hosts.values()]
         raise _ApiError(404, "no route handled")
 
     def _create(self, kind: str, body: dict[str, Any]) -> Any:
@@ -848,6 +880,8 @@ class PowerFlexSimulator:
             return {"id": self._create_volume(name, size_kb)}
         if kind == "SnapshotPolicy":
             return {"id": self._create_policy(body)}
+        if kind == "Host" and self.major >= 4:
+            return {"id": self._create_host(body)}
         raise _ApiError(404, "no route handled")
 
     def _type_action(self, kind: str, action: str, body: dict[str, Any]) -> Any:
@@ -860,7 +894,7 @@ class PowerFlexSimulator:
                 raise _volume_not_found()
             if kind == "Sdc":
                 ip = _text(body, "ip")
-                for s in self._sdcs.values():
+                for s in self._hosts.values():
                     if s.ip == ip:
                         return s.id
                 raise _business("Could not find the SDC", 0, "INI_NOT_FOUND")
@@ -891,6 +925,8 @@ class PowerFlexSimulator:
             return self._volume_action(vol, action, body)
         if kind == "SnapshotPolicy":
             return self._policy_action(self._policy(oid), action, body)
+        if kind == "Sdc" or (kind == "Host" and self.major >= 4):
+            return self._host_action(kind, self._sdc(oid), action, body)
         raise _ApiError(404, "no route handled")
 
     # ------------------------------------------------------------------ volumes
@@ -1090,13 +1126,17 @@ class PowerFlexSimulator:
             _empty(target)
             _copy_tree(self.volume_path(src.id), target)
             return {}
-        if action == "addMappedSdc":
-            sdc = self._sdc_from(body)
+        if action in {"addMappedSdc", "addMappedHost"}:
+            by_host = action == "addMappedHost"
+            if (by_host and self.major < 4) or (not by_host and v5):
+                # 3.x has no Host objects; 5.x (PyPowerFlex gen2) maps through them only.
+                raise _ApiError(404, "no route handled")
+            host = self._host_from(body) if by_host else self._sdc_from(body)
             multiple = _flag(body.get("allowMultipleMappings", "FALSE"), "allowMultipleMappings")
             mode = body.get("accessMode", "ReadWrite")
             if mode not in {"ReadWrite", "ReadOnly", "NoAccess"}:
                 raise _ApiError(400, f"Invalid value for accessMode: {mode!r}")
-            if any(s == sdc.id for s, _ in vol.sdcs):
+            if any(s == host.id for s, _ in vol.sdcs):
                 raise _business(
                     "The volume is already mapped to this SDC", 81, "VOL_ALREADY_MAPPED_TO_THIS_INI"
                 )
@@ -1108,19 +1148,24 @@ class PowerFlexSimulator:
                 )
             if vol.access_mode == "ReadOnly" or vol.secure_until:
                 mode = "ReadOnly"
-            vol.sdcs.append((sdc.id, str(mode)))
+            vol.sdcs.append((host.id, str(mode)))
             return {}
-        if action == "removeMappedSdc":
-            if "allSdcs" in body:
+        if action in {"removeMappedSdc", "removeMappedHost"}:
+            by_host = action == "removeMappedHost"
+            if (by_host and self.major < 4) or (not by_host and v5):
+                raise _ApiError(404, "no route handled")
+            if ("allHosts" if by_host else "allSdcs") in body:
                 vol.sdcs.clear()
                 return {}
-            sdc = self._sdc_from(body)
-            if not any(s == sdc.id for s, _ in vol.sdcs):
+            host = self._host_from(body) if by_host else self._sdc_from(body)
+            if not any(s == host.id for s, _ in vol.sdcs):
+                if by_host:  # LXD: removeMappedHost of a mapping that does not exist
+                    raise _business("The mapping does not exist", 4039)
                 raise _business("The volume is not mapped to this SDC", 84, "VOL_NOT_MAPPED_TO_INI")
             if any(m.volume_id == vol.id for m in self._mounts):
                 # Not the gateway's business in reality; the SDC's device is in use.
                 log.warning("simulator: volume %s unmapped while mounted", vol.id)
-            vol.sdcs = [(s, m) for s, m in vol.sdcs if s != sdc.id]
+            vol.sdcs = [(s, m) for s, m in vol.sdcs if s != host.id]
             return {}
         if action == "setVolumeName":
             name = str(_text(body, "newName"))
@@ -1147,23 +1192,84 @@ class PowerFlexSimulator:
 
     # ------------------------------------------------------------------ SDCs
 
-    def _sdc(self, oid: str) -> _Sdc:
+    def _sdc(self, oid: str) -> _Host:
+        """A host by id (``Sdc::<id>`` and ``Host::<id>`` name the same object)."""
         self._check_hex(oid)
-        sdc = self._sdcs.get(oid.lower())
+        sdc = self._hosts.get(oid.lower())
         if sdc is None:
             raise _business("Could not find the SDC", 0, "INI_NOT_FOUND")
         return sdc
 
-    def _sdc_from(self, body: Mapping[str, Any]) -> _Sdc:
+    def _sdc_from(self, body: Mapping[str, Any]) -> _Host:
+        """The SDC of an ``addMappedSdc``/``removeMappedSdc`` body (``sdcId`` or ``guid``)."""
         if body.get("sdcId") is not None:
-            return self._sdc(str(body["sdcId"]))
+            sdc = self._sdc(str(body["sdcId"]))
+            if sdc.host_type != "SdcHost":
+                raise _business("Could not find the SDC", 0, "INI_NOT_FOUND")
+            return sdc
         guid = body.get("guid")
         if isinstance(guid, str):
-            for s in self._sdcs.values():
-                if s.guid.lower() == guid.lower():
+            for s in self._hosts.values():
+                if s.guid is not None and s.guid.lower() == guid.lower():
                     return s
             raise _business("Could not find the SDC", 0, "INI_NOT_FOUND")
         raise _ApiError(400, "Missing required field: sdcId or guid")
+
+    def _host_from(self, body: Mapping[str, Any]) -> _Host:
+        """The host of an ``addMappedHost``/``removeMappedHost`` body: ``hostId``, an SDC's
+        ``guid`` or an NVMe host's ``nqn`` (PyPowerFlex gen2, LXD)."""
+        if body.get("hostId") is not None:
+            return self._sdc(str(body["hostId"]))
+        for key, attr in (("guid", "guid"), ("nqn", "nqn")):
+            value = body.get(key)
+            if isinstance(value, str):
+                for h in self._hosts.values():
+                    known = getattr(h, attr)
+                    if known is not None and known.lower() == value.lower():
+                        return h
+                raise _business("Could not find the host", 0, "INI_NOT_FOUND")
+        raise _ApiError(400, "Missing required field: hostId, guid or nqn")
+
+    def _create_host(self, body: Mapping[str, Any]) -> str:
+        """``POST /api/types/Host/instances``: an NVMe host (``nqn`` required)."""
+        nqn = str(_text(body, "nqn"))
+        if any(h.nqn == nqn for h in self._hosts.values()):
+            raise _business("A host with this NQN already exists", 0)
+        hid = self._new_id("sdc")
+        name = _text(body, "name", required=False) or f"NVMeHost:{hid}"
+        _check_name(name)
+        paths = body.get("maxNumPaths")
+        ports = body.get("maxNumSysPorts")
+        self._hosts[hid] = _Host(
+            hid,
+            name,
+            None,
+            None,
+            host_type="NVMeHost",
+            nqn=nqn,
+            max_num_paths=None if paths is None else _number(paths, "maxNumPaths"),
+            max_num_sys_ports=None if ports is None else _number(ports, "maxNumSysPorts"),
+        )
+        return hid
+
+    def _host_action(self, kind: str, host: _Host, action: str, body: dict[str, Any]) -> Any:
+        if kind == "Sdc" and action == "setSdcName":
+            name = str(_text(body, "sdcName"))
+            _check_name(name)
+            host.name = name
+            return {}
+        if kind == "Sdc" and action == "removeSdc":  # SDCs and NVMe hosts alike (GS, LXD)
+            if any(s == host.id for v in self._volumes.values() for s, _ in v.sdcs):
+                raise _business("The SDC has mapped volumes", 0)
+            del self._hosts[host.id]
+            return {}
+        if kind == "Host" and action == "modifyMaxNumPaths":
+            host.max_num_paths = _number(body.get("newMaxNumPaths"), "newMaxNumPaths")
+            return {}
+        if kind == "Host" and action == "modifyMaxNumSysPorts":
+            host.max_num_sys_ports = _number(body.get("newMaxNumSysPorts"), "newMaxNumSysPorts")
+            return {}
+        raise _ApiError(404, "no route handled")
 
     # ------------------------------------------------------------------ policies
 
@@ -1253,9 +1359,9 @@ class PowerFlexSimulator:
         if v.sdcs:
             mapped = []
             for sid, mode in v.sdcs:
-                sdc = self._sdcs[sid]
+                sdc = self._hosts[sid]
                 info: dict[str, Any] = {
-                    "sdcId": sdc.id,
+                    "sdcId": sdc.id,  # an NVMe host's id too (LXD compares it with hostId)
                     "sdcIp": sdc.ip,
                     "sdcName": sdc.name,
                     "accessMode": mode,
@@ -1264,7 +1370,8 @@ class PowerFlexSimulator:
                     "isDirectBufferMapping": False,
                 }
                 if self.major >= 4:
-                    info["hostType"] = "SdcHost"
+                    info["hostType"] = sdc.host_type
+                    info["nqn"] = sdc.nqn
                 mapped.append(info)
         links = [{"rel": "self", "href": f"/api/instances/Volume::{v.id}"}]
         if v.ancestor:
@@ -1318,21 +1425,55 @@ class PowerFlexSimulator:
             "links": [{"rel": "self", "href": f"/api/instances/VTree::{vtree}"}],
         }
 
-    def _sdc_json(self, s: _Sdc) -> dict[str, Any]:
+    def _sdc_json(self, s: _Host) -> dict[str, Any]:
+        nvme = s.host_type == "NVMeHost"
         data: dict[str, Any] = {
             "id": s.id,
             "name": s.name,
             "sdcGuid": s.guid,
             "sdcIp": s.ip,
-            "sdcIps": [s.ip],
-            "sdcApproved": True,
-            "mdmConnectionState": "Connected",
+            "sdcIps": None if s.ip is None else [s.ip],
+            "sdcApproved": None if nvme else True,
+            "mdmConnectionState": None if nvme else "Connected",
             "systemId": self.system_id,
-            "osType": "Linux",
-            "perfProfile": "HighPerformance",
+            "osType": None if nvme else "Linux",
+            "perfProfile": None if nvme else "HighPerformance",
+            "links": [
+                {"rel": "self", "href": f"/api/instances/Sdc::{s.id}"},
+                {
+                    "rel": "/api/Sdc/relationship/Volume",
+                    "href": f"/api/instances/Sdc::{s.id}/relationships/Volume",
+                },
+            ],
         }
         if self.major >= 4:
-            data["hostType"] = "SdcHost"
+            data["hostType"] = s.host_type
+        return data
+
+    def _host_json(self, h: _Host) -> dict[str, Any]:
+        """A Host as ansible-powerflex's samples show one: the SDC's fields, ``hostType``,
+        ``nqn``, ``maxNumPaths``, ``maxNumSysPorts`` and ``Host::`` links."""
+        data = self._sdc_json(h)
+        data.update(
+            {
+                "hostType": h.host_type,
+                "nqn": h.nqn,
+                "maxNumPaths": h.max_num_paths,
+                "maxNumSysPorts": h.max_num_sys_ports,
+                "hostOsFullType": "Generic" if h.host_type == "NVMeHost" else "Linux",
+                "links": [
+                    {"rel": "self", "href": f"/api/instances/Host::{h.id}"},
+                    {
+                        "rel": "/api/Host/relationship/Volume",
+                        "href": f"/api/instances/Host::{h.id}/relationships/Volume",
+                    },
+                    {
+                        "rel": "/api/parent/relationship/systemId",
+                        "href": f"/api/instances/System::{self.system_id}",
+                    },
+                ],
+            }
+        )
         return data
 
     def _policy_json(self, p: _Policy) -> dict[str, Any]:
@@ -1368,7 +1509,9 @@ class PowerFlexSimulator:
             vol = self._volumes.get(vid)
             if vol is None:
                 return None
-            names = {self._sdcs[s].name for s, _ in vol.sdcs}
+            names = {
+                self._hosts[s].name for s, _ in vol.sdcs if self._hosts[s].host_type == "SdcHost"
+            }
             return vid if host in names else None
 
     def _claims(self, device: str) -> bool:

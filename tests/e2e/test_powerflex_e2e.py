@@ -5,7 +5,8 @@ archive), mapped to the SDC ``db1`` and mounted through the simulator's host.
 pgsnap backs it up with one ``snapshotVolumes`` (``createSnapshot`` on 5.x)
 call over HTTP, rows are written, the volumes are lost, and the recovery
 plan unmounts, unmaps, overwrites (``overwriteVolumeContent``, or
-``restore`` on 5.x), maps, waits for the device and mounts before
+``restore`` on 5.x), maps (``addMappedSdc``; ``addMappedHost`` on 5.x), waits for
+the device and mounts before
 PostgreSQL replays to the target. The test checks WHICH ROWS EXIST.
 """
 
@@ -66,6 +67,9 @@ def test_point_in_time_recovery_on_powerflex(pf_env: Any, version: str) -> None:
     env, sim = pf_env(version)
     snap_action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
     restore_action = "restore" if sim.major >= 5 else "overwriteVolumeContent"
+    # Mapping as PyPowerFlex does: SDCs on 3.x/4.x, Host objects on 5.x.
+    add, remove = ("addMappedHost", "removeMappedHost") if sim.major >= 5 else (
+        "addMappedSdc", "removeMappedSdc")
     target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
     (record,) = env.cluster.backups()
     assert sim.count(action=snap_action) == 1  # one call for data and WAL together
@@ -94,8 +98,8 @@ def test_point_in_time_recovery_on_powerflex(pf_env: Any, version: str) -> None:
     assert env.batches() == env.expect(1, 2), plan.explain()
     assert env.timeline() == 2
     assert sim.count(action=restore_action) == 2
-    assert sim.count(action="removeMappedSdc") == 2
-    assert sim.count(action="addMappedSdc") == 3 + 2  # set-up, then after the restores
+    assert sim.count(action=remove) == 2
+    assert sim.count(action=add) == 3 + 2  # set-up, then after the restores
     snapshots = {s.id for s in env.cluster.backend.list_snapshots()}
     assert set(record.snapshots.values()) <= snapshots  # the backup's snapshots survive
     env.write(4)  # the recovered cluster is writable

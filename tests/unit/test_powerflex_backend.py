@@ -192,14 +192,19 @@ def test_the_total_deadline_stops_retries(sim: PowerFlexSimulator) -> None:
     assert set(attempts) == {504}
 
 
+def map_action(sim: PowerFlexSimulator) -> str:
+    """The mapping action pgsnap sends: through Host objects on 5.x (PyPowerFlex gen2)."""
+    return "addMappedHost" if sim.major >= 5 else "addMappedSdc"
+
+
 def test_a_write_is_not_retried_blindly(sim: PowerFlexSimulator) -> None:
     backend = make_backend(sim)
     sim.add_sdc("db1")
     vid = sim.add_volume("data")
-    sim.inject(Fault("status", path_contains="addMappedSdc", times=None, status=503))
+    sim.inject(Fault("status", path_contains=map_action(sim), times=None, status=503))
     with pytest.raises(PowerFlexUncertainError):
         backend.attach(vid, "db1")
-    assert sim.count(action="addMappedSdc") == 1
+    assert sim.count(action=map_action(sim)) == 1
 
 
 def test_an_unreachable_gateway_is_backend_unavailable_not_a_requests_error() -> None:
@@ -280,7 +285,7 @@ def test_bodies_carry_numbers_and_booleans_as_strings(sim: PowerFlexSimulator) -
 
     session = RecordingSession()
     backend = make_backend(sim, session=session, secure_retention_minutes=90)
-    sim.add_sdc("db1")
+    sdc = sim.add_sdc("db1")
     vid = sim.add_volume("data")
     backend.create_snapshot_group([vid], "b1", secure=True)
     backend.attach(vid, "db1")
@@ -291,7 +296,11 @@ def test_bodies_carry_numbers_and_booleans_as_strings(sim: PowerFlexSimulator) -
     assert snap["retentionPeriodInMin"] == "90"
     assert snap["accessModeLimit"] == "ReadOnly"
     assert snap["snapshotDefs"] == [{"volumeId": vid, "snapshotName": "b1.data"}]
-    assert bodies["addMappedSdc"]["allowMultipleMappings"] == "FALSE"
+    mapping = bodies[map_action(sim)]
+    assert mapping["allowMultipleMappings"] == "FALSE"
+    assert mapping["accessMode"] == "ReadWrite"
+    key = "hostId" if sim.major >= 5 else "sdcId"
+    assert mapping[key] == sdc
     for request in session.sent:
         assert str(request.url).startswith(sim.url)
 
@@ -627,3 +636,61 @@ def test_the_backend_is_built_by_name_from_configuration_options(
     assert backend.get_volume(vid).name == "pgdata"
     with pytest.raises(ConfigurationError, match="does not accept"):
         BackendRegistry(plugins=False).create("powerflex", gateway=sim.url, pasword="typo")
+
+
+# --------------------------------------------------------------------------- mapping per version
+
+
+def test_mapping_speaks_the_versions_dialect(sim: PowerFlexSimulator) -> None:
+    """As PyPowerFlex: SDCs (addMappedSdc, sdcId) on 3.x/4.x; Host objects on 5.x
+    (GET /api/types/Host/instances, addMappedHost/removeMappedHost with hostId)."""
+    import json
+
+    session = RecordingSession()
+    backend = make_backend(sim, session=session)
+    sdc = sim.add_sdc("db1")
+    vid = sim.add_volume("pgdata")
+    backend.attach(vid, "db1")
+    assert backend.get_volume(vid).mapped_hosts == ("db1",)
+    backend.attach(vid, "db1")  # idempotent: nothing sent
+    backend.detach(vid, "db1")
+    backend.detach(vid, "db1")
+    assert backend.get_volume(vid).mapped_hosts == ()
+    sent = {str(r.url).split("/api", 1)[1]: r for r in session.sent if "/api/" in str(r.url)}
+    if sim.major >= 5:
+        add, remove, key, listing = "addMappedHost", "removeMappedHost", "hostId", "Host"
+    else:
+        add, remove, key, listing = "addMappedSdc", "removeMappedSdc", "sdcId", "Sdc"
+    assert (sim.count(action=add), sim.count(action=remove)) == (1, 1)
+    others = {"addMappedSdc", "removeMappedSdc", "addMappedHost", "removeMappedHost"} - {add, remove}
+    assert all(sim.count(action=a) == 0 for a in others)
+    assert f"/types/{listing}/instances" in sent
+    assert json.loads(sent[f"/instances/Volume::{vid}/action/{add}"].body or b"")[key] == sdc
+    assert json.loads(sent[f"/instances/Volume::{vid}/action/{remove}"].body or b"") == {key: sdc}
+
+
+@pytest.mark.parametrize("version", ["4.5", "5.0"])
+def test_nvme_hosts_are_refused(version: str, tmp_path: Path) -> None:
+    with PowerFlexSimulator(version=version, root=tmp_path) as sim:
+        backend = make_backend(sim)
+        sim.add_nvme_host("nvme1")
+        vid = sim.add_volume("pgdata")
+        with pytest.raises(BackendError, match="NVMe/TCP host") as info:
+            backend.attach(vid, "nvme1")
+        assert "SDC" in str(info.value.hint)
+        assert sim.count(method="POST") == (1 if sim.major >= 4 else 0)  # the login only
+        with pytest.raises(PowerFlexNotFound) as missing:
+            backend.attach(vid, "db9")
+        assert "nvme1" not in str(missing.value.hint)  # not offered as an SDC
+
+
+def test_a_mapping_gone_meanwhile_counts_as_detached(sim: PowerFlexSimulator) -> None:
+    backend = make_backend(sim)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("pgdata")
+    backend.attach(vid, "db1")
+    remove, code = ("removeMappedHost", 4039) if sim.major >= 5 else ("removeMappedSdc", 84)
+    body = {"message": "The mapping does not exist", "httpStatusCode": 500, "errorCode": code}
+    fault = sim.inject(Fault("status", path_contains=remove, status=500, body=body))
+    backend.detach(vid, "db1")  # the gateway says it is not mapped: what was asked
+    assert fault.fired == 1

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import requests
 
+from pgsnap.errors import ConfigurationError
 from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -220,8 +221,10 @@ def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
     assert r.status_code == 500 and "same V-Tree" in r.json()["details"][0]["errorMessage"]
     r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": a})
     assert r.status_code == 500
-    # Map by GUID with the documented body; mappedSdcInfo becomes a list.
-    r = gw.post(f"/instances/Volume::{a}/action/addMappedSdc",
+    # Map by GUID with the documented body (on 5.x through the Host, as PyPowerFlex gen2);
+    # mappedSdcInfo becomes a list.
+    add = "addMappedHost" if sim.major >= 5 else "addMappedSdc"
+    r = gw.post(f"/instances/Volume::{a}/action/{add}",
                 {"guid": "0a0b0c0d-1111-4222-8333-444455556666",
                  "allowMultipleMappings": "TRUE", "accessMode": "ReadWrite"})
     assert r.status_code == 200 and r.json() == {}
@@ -232,7 +235,10 @@ def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
     assert r.status_code == 500  # the simulator refuses a mapped target (the strict side)
     r = gw.post(f"/instances/Volume::{a}/action/removeVolume", {"removeMode": "ONLY_ME"})
     assert (r.status_code, r.json()["errorCode"]) == (500, 104)
-    r = gw.post(f"/instances/Volume::{a}/action/removeMappedSdc", {"allSdcs": ""})
+    if sim.major >= 5:
+        r = gw.post(f"/instances/Volume::{a}/action/removeMappedHost", {"allHosts": "True"})
+    else:
+        r = gw.post(f"/instances/Volume::{a}/action/removeMappedSdc", {"allSdcs": ""})
     assert r.status_code == 200
     assert gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"] is None
     r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sa})
@@ -285,3 +291,91 @@ def test_faults(sim: PowerFlexSimulator) -> None:
         gw.get("/types/System/instances")
     sim.inject(Fault("expire_tokens", path_contains="/System/"))
     assert gw.get("/types/System/instances").status_code == 401
+
+
+# --------------------------------------------------------------------------- Host objects
+
+
+def test_hosts_are_sdcs_and_nvme_hosts_under_one_id(sim: PowerFlexSimulator) -> None:
+    """4.x and 5.x: ``/api/types/Host/instances`` lists the SDCs (``hostType``
+    ``SdcHost``, the SDC's id) and NVMe hosts, which ``POST`` creates with an ``nqn``
+    (PyPowerFlex ``host.create``; the ansible-powerflex NVMe host sample's fields).
+    3.x has no Host type."""
+    gw = Gw(sim)
+    sdc = sim.add_sdc("db1", ip="10.1.2.3")
+    if sim.major < 4:
+        assert gw.get("/types/Host/instances").status_code == 404
+        assert gw.post("/types/Host/instances", {"nqn": "nqn.x"}).status_code == 404
+        assert gw.get(f"/instances/Host::{sdc}").status_code == 404
+        return
+    (host,) = gw.get("/types/Host/instances").json()
+    as_sdc = gw.get(f"/instances/Sdc::{sdc}").json()
+    assert (host["id"], host["name"], host["hostType"]) == (sdc, "db1", "SdcHost")
+    assert (host["sdcGuid"], host["sdcIp"]) == (as_sdc["sdcGuid"], "10.1.2.3")
+    assert {"nqn", "maxNumPaths", "maxNumSysPorts", "systemId", "links"} <= set(host)
+    assert {"rel": "self", "href": f"/api/instances/Host::{sdc}"} in host["links"]
+    nqn = "nqn.2014-08.org.nvmexpress:uuid:79e90a42-47c9-a0f6-d9d3-51c47c72c7c1"
+    created = gw.post("/types/Host/instances", {"nqn": nqn, "name": "nvme1",
+                                                 "maxNumPaths": "6", "maxNumSysPorts": "10"})
+    assert created.status_code == 200 and HEX16.match(created.json()["id"])
+    hid = created.json()["id"]
+    nvme = gw.get(f"/instances/Host::{hid}").json()
+    assert (nvme["hostType"], nvme["nqn"], nvme["maxNumPaths"], nvme["maxNumSysPorts"]) == (
+        "NVMeHost", nqn, 6, 10)
+    assert nvme["sdcGuid"] is None and nvme["sdcIp"] is None
+    # The Sdc listing holds the NVMe hosts too (ansible-powerflex filters them out).
+    assert {s["hostType"] for s in gw.get("/types/Sdc/instances").json()} == {"SdcHost", "NVMeHost"}
+    assert gw.post("/types/Host/instances", {"name": "no-nqn"}).status_code == 400
+    assert gw.post(f"/instances/Host::{hid}/action/modifyMaxNumPaths",
+                   {"newMaxNumPaths": "4"}).status_code == 200
+    assert gw.get(f"/instances/Host::{hid}").json()["maxNumPaths"] == 4
+    # Removed as an SDC is (goscaleio DeleteNvmeHost, LXD): Sdc::<id>/action/removeSdc.
+    assert gw.post(f"/instances/Sdc::{hid}/action/removeSdc", {}).status_code == 200
+    assert gw.get(f"/instances/Host::{hid}").status_code == 500
+
+
+def test_mapping_through_hosts_follows_the_version(sim: PowerFlexSimulator) -> None:
+    """addMappedHost/removeMappedHost (``hostId``, ``guid`` or ``nqn``) on 4.x (LXD) and
+    5.x (PyPowerFlex gen2, which has no addMappedSdc); addMappedSdc on 3.x and 4.x."""
+    gw = Gw(sim)
+    sdc = sim.add_sdc("db1")
+    a = sim.add_volume("vol-a")
+    host_add = gw.post(f"/instances/Volume::{a}/action/addMappedHost",
+                       {"hostId": sdc, "accessMode": "ReadWrite", "volumeClass": "defaultclass"})
+    sdc_add = f"/instances/Volume::{a}/action/addMappedSdc"
+    if sim.major < 4:
+        assert host_add.status_code == 404  # no Host objects on 3.x
+        assert gw.post(sdc_add, {"sdcId": sdc}).status_code == 200
+        return
+    assert host_add.status_code == 200 and host_add.json() == {}
+    (info,) = gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"]
+    assert (info["sdcId"], info["hostType"], info["accessMode"]) == (sdc, "SdcHost", "ReadWrite")
+    assert [v["id"] for v in gw.get(f"/instances/Host::{sdc}/relationships/Volume").json()] == [a]
+    assert [v["id"] for v in gw.get(f"/instances/Sdc::{sdc}/relationships/Volume").json()] == [a]
+    again = gw.post(f"/instances/Volume::{a}/action/addMappedHost", {"hostId": sdc})
+    assert (again.status_code, again.json()["errorCode"]) == (500, 81)
+    assert gw.post(f"/instances/Sdc::{sdc}/action/removeSdc", {}).status_code == 500  # mapped
+    remove = f"/instances/Volume::{a}/action/removeMappedHost"
+    assert gw.post(remove, {"hostId": sdc}).status_code == 200
+    gone = gw.post(remove, {"hostId": sdc})
+    assert (gone.status_code, gone.json()["errorCode"]) == (500, 4039)  # LXD's invalid mapping
+    assert gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"] is None
+    nqn = "nqn.2014-08.org.nvmexpress:uuid:abc"
+    nvme = sim.add_nvme_host("nvme1", nqn=nqn)
+    assert gw.post(f"/instances/Volume::{a}/action/addMappedHost", {"nqn": nqn}).status_code == 200
+    (info,) = gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"]
+    assert (info["sdcId"], info["hostType"], info["nqn"]) == (nvme, "NVMeHost", nqn)
+    r = gw.post(f"/instances/Volume::{a}/action/removeMappedHost", {"allHosts": "True"})
+    assert r.status_code == 200
+    if sim.major >= 5:
+        assert gw.post(sdc_add, {"sdcId": sdc}).status_code == 404  # gen2: Hosts only
+        assert gw.post(f"/instances/Volume::{a}/action/removeMappedSdc",
+                       {"allSdcs": ""}).status_code == 404
+    else:
+        assert gw.post(sdc_add, {"sdcId": nvme}).status_code == 500  # not an SDC
+        assert gw.post(sdc_add, {"sdcId": sdc}).status_code == 200
+
+
+def test_nvme_hosts_need_4x() -> None:
+    with PowerFlexSimulator(version="3.6") as sim, pytest.raises(ConfigurationError):
+        sim.add_nvme_host("nvme1")
