@@ -26,7 +26,9 @@ What it models:
   used as the Basic password (user ignored), ``GET /api/logout``; 4.x and 5.x
   ``POST /rest/auth/login`` gives ``access_token``/``refresh_token`` used as
   ``Bearer``, ``POST /rest/auth/logout`` answers 204 (and ``/api/login``
-  still works: its token is accepted as Bearer, as goscaleio uses it). A
+  still works: its token is accepted as Bearer, as goscaleio uses it, and
+  any token as the Basic password, as PyPowerFlex sends it to
+  ``/api/version``). A
   token lives 8 hours, or until 10 minutes without use; :meth:`~PowerFlexSimulator.expire_tokens`
   ends every token now. 401 bodies are JSON on 3.x and HTML on 4.x/5.x
   (which the reference says clients must survive);
@@ -38,9 +40,18 @@ What it models:
   ``createThinClone`` makes ``ThinClone`` volumes) on ``System::<id>`` (or
   ``System`` without an id), one ``snapshotGroupId`` shared by every
   snapshot's ``consistencyGroupId``, ``volumeIdList`` in ``snapshotDefs``
-  order, ``accessModeLimit`` defaulting to ``ReadWrite``,
-  ``retentionPeriodInMin`` making secure snapshots; all or nothing (the
-  reference does not say; the simulator checks every definition first);
+  order, ``accessModeLimit`` defaulting to ``ReadWrite`` (``ReadOnly`` for
+  5.x ``createSnapshot``: PyPowerFlex gen2 sends none, and 5.x snapshots are
+  ``ReadOnlySnapshot``), ``retentionPeriodInMin`` making secure snapshots;
+  all or nothing (the reference does not say; the simulator checks every
+  definition first);
+- **mapping**: ``addMappedSdc``/``removeMappedSdc`` (``sdcId`` or ``guid``;
+  ``allSdcs``) on 3.x and 4.x; ``addMappedHost``/``removeMappedHost``
+  (``hostId``, ``guid`` or ``nqn``; ``allHosts``; a mapping that does not
+  exist is errorCode 4039) on 4.x (LXD) and 5.x, where they are the only
+  mapping calls (PyPowerFlex gen2 has no ``addMappedSdc``: the simulator
+  answers it 404, as it does ``snapshotVolumes``). Either way the volume's
+  ``mappedSdcInfo`` lists the host (``sdcId`` is the host's id);
 - **limits and rules**: 126 snapshots per V-Tree (1022 on 5.x) as
   ``details[0].rc == 182``; names of at most 31 characters without spaces
   (errorCode 226 / invalid characters) shared by volumes and snapshots
@@ -771,13 +782,14 @@ class PowerFlexSimulator:
         return user, password
 
     def _authenticate(self, headers: Mapping[str, str]) -> _Token:
+        """The token of a request: 3.x Basic (any user, the token as the password);
+        4.x and 5.x Bearer, or Basic as on 3.x (PyPowerFlex asks ``/api/version``
+        so, and the gateway accepts it); any live token of either login."""
         auth = _header(headers, "Authorization") or ""
-        if self.major < 4:
-            value = self._basic(headers)[1]  # the user part is ignored
-        elif auth.lower().startswith("bearer "):
+        if self.major >= 4 and auth.lower().startswith("bearer "):
             value = auth[7:].strip()
         else:
-            raise _ApiError(401, "Unauthorized")
+            value = self._basic(headers)[1]  # the user part is ignored
         token = self._tokens.get(value)
         now = self._clock()
         if token is None or now - token.created > _TOKEN_LIFETIME or now - token.used > _TOKEN_IDLE:
@@ -984,7 +996,12 @@ class PowerFlexSimulator:
         defs = body.get("snapshotDefs")
         if not isinstance(defs, list) or not defs:
             raise _ApiError(400, "Missing required field: snapshotDefs")
-        access = body.get("accessModeLimit", "ReadWrite")
+        # Omitted, the access mode is ReadWrite (csm#1302) up to 4.x. On 5.x a snapshot is
+        # read-only (ReadOnlySnapshot): PyPowerFlex gen2 sends no accessModeLimit to
+        # createSnapshot (writable copies are createThinClone's), and ansible-powerflex's
+        # 5.x samples are ReadOnlySnapshot/ReadOnly.
+        default = "ReadOnly" if action == "createSnapshot" else "ReadWrite"
+        access = body.get("accessModeLimit", default)
         if access not in {"ReadOnly", "ReadWrite"}:
             raise _ApiError(400, f"Invalid value for accessModeLimit: {access!r}")
         retention = 0

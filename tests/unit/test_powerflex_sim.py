@@ -149,7 +149,12 @@ def test_snapshot_volumes_as_documented(sim: PowerFlexSimulator) -> None:
                 {"snapshotDefs": [{"volumeId": a}]})
     single = gw.get(f"/instances/Volume::{r.json()['volumeIdList'][0]}").json()
     assert single["consistencyGroupId"] == r.json()["snapshotGroupId"]
-    assert single["accessModeLimit"] == "ReadWrite"  # omitted: ReadWrite (csm#1302)
+    if sim.major >= 5:
+        # PyPowerFlex gen2 sends no accessModeLimit: a 5.x snapshot is read-only
+        # (ansible-powerflex's 5.x sample: ReadOnlySnapshot, ReadOnly).
+        assert (single["accessModeLimit"], single["volumeType"]) == ("ReadOnly", "ReadOnlySnapshot")
+    else:
+        assert single["accessModeLimit"] == "ReadWrite"  # omitted: ReadWrite (csm#1302)
     # The other version's call is not routed.
     other = "snapshotVolumes" if sim.major >= 5 else "createSnapshot"
     assert gw.post(f"/instances/System::{sim.system_id}/action/{other}", body).status_code == 404
@@ -379,3 +384,36 @@ def test_mapping_through_hosts_follows_the_version(sim: PowerFlexSimulator) -> N
 def test_nvme_hosts_need_4x() -> None:
     with PowerFlexSimulator(version="3.6") as sim, pytest.raises(ConfigurationError):
         sim.add_nvme_host("nvme1")
+
+
+def test_basic_token_authentication_on_every_version(sim: PowerFlexSimulator) -> None:
+    """PyPowerFlex sends Basic (user, token) to /api/version on every version, and the
+    gateway accepts it: on 4.x and 5.x a token of either login works as Basic too."""
+    user, password = sim.credentials
+    token = requests.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
+    s = requests.Session()
+    s.auth = (user, token)
+    assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
+    s.auth = (user, "not-a-token")
+    assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
+    if sim.major >= 4:
+        login = requests.post(sim.url + "/rest/auth/login",
+                              json={"username": user, "password": password}, timeout=5).json()
+        s.auth = ("", login["access_token"])
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
+    else:  # 3.x knows no Bearer
+        s.auth = None
+        s.headers["Authorization"] = "Bearer " + token
+        assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
+
+
+@pytest.mark.parametrize("version", ["3.6", "4.5"])
+def test_a_version_needing_a_session_takes_the_basic_token(version: str, tmp_path: Path) -> None:
+    """PyPowerFlex's get_api_version: GET /api/login, then /api/version with Basic
+    (user, token), on 4.x too."""
+    with PowerFlexSimulator(version=version, root=tmp_path, version_needs_auth=True) as sim:
+        user, password = sim.credentials
+        assert requests.get(sim.url + "/api/version", timeout=5).status_code == 401
+        token = requests.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
+        r = requests.get(sim.url + "/api/version", auth=(user, token), timeout=5)
+        assert (r.status_code, r.json()) == (200, version)
