@@ -53,7 +53,10 @@ The client
 
 :class:`PowerFlexClient` speaks to the gateway with a ``requests.Session``
 (injected or created), a timeout on every request and TLS verification on
-(``verify`` may be a CA bundle path; ``verify=False`` warns). ``/api/version``
+(``verify`` may be a CA bundle path; ``verify=False`` warns). A certificate
+that does not verify (untrusted, or issued for another host) or a failed TLS
+handshake is :class:`PowerFlexTLSError`, with OpenSSL's reason and what to
+give as ``verify``, and is never retried: it is not transient. ``/api/version``
 decides how to log in: 3.x ``GET /api/login`` with Basic credentials, the
 token then used as the Basic password; 4.x and 5.x ``POST /rest/auth/login``
 and ``Bearer``. The token is reused by every call; a 401 logs in again once
@@ -92,6 +95,7 @@ import logging
 import os
 import random
 import re
+import ssl
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -137,6 +141,7 @@ __all__ = [
     "PowerFlexNotFound",
     "PowerFlexSecureSnapshot",
     "PowerFlexSnapshotLimit",
+    "PowerFlexTLSError",
     "PowerFlexUncertainError",
     "PowerFlexVolumeMapped",
     "snapshot_names",
@@ -195,6 +200,14 @@ class PowerFlexUncertainError(BackendUnavailable):
     timeout, 502/503/504): the gateway may or may not have carried it out."""
 
 
+class PowerFlexTLSError(BackendError):
+    """The TLS connection to the gateway failed for a reason a retry cannot cure: its
+    certificate does not verify (``reason`` ``CERTIFICATE_VERIFY_FAILED`` and
+    ``verify_message``, e.g. "self-signed certificate" or a hostname mismatch), or
+    the handshake itself failed (e.g. ``WRONG_VERSION_NUMBER``: not a TLS port).
+    Never retried."""
+
+
 class _Transient(Exception):
     """One attempt failed in a way a retry may cure (internal)."""
 
@@ -217,6 +230,33 @@ def _encode(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
     return value
+
+
+def _ssl_error(exc: BaseException) -> ssl.SSLError | None:
+    """The :class:`ssl.SSLError` under a requests/urllib3 exception, if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ssl.SSLError):
+            return e
+        todo.extend(a for a in e.args if isinstance(a, BaseException))
+        reason = getattr(e, "reason", None)
+        if isinstance(reason, BaseException):
+            todo.append(reason)
+        todo.extend(n for n in (e.__cause__, e.__context__) if n is not None)
+    return None
+
+
+def _ssl_text(err: ssl.SSLError) -> str:
+    """The SSL error as OpenSSL words it, without CPython's source location."""
+    if isinstance(err, ssl.SSLCertVerificationError) and err.verify_message:
+        return f"certificate verify failed: {str(err.verify_message).rstrip('.')}"
+    text = str(err.args[1]) if len(err.args) > 1 else str(err)
+    return re.sub(r"\s*\(_ssl\.c:\d+\)", "", text).strip() or type(err).__name__
 
 
 def _clean_name(text: str) -> str:
@@ -342,6 +382,13 @@ class PowerFlexClient:
                 stacklevel=3,
             )
             log.warning("TLS verification of %s is turned off (verify=False)", self.gateway)
+        if isinstance(verify, str) and not os.path.exists(verify):
+            raise ConfigurationError(
+                f"verify names the CA bundle {verify}, which does not exist",
+                hint="give verify = the path of a PEM file (or a c_rehash directory) holding "
+                "the gateway's CA certificate, or true for the system's CAs",
+                verify=verify,
+            )
         self._verify = verify
         self._timeout = timeout
         self._own_session = session is None
@@ -407,10 +454,12 @@ class PowerFlexClient:
             response = self._session.request(
                 method, url, timeout=self._timeout, verify=self._verify, **kwargs
             )
+        except self._requests.exceptions.SSLError as exc:
+            raise self._tls_failed(exc, method, path) from None
         except (self._requests.ConnectionError, self._requests.Timeout) as exc:
             log.debug("%s %s: %s", method, path, type(exc).__name__)
             raise _Transient(f"{method} {path}: {type(exc).__name__}") from None
-        except self._requests.RequestException as exc:
+        except (self._requests.RequestException, OSError) as exc:
             raise BackendError(
                 f"PowerFlex request {method} {path} could not be made: {type(exc).__name__}",
                 hint="check the gateway URL and TLS settings (verify=, a CA bundle path)",
@@ -424,6 +473,51 @@ class PowerFlexClient:
             (time.monotonic() - started) * 1000,
         )
         return response
+
+    def _tls_failed(self, exc: BaseException, method: str, path: str) -> Exception:
+        """What a failed TLS connection is: :class:`PowerFlexTLSError` (never retried)
+        unless the connection was merely cut during the handshake (transient)."""
+        err = _ssl_error(exc)
+        if err is None or isinstance(err, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            log.debug("%s %s: TLS connection lost (%s)", method, path, type(exc).__name__)
+            return _Transient(f"{method} {path}: TLS connection lost")
+        text = _ssl_text(err)
+        host = urlsplit(self.gateway).hostname
+        if isinstance(err, ssl.SSLCertVerificationError):
+            if "hostname mismatch" in text.lower() or "ip address mismatch" in text.lower():
+                hint = (
+                    f"the certificate was not issued for {host}: give the gateway by a name "
+                    "the certificate holds (its subjectAltName), e.g. gateway = "
+                    "'https://<that name>', or have the certificate reissued for this one"
+                )
+            else:
+                hint = (
+                    "give verify = the path of a CA bundle (PEM) holding the certificate of "
+                    "the CA that signed the gateway's (or the gateway's own, if it is "
+                    "self-signed), in [storage.options] or as verify= in Python; "
+                    "verify = false turns the check off and lets anyone on the path read "
+                    "the credentials"
+                )
+            reason = "CERTIFICATE_VERIFY_FAILED"
+            what = "presented a certificate that does not verify"
+        else:
+            hint = (
+                "check that the gateway URL is the gateway's HTTPS address "
+                "(https://host, port 443 unless it listens elsewhere) and that it speaks TLS "
+                "1.2 or newer"
+            )
+            reason = str(getattr(err, "reason", None) or type(err).__name__)
+            what = "refused the TLS handshake"
+        log.warning("TLS to %s failed: %s", self.gateway, text)
+        return PowerFlexTLSError(
+            f"the PowerFlex gateway {self.gateway} {what}: {text}; {method} {path} was not "
+            "sent and is not retried",
+            hint=hint,
+            backend=_NAME,
+            gateway=self.gateway,
+            reason=reason,
+            tls_error=text,
+        )
 
     def _login(self) -> None:
         """Find the version and log in with the scheme it needs."""

@@ -82,9 +82,20 @@ out, tokens expiring; each fault matches a method and a path fragment and
 fires a number of times. :attr:`~PowerFlexSimulator.requests` records every
 request (method, path, status) for counting.
 
+HTTPS: the simulator speaks plain HTTP; :class:`TlsFront` is a
+TLS-terminating front for it (clients that speak only HTTPS, such as Dell's
+PyPowerFlex, and TLS tests), with a certificate from
+:func:`make_certificate` (``openssl``: a throwaway CA, self-signed, or
+issued for another host).
+
+The simulator is checked against Dell's PyPowerFlex 2.0.1 driven as a user
+would, over the TLS front (``tests/integration/test_powerflex_sdk.py``).
+
 What it does not model: statistics, protection domains beyond one pool,
-NVMe hosts, replication, auto-snapshot creation by policies (policies are
-objects that can be paused and resumed), sizes beyond bookkeeping.
+NVMe devices (NVMe hosts are objects that can be mapped, not devices a
+simulated host sees), replication, auto-snapshot creation by policies
+(policies are objects that can be paused and resumed), sizes beyond
+bookkeeping.
 """
 
 from __future__ import annotations
@@ -96,8 +107,12 @@ import logging
 import os
 import re
 import secrets
+import select
 import shutil
+import socket
+import ssl
 import stat
+import subprocess
 import tempfile
 import threading
 import time
@@ -123,9 +138,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DEVICE_DIR",
     "Fault",
+    "GatewayCertificate",
     "PowerFlexSimulator",
     "SimRequest",
     "SimulatedSdcHost",
+    "TlsFront",
+    "make_certificate",
     "powerflex_cluster",
 ]
 
@@ -1536,6 +1554,238 @@ class PowerFlexSimulator:
             return True
         with self._lock:
             return any(os.path.abspath(device) == str(self.volume_path(v)) for v in self._volumes)
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@attrs.frozen
+class GatewayCertificate:
+    """A server certificate made for tests by :func:`make_certificate`.
+
+    ``cert`` and ``key`` (PEM) are what the server presents; ``ca`` is the
+    bundle a client gives as ``verify=`` (PyPowerFlex: ``certificate_path=``)
+    to trust it; ``hosts`` the names and addresses it was issued for.
+    """
+
+    cert: Path
+    key: Path
+    ca: Path
+    hosts: tuple[str, ...]
+
+
+def _openssl(*args: str) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ConfigurationError(
+            "making a test certificate needs the openssl command",
+            hint="apt-get install openssl",
+        )
+    done = subprocess.run([openssl, *args], capture_output=True, text=True, check=False, timeout=60)
+    if done.returncode != 0:
+        raise ConfigurationError(
+            f"openssl {args[0]} failed: {done.stderr.strip()}",
+            hint="check the openssl installation (OpenSSL 1.1.1 or newer)",
+        )
+
+
+def make_certificate(
+    directory: Path | str,
+    *,
+    hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+    self_signed: bool = False,
+    name: str = "gateway",
+) -> GatewayCertificate:
+    """A server certificate for ``hosts`` (IP addresses and DNS names), made with
+    ``openssl`` in ``directory`` (ECDSA P-256, valid 30 days).
+
+    By default a throwaway CA (``<name>-ca.pem``) signs it, as a company CA
+    would; ``self_signed=True`` makes a self-signed certificate, its own CA
+    bundle. A client that is not given ``ca`` refuses either ("unable to get
+    local issuer certificate", "self-signed certificate"); one connecting by
+    an address not in ``hosts`` refuses it as a hostname mismatch.
+    """
+    if not hosts:
+        raise ConfigurationError("a certificate needs at least one host", hint="e.g. 127.0.0.1")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    san = ",".join(
+        f"IP:{h}" if re.fullmatch(r"[0-9.]+|[0-9a-fA-F:]*:[0-9a-fA-F:]*", h) else f"DNS:{h}"
+        for h in hosts
+    )
+    key, cert = out / f"{name}.key", out / f"{name}.pem"
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    if self_signed:
+        _openssl(
+            "req", "-x509", *ec, "-keyout", str(key), "-out", str(cert), "-days", "30",
+            "-subj", f"/CN={hosts[0]}", "-addext", f"subjectAltName={san}",
+            "-addext", "keyUsage=critical,digitalSignature,keyCertSign",
+        )  # fmt: skip
+        return GatewayCertificate(cert, key, cert, tuple(hosts))
+    ca_key, ca = out / f"{name}-ca.key", out / f"{name}-ca.pem"
+    _openssl(
+        "req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", "30",
+        "-subj", f"/CN=pgsnap test CA {name}",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )  # fmt: skip
+    csr, ext = out / f"{name}.csr", out / f"{name}.ext"
+    ext.write_text(
+        f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
+        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+        "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n"
+    )
+    _openssl("req", "-new", *ec, "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={hosts[0]}")
+    _openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+        "-set_serial", str(secrets.randbits(63)), "-days", "30", "-out", str(cert),
+        "-extfile", str(ext),
+    )  # fmt: skip
+    return GatewayCertificate(cert, key, ca, tuple(hosts))
+
+
+class TlsFront:
+    """A TLS-terminating front on 127.0.0.1 for a plain-HTTP server.
+
+    It accepts TLS connections presenting ``certificate`` and relays each
+    one's bytes to a new connection to ``upstream`` (``http://host:port``,
+    e.g. :attr:`PowerFlexSimulator.url`), both ways, until either side
+    closes: the gateway's HTTPS, as a client that speaks only HTTPS
+    (PyPowerFlex) needs it. Several fronts (other certificates) may serve one
+    simulator. :attr:`connections` counts the TCP connections accepted and
+    :attr:`handshake_failures` records why server-side handshakes failed (with
+    TLS 1.3 a client that refuses the certificate does so after the server's
+    side of the handshake is done: it shows as a connection closed with
+    nothing relayed).
+    """
+
+    def __init__(self, upstream: str, certificate: GatewayCertificate) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ConfigurationError(
+                f"the TLS front relays to http://host:port, not {upstream!r}",
+                hint="give the simulator's url (start it first)",
+            )
+        self._upstream = (parts.hostname, parts.port)
+        self.certificate = certificate
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(str(certificate.cert), str(certificate.key))
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._live: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self.connections = 0
+        """TCP connections accepted so far."""
+        self.handshake_failures: list[str] = []
+        """Why each failed TLS handshake failed (the server side's view)."""
+
+    def __repr__(self) -> str:
+        where = self.url if self._sock is not None else "stopped"
+        return f"<TlsFront {where} -> {self._upstream[0]}:{self._upstream[1]}>"
+
+    @property
+    def port(self) -> int:
+        """The port the front listens on."""
+        if self._sock is None:
+            raise ConfigurationError("the TLS front is not started", hint="call start()")
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        """``https://127.0.0.1:<port>``."""
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self) -> TlsFront:
+        """Listen on 127.0.0.1 (an ephemeral port) in a background thread."""
+        if self._sock is None:
+            sock = socket.create_server(("127.0.0.1", 0))
+            sock.settimeout(0.05)
+            self._sock = sock
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._serve, name="pgsnap-tlsfront", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and close every relayed connection."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        with self._lock:
+            live = list(self._live)
+        for s in live:
+            with suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> TlsFront:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        while not self._stopping.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            threading.Thread(target=self._relay, args=(conn,), daemon=True).start()
+
+    def _relay(self, conn: socket.socket) -> None:
+        conn.settimeout(30)
+        try:
+            tls = self._context.wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            with self._lock:
+                self.handshake_failures.append(str(exc))
+            conn.close()
+            return
+        try:
+            up = socket.create_connection(self._upstream, timeout=30)
+        except OSError:
+            tls.close()
+            return
+        with self._lock:
+            self._live.update((tls, up))
+        try:
+            self._pump(tls, up)
+        finally:
+            with self._lock:
+                self._live.difference_update((tls, up))
+            for s in (up, tls):
+                with suppress(OSError):
+                    s.close()
+
+    def _pump(self, tls: ssl.SSLSocket, up: socket.socket) -> None:
+        while not self._stopping.is_set():
+            if tls.pending():
+                ready: list[Any] = [tls]
+            else:
+                ready = select.select([tls, up], [], [], 0.5)[0]
+            for src in ready:
+                dst = up if src is tls else tls
+                try:
+                    data = src.recv(1 << 16)
+                    if not data:
+                        return
+                    dst.sendall(data)
+                except (OSError, ValueError):
+                    return
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

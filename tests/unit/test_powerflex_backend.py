@@ -31,6 +31,7 @@ from pgsnap.backends.powerflex import (
     PowerFlexNotFound,
     PowerFlexSecureSnapshot,
     PowerFlexSnapshotLimit,
+    PowerFlexTLSError,
     PowerFlexUncertainError,
     PowerFlexVolumeMapped,
     snapshot_names,
@@ -42,7 +43,13 @@ from pgsnap.errors import (
     ConfigurationError,
     PgsnapError,
 )
-from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator
+from pgsnap.testing.powerflex_sim import (
+    Fault,
+    GatewayCertificate,
+    PowerFlexSimulator,
+    TlsFront,
+    make_certificate,
+)
 
 VERSIONS = ["3.6", "4.5", "5.0"]
 LISTING = "/api/types/Volume/instances"
@@ -636,6 +643,132 @@ def test_the_backend_is_built_by_name_from_configuration_options(
     assert backend.get_volume(vid).name == "pgdata"
     with pytest.raises(ConfigurationError, match="does not accept"):
         BackendRegistry(plugins=False).create("powerflex", gateway=sim.url, pasword="typo")
+
+
+# --------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GatewayCertificate]:
+    """A CA-signed certificate for 127.0.0.1, a self-signed one, one for another host."""
+    base = tmp_path_factory.mktemp("certs")
+    return {
+        "ca-signed": make_certificate(base / "ca-signed"),
+        "self-signed": make_certificate(base / "self-signed", self_signed=True),
+        "other-host": make_certificate(base / "other-host", hosts=("pfgw.example",)),
+    }
+
+
+@pytest.fixture
+def sim45(tmp_path: Path) -> Iterator[PowerFlexSimulator]:
+    with PowerFlexSimulator(version="4.5", root=tmp_path / "array") as sim:
+        yield sim
+
+
+def tls_failure(front: TlsFront, sim: PowerFlexSimulator, verify: bool | str,
+                gateway: str | None = None) -> PowerFlexTLSError:
+    """What list_volumes raises through ``front``; checks it was not retried."""
+    sleeps: list[float] = []
+    user, password = sim.credentials
+    backend = PowerFlexBackend(gateway or front.url, user, password, verify=verify,
+                               sleep=sleeps.append, retry_attempts=5)
+    with pytest.raises(PowerFlexTLSError) as info:
+        backend.list_volumes()
+    err = info.value
+    assert sleeps == []  # never retried: a certificate does not get better by waiting
+    assert front.connections == 1  # one TCP connection, one handshake
+    assert sim.requests == []  # nothing reached the gateway behind the front
+    assert isinstance(err, BackendError) and not isinstance(err, BackendUnavailable)
+    assert not err.retryable
+    assert "retrying later" not in str(err)
+    assert "is not retried" in str(err)
+    assert err.__cause__ is None and err.__suppress_context__
+    assert password not in str(err) and password not in repr(err.details)
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), str(copy), copy.details) == (type(err), str(err), err.details)
+    return err
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("ca-signed", "certificate verify failed: unable to get local issuer certificate"),
+        ("self-signed", "certificate verify failed: self-signed certificate"),
+    ],
+)
+def test_a_certificate_the_client_does_not_trust_fails_at_once_with_the_reason(
+    sim45: PowerFlexSimulator, certs: dict[str, GatewayCertificate], kind: str, reason: str
+) -> None:
+    with TlsFront(sim45.url, certs[kind]) as front:
+        err = tls_failure(front, sim45, verify=True)  # the system's CAs: ours is not there
+        assert reason in str(err)
+        assert err.details["reason"] == "CERTIFICATE_VERIFY_FAILED"
+        assert err.details["tls_error"] == reason
+        assert "verify = the path of a CA bundle" in str(err.hint)
+        assert front.url in str(err)
+    # Given the CA bundle, the same certificate is trusted: the backend works over TLS.
+    with TlsFront(sim45.url, certs[kind]) as front:
+        user, password = sim45.credentials
+        backend = PowerFlexBackend(front.url, user, password, verify=str(certs[kind].ca))
+        vid = sim45.add_volume("pgdata")
+        assert backend.get_volume(vid).name == "pgdata"
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "text"),
+    [
+        ("127.0.0.1", "IP address mismatch, certificate is not valid for '127.0.0.1'"),
+        ("localhost", "Hostname mismatch, certificate is not valid for 'localhost'"),
+    ],
+)
+def test_a_certificate_for_another_host_names_the_mismatch(
+    sim45: PowerFlexSimulator, certs: dict[str, GatewayCertificate], host: str, text: str
+) -> None:
+    cert = certs["other-host"]  # issued for pfgw.example, by a CA the client trusts
+    with TlsFront(sim45.url, cert) as front:
+        err = tls_failure(front, sim45, verify=str(cert.ca),
+                          gateway=f"https://{host}:{front.port}")
+    assert f"certificate verify failed: {text}" in str(err)
+    assert f"not issued for {host}" in str(err.hint)
+    assert "subjectAltName" in str(err.hint)
+
+
+def test_https_to_a_plain_http_port_is_a_tls_error_not_a_retry(sim45: PowerFlexSimulator) -> None:
+    sleeps: list[float] = []
+    user, password = sim45.credentials
+    backend = PowerFlexBackend(sim45.url.replace("http://", "https://"), user, password,
+                               sleep=sleeps.append)
+    with pytest.raises(PowerFlexTLSError, match="WRONG_VERSION_NUMBER") as info:
+        backend.list_volumes()
+    assert sleeps == []
+    assert "refused the TLS handshake" in str(info.value)
+    assert "HTTPS address" in str(info.value.hint)
+
+
+def test_a_connection_cut_behind_the_tls_front_is_still_retried(
+    sim45: PowerFlexSimulator, certs: dict[str, GatewayCertificate]
+) -> None:
+    """Only what a retry cannot cure skips the retries: a dropped connection over TLS
+    is retried as over plain HTTP."""
+    cert = certs["ca-signed"]
+    with TlsFront(sim45.url, cert) as front:
+        sleeps: list[float] = []
+        user, password = sim45.credentials
+        backend = PowerFlexBackend(front.url, user, password, verify=str(cert.ca),
+                                   sleep=sleeps.append)
+        fault = sim45.inject(Fault("drop", method="GET", path_contains=LISTING, times=2))
+        assert backend.list_volumes() == ()
+        assert fault.fired == 2
+        assert len(sleeps) == 2
+
+
+def test_a_missing_ca_bundle_is_a_configuration_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-ca.pem"
+    with pytest.raises(ConfigurationError, match="does not exist") as info:
+        PowerFlexBackend("https://pfgw.example", "admin", "x", verify=str(missing))
+    assert str(missing) in str(info.value)
+    assert "PEM" in str(info.value.hint)
 
 
 # --------------------------------------------------------------------------- mapping per version

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from pgsnap.errors import ConfigurationError
-from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator
+from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator, TlsFront, make_certificate
 
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 # The snapshot volume sample of ansible-powerflex (snapshot.py RETURN), its keys.
@@ -417,3 +417,28 @@ def test_a_version_needing_a_session_takes_the_basic_token(version: str, tmp_pat
         token = requests.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
         r = requests.get(sim.url + "/api/version", auth=(user, token), timeout=5)
         assert (r.status_code, r.json()) == (200, version)
+
+
+# --------------------------------------------------------------------------- the TLS front
+
+
+def test_the_tls_front_serves_the_simulator_over_https(sim: PowerFlexSimulator,
+                                                       tmp_path: Path) -> None:
+    cert = make_certificate(tmp_path / "certs")
+    with TlsFront(sim.url, cert) as front:
+        url = front.url
+        assert url.startswith("https://127.0.0.1:")
+        r = requests.get(front.url + "/api/version", verify=str(cert.ca), timeout=5)
+        assert (r.status_code, r.json()) == (200, sim.version)
+        s = requests.Session()  # keep-alive: several requests on one TLS connection
+        for _ in range(3):
+            assert s.get(front.url + "/api/version", verify=str(cert.ca), timeout=5).ok
+        assert front.connections == 2
+        with pytest.raises(requests.exceptions.SSLError, match="certificate verify failed"):
+            requests.get(front.url + "/api/version", timeout=5)  # the system's CAs only
+        sim.inject(Fault("drop", path_contains="/api/version"))
+        with pytest.raises(requests.ConnectionError) as info:
+            requests.get(front.url + "/api/version", verify=str(cert.ca), timeout=5)
+        assert not isinstance(info.value, requests.exceptions.SSLError)  # a cut, not TLS
+    with pytest.raises(requests.ConnectionError):
+        requests.get(url + "/api/version", verify=str(cert.ca), timeout=5)  # stopped
