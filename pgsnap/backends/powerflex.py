@@ -78,10 +78,16 @@ becomes a :class:`PowerFlexAPIError` carrying those fields, or one of its
 subclasses (:class:`PowerFlexNotFound`, :class:`PowerFlexNameInUse`,
 :class:`PowerFlexSnapshotLimit` for ``rc`` 182, :class:`PowerFlexVolumeMapped`,
 :class:`PowerFlexSecureSnapshot`); a 401 that a new login does not cure is
-:class:`~pgsnap.errors.AuthenticationError`; an unreachable gateway is
-:class:`~pgsnap.errors.BackendUnavailable`. No ``requests`` exception
-escapes. The password and tokens are never logged, shown in a ``repr`` or
-put in an error.
+:class:`~pgsnap.errors.AuthenticationError`, naming the user and where the
+password came from (``$PGSNAP_POWERFLEX_PASSWORD`` or ``password_env``; a
+wrong password fails every call so, before anything reaches the array); an
+unreachable gateway is :class:`~pgsnap.errors.BackendUnavailable`. No
+``requests`` exception escapes. The password and tokens are never logged,
+shown in a ``repr`` or put in an error.
+
+The password: ``password=`` is for Python callers; configuration files give
+``password_env`` (the name of an environment variable, default
+``PGSNAP_POWERFLEX_PASSWORD``), never the password.
 
 Where the reference (``powerflex.md``) is silent, the safe side is taken;
 docs/reference/powerflex.md lists each choice.
@@ -337,6 +343,7 @@ class PowerFlexClient:
         retry_deadline: float = 60.0,
         backoff: float = 0.5,
         sleep: Callable[[float], None] | None = None,
+        password_source: str = "the password given to pgsnap",  # noqa: S107 - a description
     ) -> None:
         try:
             import requests  # noqa: PLC0415 - an optional dependency (pgsnap[powerflex])
@@ -390,6 +397,7 @@ class PowerFlexClient:
                 verify=verify,
             )
         self._verify = verify
+        self._password_source = password_source
         self._timeout = timeout
         self._own_session = session is None
         self._session = session if session is not None else requests.Session()
@@ -590,13 +598,17 @@ class PowerFlexClient:
         return token
 
     def _auth_failed(self, status: int) -> AuthenticationError:
+        major = int(self._version.split(".", 1)[0]) if self._version else 3
+        where = "PowerFlex Manager" if major >= 4 else "gateway"
         return AuthenticationError(
-            f"the PowerFlex gateway {self.gateway} refused the credentials of user "
-            f"{self.username!r} (HTTP {status})",
-            hint="check the user name and password (the password is read from the "
-            f"configuration or ${DEFAULT_PASSWORD_ENV})",
+            f"the PowerFlex {where} {self.gateway} refused the credentials of user "
+            f"{self.username!r} (HTTP {status}); nothing was done on the array",
+            hint=f"check that the user {self.username!r} exists there and that "
+            f"{self._password_source} holds its current password (username = '...' in "
+            "[storage.options]), then run pgsnap check again",
             backend=_NAME,
             status=status,
+            username=self.username,
         )
 
     def _auth(self) -> dict[str, Any]:
@@ -614,7 +626,7 @@ class PowerFlexClient:
         if response.status_code in _TRANSIENT_STATUS:
             raise _Transient(f"{what}: HTTP {response.status_code}")
         if response.status_code >= 400:
-            raise _api_error(response, what)
+            raise _api_error(response, what, user=self.username)
         if not response.content:
             return {}
         try:
@@ -719,15 +731,17 @@ class PowerFlexClient:
         self._sleep(seconds)
 
 
-def _api_error(response: requests.Response, what: str) -> BackendError:
+def _api_error(response: requests.Response, what: str, *, user: str = "") -> BackendError:
     """The typed error for an error answer (any body, JSON or not)."""
     status = response.status_code
     if status in {401, 403}:
         return AuthenticationError(
-            f"{what}: the PowerFlex gateway refused the session (HTTP {status})",
-            hint="check the user's rights on the array",
+            f"{what}: the PowerFlex gateway refused the session of user {user!r} (HTTP {status})",
+            hint=f"give the user {user!r} the rights pgsnap needs on the array (snapshot, "
+            "overwrite, map and unmap the volumes; read and pause snapshot policies)",
             backend=_NAME,
             status=status,
+            username=user,
         )
     try:
         data = response.json()
@@ -809,8 +823,9 @@ class PowerFlexBackend:
     """The ``powerflex`` storage backend (see the module docstring).
 
     ``gateway``: ``https://host[:port]`` of the REST gateway (3.x) or
-    PowerFlex Manager (4.x, 5.x). ``password`` defaults to the environment
-    variable ``password_env``. ``system_id`` is needed only when the gateway
+    PowerFlex Manager (4.x, 5.x). ``password`` (for Python callers; a
+    configuration file names the variable instead) defaults to the
+    environment variable ``password_env``. ``system_id`` is needed only when the gateway
     manages several systems. The volume listing (one request for every
     volume and snapshot) is reused for ``listing_ttl`` seconds by lookups
     (``locate``, ``restore_profile``, ``get_volume``...), so observing K
@@ -858,12 +873,17 @@ class PowerFlexBackend:
                     "the powerflex backend needs the gateway's URL",
                     hint="e.g. gateway = 'https://pfgw.example' in the [storage] section",
                 )
+            source = "the password= argument"
             if password is None:
                 password = os.environ.get(password_env)
+                source = f"${password_env}"
             if not password:
                 raise ConfigurationError(
-                    "the powerflex backend needs a password",
-                    hint=f"set ${password_env} (or give password=, never in a file others read)",
+                    f"the powerflex backend needs the password of user {username!r}",
+                    hint=f"export {password_env}=... before running pgsnap (password_env = "
+                    "'NAME' in [storage.options] names another variable); the password is "
+                    "never put in the configuration file",
+                    password_env=password_env,
                 )
             client = PowerFlexClient(
                 gateway,
@@ -875,6 +895,7 @@ class PowerFlexBackend:
                 retry_attempts=retry_attempts,
                 retry_deadline=retry_deadline,
                 sleep=sleep,
+                password_source=source,
             )
         if not 1 <= secure_retention_minutes <= 31 * 24 * 60:
             raise ConfigurationError(

@@ -159,8 +159,10 @@ def test_the_password_may_come_from_the_environment(
     backend = PowerFlexBackend(sim.url, "admin", sleep=lambda _s: None)
     assert backend.list_volumes() == ()
     monkeypatch.delenv("PGSNAP_POWERFLEX_PASSWORD")
-    with pytest.raises(ConfigurationError, match="needs a password"):
+    with pytest.raises(ConfigurationError, match="needs the password of user 'admin'") as info:
         PowerFlexBackend(sim.url, "admin")
+    assert "export PGSNAP_POWERFLEX_PASSWORD" in str(info.value.hint)
+    assert info.value.details["password_env"] == "PGSNAP_POWERFLEX_PASSWORD"
 
 
 # --------------------------------------------------------------------------- retries
@@ -643,6 +645,97 @@ def test_the_backend_is_built_by_name_from_configuration_options(
     assert backend.get_volume(vid).name == "pgdata"
     with pytest.raises(ConfigurationError, match="does not accept"):
         BackendRegistry(plugins=False).create("powerflex", gateway=sim.url, pasword="typo")
+
+
+# --------------------------------------------------------------------------- a wrong password
+
+
+WRONG = "not-the-Password-42"
+
+
+def every_call(vid: str, snap: str, group: str, policy: str) -> dict[str, Any]:
+    """One call of each kind the backend makes, reads and writes alike."""
+    return {
+        "list_volumes": lambda b: b.list_volumes(),
+        "list_snapshots": lambda b: b.list_snapshots(),
+        "get_volume": lambda b: b.get_volume(vid),
+        "ex_volume_id": lambda b: b.ex_volume_id("pgdata"),
+        "locate": lambda b: b.locate(vid),
+        "restore_profile": lambda b: b.restore_profile(vid),
+        "get_snapshot_group": lambda b: b.get_snapshot_group(group),
+        "storage_problems": lambda b: b.storage_problems([vid]),
+        "list_policies": lambda b: b.list_policies(),
+        "system_id": lambda b: b.system_id,
+        "create_snapshot_group": lambda b: b.create_snapshot_group([vid], "wrongpw"),
+        "delete_snapshot": lambda b: b.delete_snapshot(snap),
+        "delete_snapshot_group": lambda b: b.delete_snapshot_group(group),
+        "restore_volume": lambda b: b.restore_volume(vid, snap),
+        "attach": lambda b: b.attach(vid, "db1"),
+        "detach": lambda b: b.detach(vid, "db1"),
+        "clone_snapshot": lambda b: b.clone_snapshot(snap, "wrongpw-clone"),
+        "pause_policy": lambda b: b.pause_policy(policy),
+    }
+
+
+def wrong_password_case(sim: PowerFlexSimulator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call of a backend whose password is wrong raises AuthenticationError naming
+    the user and where the password came from, and nothing reaches the array."""
+    good = make_backend(sim)
+    sim.add_sdc("db1")
+    vid = sim.add_volume("pgdata")
+    group = good.create_snapshot_group([vid], "kept")
+    policy = good.ex_create_policy("hourly", [vid])
+    good.close()
+    before = [sim.volume(v) for v in sim.volume_ids()]
+    start = len(sim.requests)
+    monkeypatch.setenv("PF_TEST_PASSWORD", WRONG)
+    bad = PowerFlexBackend(sim.url, "admin", password_env="PF_TEST_PASSWORD", sleep=lambda _s: None)
+    calls = every_call(vid, group.snapshots[0].id, group.id, policy)
+    for name, call in calls.items():
+        with pytest.raises(AuthenticationError) as info:
+            call(bad)
+        err = info.value
+        assert "user 'admin'" in str(err), name
+        assert "$PF_TEST_PASSWORD" in str(err.hint), name  # where the password came from
+        assert "pgsnap check" in str(err.hint), name
+        assert err.details["username"] == "admin"
+        for text in (str(err), repr(err.details), repr(bad), repr(bad.client)):
+            assert WRONG not in text, name
+            assert base64.b64encode(f"admin:{WRONG}".encode()).decode() not in text
+        assert pickle.loads(pickle.dumps(err)).details == err.details
+        assert not err.retryable
+    # Nothing but login attempts reached the gateway, each refused; the array is as it was.
+    logins = {"/api/login", "/rest/auth/login"}
+    sent = sim.requests[start:]
+    assert {r.path for r in sent} <= {*logins, "/api/version"}
+    attempts = [r for r in sent if r.path in logins]
+    assert len(attempts) == len(calls)  # every call tried to log in, once
+    assert {r.status for r in attempts} == {401}
+    assert [sim.volume(v) for v in sim.volume_ids()] == before
+    assert bad.client.logins == 0
+
+
+def test_a_wrong_password_fails_every_call_with_the_user_and_what_to_do(
+    sim: PowerFlexSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong_password_case(sim, monkeypatch)
+
+
+@pytest.mark.parametrize("version", ["3.6", "4.5"])
+def test_a_wrong_password_fails_every_call_when_the_version_needs_a_session(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with PowerFlexSimulator(version=version, root=tmp_path, version_needs_auth=True) as sim:
+        wrong_password_case(sim, monkeypatch)
+
+
+def test_a_wrong_password_given_in_python_says_so(sim: PowerFlexSimulator) -> None:
+    bad = PowerFlexBackend(sim.url, "pgsnap-op", WRONG, sleep=lambda _s: None)
+    with pytest.raises(AuthenticationError) as info:
+        bad.list_volumes()
+    assert "user 'pgsnap-op'" in str(info.value)
+    assert "the password= argument" in str(info.value.hint)
+    assert WRONG not in str(info.value)
 
 
 # --------------------------------------------------------------------------- TLS
