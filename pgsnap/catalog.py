@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from pgsnap.errors import BackupNotFound, CatalogError, CatalogLockedError, PgsnapError
+from pgsnap.locks import FileClusterLock, MemoryClusterLock
 from pgsnap.model import (
     FORMAT_VERSION,
     LSN,
     BackupRecord,
     BackupState,
+    SafetySnapshot,
     decode_value,
     encode_value,
     from_dict,
@@ -194,6 +196,28 @@ class DirectoryCatalog:
     def __repr__(self) -> str:
         return f"DirectoryCatalog({str(self.path)!r})"
 
+    def cluster_lock(self) -> FileClusterLock:
+        """The cluster lock of the clusters this catalog serves, in ``.cluster-lock``
+        beside the records: every process (and host) that shares the catalog shares
+        it (:mod:`pgsnap.locks`)."""
+        return FileClusterLock(self.path / ".cluster-lock")
+
+    def check_writable(self) -> None:
+        """Raise :class:`~pgsnap.errors.CatalogError` when a record could not be written
+        now (a read-only directory or file system): a file is created and removed."""
+        probe = self.path / f".write-check-{os.getpid()}"
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.close(fd)
+            probe.unlink()
+        except OSError as exc:
+            raise CatalogError(
+                f"the catalog directory {self.path} is not writable: {exc.strerror or exc}",
+                hint="a backup records itself there: fix the directory's permissions or "
+                "mount its file system read-write",
+                path=str(self.path),
+            ) from exc
+
     def _file(self, backup_id: str) -> Path:
         return self.path / f"{_check_id(backup_id)}.json"
 
@@ -228,23 +252,7 @@ class DirectoryCatalog:
         data = json.dumps(document, indent=2).encode()
         with self._locked():
             before = _dir_mtime(self.path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{record.id}.", suffix=".tmp", dir=self.path)
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    os.fchmod(fh.fileno(), 0o600)
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, target)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
-            dir_fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            _write_atomic(target, data)
             values = [document.get(name) for name in _FIELDS]
             ident = _identity(os.stat(target))
             self._append_index(["put", record.id, ident, values])
@@ -685,6 +693,53 @@ class DirectoryCatalog:
         except OSError as exc:
             log.debug("catalog %s: .newest not written: %s", self.path, exc)
 
+    # ------------------------------------------------------------------ safety snapshots
+
+    def _safety_file(self, name: str) -> Path:
+        return self.path / _SAFETY_DIR / f"{_check_id(name)}.json"
+
+    def put_safety(self, record: SafetySnapshot) -> None:
+        """Record a recovery's safety snapshot (atomically, in ``safety/<name>.json``)."""
+        target = self._safety_file(record.name)
+        with self._locked():
+            target.parent.mkdir(mode=0o700, exist_ok=True)
+            _write_atomic(target, json.dumps(to_dict(record), indent=2).encode())
+
+    def list_safety(self) -> tuple[SafetySnapshot, ...]:
+        """Every recorded safety snapshot, oldest first; an unreadable record is logged
+        and left out (its file is named)."""
+        directory = self.path / _SAFETY_DIR
+        try:
+            names = sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return ()
+        out = []
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = directory / name
+            try:
+                out.append(from_json(SafetySnapshot, path.read_bytes()))
+            except FileNotFoundError:
+                continue
+            except (OSError, PgsnapError) as exc:
+                log.warning("unreadable safety snapshot record %s: %s", path, exc)
+        return tuple(sorted(out, key=lambda r: (r.created_at, r.name)))
+
+    def delete_safety(self, name: str) -> None:
+        """Remove a safety snapshot's record; :class:`~pgsnap.errors.CatalogError`
+        naming it when there is none."""
+        target = self._safety_file(name)
+        with self._locked():
+            try:
+                target.unlink()
+            except FileNotFoundError:
+                raise CatalogError(
+                    f"no safety snapshot {name!r} in the catalog {self.path}",
+                    hint="list them with `pgsnap safety list`",
+                    name=name,
+                ) from None
+
     def system_identifiers(self) -> frozenset[str]:
         """The system identifiers of the backups' clusters, from the index when it
         covers every record file unchanged (else from :meth:`list`)."""
@@ -808,6 +863,31 @@ def _index_builder() -> Callable[[list[Any]], Any]:
     return typing.cast(Callable[[list[Any]], Any], scope["build"])
 
 
+_SAFETY_DIR = "safety"
+"""The catalog directory's subdirectory of safety snapshot records."""
+
+
+def _write_atomic(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` atomically (temp file, fsync, rename), mode 0600."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), 0o600)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def _dir_mtime(path: Path) -> int:
     return os.stat(path).st_mtime_ns
 
@@ -847,7 +927,13 @@ class MemoryCatalog:
 
     def __init__(self) -> None:
         self._records: dict[str, BackupRecord] = {}
+        self._safety: dict[str, SafetySnapshot] = {}
         self._lock = threading.Lock()
+        self._cluster_lock = MemoryClusterLock()
+
+    def cluster_lock(self) -> MemoryClusterLock:
+        """The cluster lock of this catalog's clusters, within this process."""
+        return self._cluster_lock
 
     def __repr__(self) -> str:
         return f"MemoryCatalog({len(self._records)} backups)"
@@ -857,6 +943,23 @@ class MemoryCatalog:
         _check_id(record.id)
         with self._lock:
             self._records[record.id] = record
+
+    def put_safety(self, record: SafetySnapshot) -> None:
+        """Record a recovery's safety snapshot."""
+        _check_id(record.name)
+        with self._lock:
+            self._safety[record.name] = record
+
+    def list_safety(self) -> tuple[SafetySnapshot, ...]:
+        """Every recorded safety snapshot, oldest first."""
+        with self._lock:
+            return tuple(sorted(self._safety.values(), key=lambda r: (r.created_at, r.name)))
+
+    def delete_safety(self, name: str) -> None:
+        """Remove a safety snapshot's record (CatalogError when there is none)."""
+        with self._lock:
+            if self._safety.pop(name, None) is None:
+                raise CatalogError(f"no safety snapshot {name!r} in the catalog", name=name)
 
     def get(self, backup_id: str) -> BackupRecord:
         """The record; ``BackupNotFound`` if absent."""

@@ -21,7 +21,10 @@ recovered, and says so even when no backup could be taken right now:
 - ``orphan_snapshots``: snapshots pgsnap made of the cluster's volumes that
   no catalog record names (:func:`~pgsnap.planner.reconcile.find_orphans`),
   with their age: space the storage holds for nothing, deleted by
-  ``pgsnap expire --orphans-after``.
+  ``pgsnap expire --orphans-after``;
+- ``safety_snapshots``: safety snapshots recoveries recorded that are older
+  than :data:`SAFETY_REMINDER` (kept until deleted: a reminder, with the
+  command that deletes each).
 
 Two halves, as the planners: :func:`gather_check_facts` does the I/O (it only
 reads) and returns :class:`CheckFacts`; :func:`check_findings` is pure and
@@ -40,7 +43,7 @@ import attrs
 
 from pgsnap.catalog import CatalogScan, UnreadableEntry, scan_catalog
 from pgsnap.errors import ArchiveError, CommandError, HostError, PgsnapError, TimelineError
-from pgsnap.model import LSN, ArchiverStatus, BackupRecord, StorageProblem
+from pgsnap.model import LSN, ArchiverStatus, BackupRecord, SafetySnapshot, StorageProblem
 from pgsnap.planner.backup import Finding, Severity
 from pgsnap.planner.reconcile import Orphan
 from pgsnap.protocols import StorageHealth
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
+    "SAFETY_REMINDER",
     "CheckFacts",
     "EmptyArchive",
     "check_findings",
@@ -114,6 +118,8 @@ class CheckFacts:
     """Orphan snapshot groups (:func:`~pgsnap.planner.reconcile.find_orphans`)."""
     now: dt.datetime | None = None
     """The time of the check (orphans' ages; None: ages not shown)."""
+    safety: tuple[SafetySnapshot, ...] = ()
+    """The safety snapshots recoveries recorded."""
 
 
 # --------------------------------------------------------------------------- pure
@@ -129,7 +135,36 @@ def check_findings(facts: CheckFacts) -> tuple[Finding, ...]:
     out += _os_user(facts)
     out += _storage(facts)
     out += _orphans(facts)
+    out += _safety(facts)
     return tuple(out)
+
+
+SAFETY_REMINDER: Final = dt.timedelta(days=14)
+"""A recorded safety snapshot older than this is a warning in ``check`` (it is kept
+until deleted: the warning reminds that it holds storage, and how to delete it)."""
+
+
+def _safety(facts: CheckFacts) -> list[Finding]:
+    now = facts.now
+    if now is None:
+        return []
+    old = [r for r in facts.safety if now - r.created_at >= SAFETY_REMINDER]
+    if not old:
+        return []
+    shown = "; ".join(
+        f"{r.name} ({(now - r.created_at).days} days, recovery to {r.target})" for r in old[:5]
+    )
+    more = f"; and {len(old) - 5} more" if len(old) > 5 else ""
+    return [
+        Finding(
+            "safety_snapshots",
+            Severity.WARNING,
+            f"{len(old)} safety snapshot(s) recoveries took are older than "
+            f"{SAFETY_REMINDER.days} days: {shown}{more}; each holds the state a recovery "
+            "replaced (kept until deleted): `pgsnap safety delete NAME` once it is no longer "
+            "needed, or `pgsnap expire --safety-after 14d`",
+        )
+    ]
 
 
 _ORPHANS_SHOWN: Final = 10

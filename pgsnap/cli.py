@@ -24,21 +24,25 @@ from ``password_file`` in the configuration, never from a flag.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import difflib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from pgsnap.errors import (
+    ClusterLockedError,
     ConfigurationError,
     ExecutionError,
     InputError,
@@ -58,6 +62,7 @@ __all__ = [
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED, EXIT_CHECK, EXIT_STALE = 0, 1, 2, 3, 4, 5
+EXIT_LOCKED = 6
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 """128 + SIGPIPE: standard output was closed by its reader (``pgsnap list | head -1``)."""
@@ -68,7 +73,11 @@ EXIT_CODES = {
     3: "plan refused: the request cannot succeed (the message says why and the alternative)",
     4: "check found blocking problems (a backup cannot be taken, or a recovery is at risk)",
     5: "the plan is stale, or has already run: plan again",
-    130: "interrupted",
+    6: "another pgsnap run holds the cluster, or an interrupted run must be resumed first "
+    "(nothing was changed)",
+    129: "hung up (SIGHUP): handled as an interrupt",
+    130: "interrupted (SIGINT): what could not resume was undone",
+    143: "terminated (SIGTERM): handled as an interrupt",
     141: "standard output was closed by its reader (e.g. | head); what was done stands",
 }
 
@@ -105,9 +114,17 @@ def _read_password(db: dict[str, Any], base: Path) -> str | None:
     if db.get("password_file"):
         path = base / str(db["password_file"])
         try:
-            return path.read_text().strip()
+            mode = path.stat().st_mode
+            text = path.read_text().strip()
         except OSError as exc:
             raise ConfigurationError(f"cannot read password_file {path}: {exc.strerror}") from None
+        if mode & 0o077:
+            raise ConfigurationError(
+                f"password_file {path} can be read by other users (mode {mode & 0o777:04o})",
+                hint=f"chmod 600 {path} (as libpq requires of .pgpass), then run again",
+                path=str(path),
+            )
+        return text
     return None
 
 
@@ -179,6 +196,7 @@ _RETENTION_KEYS: Final = (
     "weekly",
     "monthly",
     "orphans_after",
+    "safety_after",
 )
 _DATABASE_KEYS = (
     "conninfo",
@@ -484,6 +502,12 @@ def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = No
             hint=f"name one of: {', '.join(sorted(registered_backends()))}",
         )
     options = _table(storage, "options") or {}
+    if "password" in options:  # refused with its own message, as [database] password is
+        raise ConfigurationError(
+            "the configuration file must not hold a password ([storage.options] password)",
+            hint="put it in an environment variable and name that with password_env = 'NAME' "
+            "(the powerflex backend reads $PGSNAP_POWERFLEX_PASSWORD when none is named)",
+        )
     for key in ("state_file", "root", "snapshot_dir"):
         if key in options:
             options[key] = rel(options[key])
@@ -650,6 +674,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup."""
     cluster, timeouts = _load(args)
+    if not args.dry_run:
+        cluster.check_not_busy("backup")  # a recovery or an expiry runs: fail at once
     plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=timeouts.wal)
     if args.dry_run:
         _out(plan.to_json() if args.json else plan.explain())
@@ -774,10 +800,13 @@ def _policy(args: argparse.Namespace) -> Any:
     }
     orphans = getattr(args, "orphans_after", None)
     orphans = orphans if orphans is not None else conf.get("orphans_after")
+    safety = getattr(args, "safety_after", None)
+    safety = safety if safety is not None else conf.get("safety_after")
     return RetentionPolicy(
         redundancy=redundancy,
         window=None if window is None else _duration(str(window)),
         orphans_after=None if orphans is None else _duration(str(orphans)),
+        safety_after=None if safety is None else _duration(str(safety)),
         **levels,
     )
 
@@ -789,7 +818,7 @@ def _has_policy(args: argparse.Namespace) -> bool:
     return any(
         getattr(args, k, None) is not None or conf.get(k)
         for k in _RETENTION_KEYS
-        if k != "orphans_after"
+        if k not in ("orphans_after", "safety_after")
     )
 
 
@@ -857,19 +886,67 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_safety_list(args: argparse.Namespace) -> int:
+    """List the safety snapshots recoveries recorded."""
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    records = _load(args)[0].safety_snapshots()
+    if args.json:
+        _out(json.dumps([to_dict(r) for r in records], indent=2))
+        return EXIT_OK
+    if not records:
+        _out("no safety snapshots")
+    now = dt.datetime.now(dt.UTC)
+    for r in records:
+        days = (now - r.created_at).total_seconds() / 86400
+        _out(
+            f"{r.name:<22} {r.created_at.isoformat(timespec='seconds')} ({days:.1f} d)  "
+            f"recovery {r.plan_id[:12]} from backup {r.backup_id} to {r.target}  "
+            f"volumes {', '.join(sorted(r.snapshots))}"
+        )
+    return EXIT_OK
+
+
+def cmd_safety_delete(args: argparse.Namespace) -> int:
+    """Delete one safety snapshot (its snapshot group and record)."""
+    cluster = _load(args)[0]
+    plan = cluster.plan_delete_safety(args.name)
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    _out(f"safety snapshot {args.name} deleted")
+    return EXIT_OK
+
+
 def cmd_pin(args: argparse.Namespace) -> int:
     """Pin a backup: retention keeps it (forever, or until a time)."""
-    until = None
-    if args.until is not None:
-        until = dt.datetime.fromisoformat(args.until) if args.until else None
-        if until is not None and until.tzinfo is None:
-            raise InputError(
-                f"--until {args.until!r} has no time zone",
-                hint="give one, e.g. 2027-01-01T00:00:00+00:00",
-            )
+    until = None if not args.until else _until(args.until)
     record = _load(args)[0].pin(args.backup, args.reason, until=until)
     _out(f"backup {record.id} pinned {'forever' if until is None else f'until {until}'}")
     return EXIT_OK
+
+
+def _until(text: str) -> dt.datetime:
+    """``--until``: a time with a zone (``2027-01-01T00:00:00+00:00``), or a duration
+    from now (``30d``, ``12h``, ``2w``)."""
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    hint = "give a time with a zone, e.g. 2027-01-01T00:00:00+00:00, or a duration from now: 30d"
+    try:
+        until = dt.datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            span = _duration(text)
+        except InputError:
+            raise InputError(
+                f"--until {shown!r} is neither a time nor a duration", hint=hint
+            ) from None
+        if span.total_seconds() <= 0:
+            raise InputError(f"--until {shown!r} is not in the future", hint=hint) from None
+        return dt.datetime.now(dt.UTC) + span
+    if until.tzinfo is None:
+        raise InputError(f"--until {shown!r} has no time zone", hint=hint)
+    return until
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
@@ -892,6 +969,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     """Plan and execute a recovery."""
     target = _target(args)
     cluster, timeouts = _load(args)
+    cluster.check_not_busy("recovery")  # before planning: a second recover fails at once
     plan = _plan_recovery(args, cluster, timeouts, target)
     _out(plan.explain())
     if not args.yes:
@@ -903,8 +981,29 @@ def cmd_recover(args: argparse.Namespace) -> int:
             _err("not confirmed; nothing was changed")
             return EXIT_USAGE
     result = _execute(cluster, plan)
-    _out(f"recovery finished in {result.total_seconds:.2f} s")
+    _out(_recovered(result))
     return EXIT_OK
+
+
+def _recovered(result: Any) -> str:
+    """What a finished recovery reached: timeline, LSN, the last transaction, the log."""
+    waited = result.outputs.get("wait-recovery", {})
+    verified = result.outputs.get("verify", {})
+    timeline = verified.get("timeline") or waited.get("timeline")
+    lsn = verified.get("replay_lsn") or waited.get("replay_lsn")
+    lines = [f"recovery finished in {result.total_seconds:.2f} s"]
+    state = waited.get("state")
+    if state:
+        lines.append(
+            f"  server {state}"
+            + (f" on timeline {timeline}" if timeline else "")
+            + (f", replayed to {lsn}" if lsn else "")
+        )
+    last = waited.get("last_transaction")
+    lines.append(f"  last transaction replayed: {last or 'not known (the log does not say)'}")
+    if waited.get("log_path"):
+        lines.append(f"  server log: {waited['log_path']}")
+    return "\n".join(lines)
 
 
 def _archive_segment_size(cluster: Any) -> int:
@@ -942,8 +1041,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     for plan in pending:
         _out(plan.explain())
     if not args.yes:
-        _err("pass --yes to resume the plan(s) above")
-        return EXIT_USAGE
+        _out("nothing was done: pass --yes to resume the plan(s) above")
+        return EXIT_OK
     for plan in pending:
         _execute(cluster, plan)
         _out(f"{plan.kind} plan {plan.id[:12]} finished")
@@ -1047,6 +1146,12 @@ def _parser() -> argparse.ArgumentParser:
             metavar="D",
             help="delete orphan snapshots (pgsnap's, named by no backup record) older than "
             "D: 1d, 12h (default: list them, delete none)",
+        )
+        sp.add_argument(
+            "--safety-after",
+            metavar="D",
+            help="delete the safety snapshots recoveries recorded older than D: 14d "
+            "(default: keep them until deleted by name, pgsnap safety delete)",
         )
 
     def timeout(group: Any, key: str, default: float) -> None:
@@ -1180,6 +1285,23 @@ def _parser() -> argparse.ArgumentParser:
     rs.add_argument("--yes", action="store_true", help="do not stop at showing the plans")
     rs.set_defaults(func=cmd_resume)
 
+    sf = sub.add_parser(
+        "safety",
+        parents=[common],
+        help="the safety snapshots recoveries took: list, delete",
+        description="Each recovery first snapshots the volumes it overwrites (unless "
+        "--no-safety-snapshot): the state before it, kept until you delete it.",
+    )
+    sf_sub = sf.add_subparsers(dest="safety_command", metavar="list|delete", required=True)
+    sfl = sf_sub.add_parser("list", parents=[common], help="the recorded safety snapshots")
+    with_config(sfl)
+    sfl.set_defaults(func=cmd_safety_list)
+    sfd = sf_sub.add_parser("delete", parents=[common], help="delete one safety snapshot")
+    with_config(sfd)
+    sfd.add_argument("name", help="its name (s-<time>, as `pgsnap safety list` shows)")
+    sfd.add_argument("--dry-run", action="store_true", help="print the plan only")
+    sfd.set_defaults(func=cmd_safety_delete)
+
     w = sub.add_parser(
         "wal", parents=[common], help="the WAL archive per timeline: ranges and gaps"
     )
@@ -1212,6 +1334,33 @@ def _to_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
+class _Signalled(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: a backup leaves
+    backup mode and is undone, a recovery keeps its journal to resume."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """While the command runs, SIGTERM and SIGHUP interrupt it as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def raise_signalled(signum: int, _frame: object) -> None:
+        raise _Signalled(signum)
+
+    previous = {sig: signal.signal(sig, raise_signalled) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pgsnap`` command; returns the exit code.
 
@@ -1237,10 +1386,15 @@ def _main(argv: Sequence[str] | None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        code: int = args.func(args)
-    except KeyboardInterrupt:
-        _err("interrupted")
-        return EXIT_INTERRUPTED
+        with _signals_interrupt():
+            code: int = args.func(args)
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
+        _err(f"interrupted ({signal.Signals(signum).name})")
+        return 128 + int(signum)
+    except ClusterLockedError as exc:
+        _err(f"pgsnap: busy: {exc}")
+        return EXIT_LOCKED
     except ExecutionError as exc:
         _err(f"pgsnap: failed: {exc}")
         return EXIT_FAILED

@@ -29,7 +29,9 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     ├── StalePlanError                      the facts changed since the plan was made
     │   └── PlanAlreadyRunError             this plan has run already: plan again
     ├── ExecutionError                      a step of a plan failed (step_id, what was undone)
-    │   └── PlanLockedError                 another process is executing the plan
+    │   ├── PlanLockedError                 another process is executing the plan
+    │   ├── ClusterLockedError              another run holds the cluster (holders named)
+    │   └── InvariantError                  what a step would act on is not what the plan says
     ├── BackendError                        the storage refused or failed (backend)
     │   ├── VolumeNotFound (LookupError)
     │   ├── SnapshotNotFound (LookupError)
@@ -37,7 +39,8 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── SnapshotLimitError              a volume has as many snapshots as the storage allows
     │   └── AuthenticationError
     ├── DatabaseError                       PostgreSQL refused or failed (sqlstate)
-    │   └── BackupModeError                 backup start/stop failed or session lost
+    │   ├── BackupModeError                 backup start/stop failed or session lost
+    │   └── ServerRefusedError              the server is up but refuses pgsnap (auth, slots)
     ├── HostError                           the database host refused or failed (host)
     │   ├── HostUnreachable                 retryable: the host cannot be reached (ssh)
     │   ├── CommandError                    a command exited non-zero (argv, returncode, stderr)
@@ -47,6 +50,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   │   └── MountBusyError              unmount refused: processes hold the file system
     │   └── DeviceNotFound (LookupError)    a device did not appear on the host (device)
     ├── ArchiveError                        the WAL archive cannot be read
+    │   └── DamagedSegmentError             an archived segment is truncated or foreign
     └── CatalogError                        the catalog cannot be read or written
         ├── BackupNotFound (LookupError)
         └── CatalogLockedError              another writer holds the lock
@@ -71,9 +75,11 @@ __all__ = [
     "BackupNotFound",
     "CatalogError",
     "CatalogLockedError",
+    "ClusterLockedError",
     "CommandError",
     "CommandTimeout",
     "ConfigurationError",
+    "DamagedSegmentError",
     "DatabaseError",
     "DeviceNotFound",
     "ExecutionError",
@@ -84,6 +90,7 @@ __all__ = [
     "HostUnreachable",
     "InputError",
     "InvalidPlanError",
+    "InvariantError",
     "LSNError",
     "MountBusyError",
     "MountError",
@@ -94,6 +101,7 @@ __all__ = [
     "PlanLockedError",
     "PlanningError",
     "PreflightError",
+    "ServerRefusedError",
     "SnapshotLimitError",
     "SnapshotNotFound",
     "StalePlanError",
@@ -329,6 +337,29 @@ class PlanLockedError(ExecutionError):
         super().__init__(message, hint=hint, **details)
 
 
+class ClusterLockedError(ExecutionError):
+    """Another pgsnap run holds the cluster, or an interrupted run must be finished
+    first; nothing ran.
+
+    ``holders``: who holds the cluster lock (text: plan kind and id, pid, host,
+    since); ``interrupted``: the journals of interrupted runs that block this one.
+    """
+
+    retryable: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
+        details.setdefault("step_id", "")
+        details.setdefault("holders", ())
+        details.setdefault("interrupted", ())
+        super().__init__(message, hint=hint, **details)
+
+
+class InvariantError(ExecutionError):
+    """What a step would act on is not what the plan says it is (a snapshot that is
+    not the backup's, a label that is not the catalog's, a data directory of another
+    cluster...). Raised before the step changes anything."""
+
+
 class BackendError(PgsnapError):
     """The storage backend refused or failed an operation (``backend``: its name)."""
 
@@ -407,6 +438,11 @@ class DatabaseError(PgsnapError):
 
 class BackupModeError(DatabaseError):
     """Entering or leaving backup mode failed, or its session was lost."""
+
+
+class ServerRefusedError(DatabaseError):
+    """The server is up (it answered) but refuses pgsnap's connection: a password
+    that is wrong or missing, no ``pg_hba.conf`` line, no free connection slot."""
 
 
 class HostError(PgsnapError):
@@ -538,6 +574,11 @@ class DeviceNotFound(HostError, LookupError):
 
 class ArchiveError(PgsnapError):
     """The WAL archive cannot be listed or read."""
+
+
+class DamagedSegmentError(ArchiveError):
+    """An archived WAL segment cannot be replayed: truncated, not WAL, another
+    cluster's, or not the segment its name says (``name``, ``reason``)."""
 
 
 class CatalogError(PgsnapError):

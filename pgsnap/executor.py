@@ -10,15 +10,29 @@ plan kinds or step ids. What it guarantees:
   are skipped, the interrupted one is re-run or probed as its operation's
   resume policy says. A run that ended (done, failed, compensated) is never
   run again: :class:`~pgsnap.errors.PlanAlreadyRunError`, make a new plan.
+- **One mutating plan at a time per cluster**: the cluster lock
+  (:mod:`pgsnap.locks`: beside the catalog, or in the journal directory) is
+  taken before the first step and held to the last; a second run fails at
+  once with :class:`~pgsnap.errors.ClusterLockedError` naming the holder
+  (backups may share it). A new run is also refused while another plan's run
+  is interrupted (its journal names it: resume it first), except that an
+  interrupted backup blocks nothing.
 - **One process per plan**: the journal is locked while a process runs it
   (:class:`~pgsnap.errors.PlanLockedError` for a second one); listing
   interrupted plans never takes that lock.
+- **Invariants checked, not trusted**: before the first step changes
+  anything, every remaining step's :meth:`~pgsnap.operations.Operation.precheck`
+  runs against what the collaborators say now and the rest of the plan (the
+  snapshot restored is the backup's whose label is written...); a violation
+  is :class:`~pgsnap.errors.InvariantError` and nothing runs.
 - **Undo on failure**: the compensations of the finished steps run in
   reverse, each one getting its chance even if another fails; what could not
   be removed is reported (``ExecutionError.leftovers``) and given to the
   compensations that record it (a failed backup lists its orphaned snapshots).
 - **Points of no return**: once a barrier step has started (PostgreSQL
   replaying on restored volumes), a failure undoes nothing; the error says so.
+  The remaining steps whose operation is a ``cleanup`` (removing the recovery
+  settings once the server has left recovery) still run.
 - **What cannot resume is undone**: a step whose resume policy is ``ABORT``
   (it needs the backup session the interrupted process held) means the
   interrupted run is undone instead of resumed, at once on Ctrl-C, and on
@@ -29,9 +43,9 @@ plan kinds or step ids. What it guarantees:
   undone; the step's own pgsnap error is its ``cause``.
 - **Freshness**: ``check_fresh(plan)`` runs before the first step of a new
   run and raises :class:`~pgsnap.errors.StalePlanError` when the facts changed.
-- **Events** (started, finished, failed, skipped, adopted, compensating...)
-  with timings go to ``on_event``; ``dry_run`` reports what would run and
-  touches nothing.
+- **Events** (started, progress, finished, failed, skipped, adopted,
+  compensating...) with timings go to ``on_event``; ``dry_run`` reports what
+  would run and touches nothing.
 """
 
 from __future__ import annotations
@@ -50,7 +64,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from pgsnap.errors import (
+    ClusterLockedError,
     ExecutionError,
+    InvariantError,
     PgsnapError,
     PlanAlreadyRunError,
 )
@@ -60,22 +76,32 @@ from pgsnap.journal import (
     RunState,
     StepState,
     is_locked,
+    journal_path,
     open_journal,
     prune_journals,
     read_journal,
 )
+from pgsnap.locks import ClusterLock, FileClusterLock, Lease, LockHolder, LockMode, lock_mode
 from pgsnap.model import Layout
 from pgsnap.operations import (
+    JSONValue,
     Operation,
     OperationContext,
     OperationRegistry,
     Outputs,
+    PlanView,
     Resume,
     RunFailure,
     default_operations,
 )
 from pgsnap.plan import Plan, Step
-from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
+from pgsnap.protocols import (
+    Catalog,
+    ClusterLockProvider,
+    DatabaseAdapter,
+    StorageBackend,
+    WalArchive,
+)
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
@@ -89,6 +115,8 @@ class EventKind(enum.Enum):
     """What happened to a step."""
 
     STARTED = "started"
+    PROGRESS = "progress"
+    """A long step reports how it is getting on (``detail``, ``data``)."""
     FINISHED = "finished"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -113,11 +141,19 @@ class Event:
     total: int
     seconds: float | None = None
     error: str | None = None
+    detail: str | None = None
+    """What a progress event says (``replayed to 0/5000000, 12 segments restored``)."""
+    data: Mapping[str, JSONValue] = attrs.field(factory=dict)
+    """A progress event's figures as plain data (for products and ``--json-events``)."""
 
     def __str__(self) -> str:
         took = f" ({self.seconds:.2f} s)" if self.seconds is not None else ""
         err = f": {self.error}" if self.error else ""
-        return f"[{self.index}/{self.total}] {self.kind.value:<12} {self.description}{took}{err}"
+        said = f": {self.detail}" if self.detail else ""
+        return (
+            f"[{self.index}/{self.total}] {self.kind.value:<12} {self.description}"
+            f"{took}{err}{said}"
+        )
 
 
 @attrs.frozen
@@ -215,6 +251,8 @@ class Executor:
     raises :class:`~pgsnap.errors.StalePlanError` when its facts changed.
     ``operations``: the registry steps are built from (default: the default
     one, where :func:`~pgsnap.operations.register_operation` adds).
+    ``lock``: the cluster lock (default: the catalog's, when it keeps one, else
+    one in the journal directory; with neither, runs are not locked).
     """
 
     def __init__(
@@ -232,6 +270,7 @@ class Executor:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], dt.datetime] = _utcnow,
         operations: OperationRegistry | None = None,
+        lock: ClusterLock | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -245,6 +284,7 @@ class Executor:
         self.sleep = sleep
         self.clock = clock
         self.operations = operations or default_operations()
+        self.lock = lock if lock is not None else _default_lock(catalog, self.journal_dir)
 
     def __repr__(self) -> str:
         return f"<Executor backend={self.backend.name} journal={self.journal_dir}>"
@@ -264,8 +304,12 @@ class Executor:
         total: int,
         seconds: float | None = None,
         error: str | None = None,
+        detail: str | None = None,
+        data: Mapping[str, JSONValue] | None = None,
     ) -> None:
-        event = Event(kind, step.id, step.description, index, total, seconds, error)
+        event = Event(
+            kind, step.id, step.description, index, total, seconds, error, detail, dict(data or {})
+        )
         log.info("%s", event)
         try:
             self.on_event(event)
@@ -283,14 +327,102 @@ class Executor:
             for n, step in enumerate(plan.steps, 1):
                 self._emit(EventKind.PLANNED, step, n, total)
             return ExecutionResult(plan, {}, {}, 0.0, dry_run=True)
+        lease = self._acquire(plan)
         try:
             return self._run_journalled(plan, ops, undos)
         finally:
+            if lease is not None:
+                lease.release()
             if self.journal_dir is not None:
                 try:
                     prune_journals(self.journal_dir, now=self.clock())
                 except OSError as exc:  # never fails a run
                     log.warning("cannot prune the journals in %s: %s", self.journal_dir, exc)
+
+    def _acquire(self, plan: Plan) -> Lease | None:
+        """Take the cluster lock for ``plan`` (None: this executor has no lock)."""
+        if self.lock is None:
+            return None
+        journal = (
+            None
+            if self.journal_dir is None
+            else str(journal_path(self.journal_dir, plan.kind, plan.id))
+        )
+        return self.lock.acquire(
+            LockHolder.for_run(plan.kind, plan.id, journal=journal, clock=self.clock)
+        )
+
+    def check_not_busy(self, kind: str) -> None:
+        """Raise :class:`~pgsnap.errors.ClusterLockedError` now when a new run of a
+        ``kind`` plan would be refused (another run holds the cluster, or an
+        interrupted run must be finished first). Takes nothing: a caller asks
+        before planning, so a second ``pgsnap recover`` fails at once; the run
+        itself takes the lock."""
+        if self.lock is not None:
+            mine = lock_mode(kind)
+            holders = self.lock.holders()
+            blocking = [
+                h
+                for h in holders
+                if not (mine is LockMode.SHARED and h.mode is LockMode.SHARED)
+            ]
+            if blocking:
+                who = "; ".join(str(h) for h in blocking)
+                raise ClusterLockedError(
+                    f"cannot run a {kind} plan: another pgsnap run holds the cluster ({who})",
+                    hint="wait for it to finish and run again; only backups may run side by "
+                    "side",
+                    holders=tuple(str(h) for h in blocking),
+                )
+        self._refuse_if_interrupted(kind, "")
+
+    def _refuse_if_interrupted(self, kind: str, plan_id: str) -> None:
+        """A new run waits for the interrupted runs of other plans to be finished."""
+        others = [
+            p
+            for p in self.interrupted()
+            if p.id != plan_id and lock_mode(p.kind) is LockMode.EXCLUSIVE
+        ]
+        if not others:
+            return
+        assert self.journal_dir is not None
+        names = [str(journal_path(self.journal_dir, p.kind, p.id)) for p in others]
+        pairs = zip(others, names, strict=True)
+        shown = "; ".join(f"{p.kind} plan {p.id[:12]} ({n})" for p, n in pairs)
+        raise ClusterLockedError(
+            f"cannot start this {kind} plan: the run of {shown} was interrupted and has "
+            "not been finished; a new run on top of it could undo what it did, or be undone "
+            "by it",
+            hint="finish it first: `pgsnap resume --yes` (or Cluster.execute of that plan) "
+            "resumes it, or undoes what cannot resume",
+            interrupted=tuple(names),
+        )
+
+    def _prechecks(self, run: _Run) -> None:
+        """Every step still to run checks its invariants before anything changes."""
+        view = PlanView(
+            tuple((s.id, run.ops[s.id], run.undos[s.id]) for s in run.plan.steps)
+        )
+        for step in run.plan.steps:
+            if run.state(step.id) in _FINISHED:
+                continue
+            run.ctx.step_id = step.id
+            for op in (run.ops[step.id], run.undos[step.id]):
+                if op is None:
+                    continue
+                try:
+                    op.precheck(run.ctx, view)
+                except InvariantError:
+                    raise
+                except PgsnapError as exc:  # the collaborators could not be asked
+                    raise InvariantError(
+                        f"step {step.id} ({op.name}) cannot check what it depends on: "
+                        f"{_one_line(exc)}",
+                        step_id=step.id,
+                        hint=exc.hint or "fix the cause and run the plan again",
+                        cause=exc,
+                    ) from exc
+        run.ctx.step_id = ""
 
     def _run_journalled(
         self,
@@ -309,8 +441,8 @@ class Executor:
                     plan_id=plan.id,
                     state=journal.state.value,
                 )
-            if not journal.resumed and self.check_fresh is not None:
-                self.check_fresh(plan)
+            if not journal.resumed:
+                self._refuse_if_interrupted(plan.kind, plan.id)
             ctx = OperationContext(
                 adapter=self.adapter,
                 backend=self.backend,
@@ -334,6 +466,10 @@ class Executor:
                 if rec.seconds is not None:
                     run.timings[sid] = rec.seconds
             try:
+                if not journal.resumed:
+                    if self.check_fresh is not None:
+                        self.check_fresh(plan)
+                    self._prechecks(run)
                 return self._run(run)
             finally:
                 _close_resources(ctx)
@@ -370,6 +506,13 @@ class Executor:
         run.journal.record_step(step.id, StepState.RUNNING)
         run.ctx.step_id = step.id
         t0 = time.monotonic()
+
+        def progress(message: str, data: Mapping[str, JSONValue]) -> None:
+            self._emit(
+                EventKind.PROGRESS, step, n, run.total, time.monotonic() - t0, None, message, data
+            )
+
+        run.ctx.progress = progress
         try:
             outputs = run.ops[step.id].run(run.ctx)
             _check_outputs(step, outputs)
@@ -378,6 +521,8 @@ class Executor:
             run.journal.record_step(step.id, StepState.FAILED, seconds=took, error=_one_line(exc))
             self._emit(EventKind.FAILED, step, n, run.total, took, _one_line(exc))
             raise
+        finally:
+            run.ctx.progress = _no_progress
         took = time.monotonic() - t0
         self._done(run, step, outputs, took)
         self._emit(EventKind.FINISHED, step, n, run.total, took)
@@ -404,6 +549,10 @@ class Executor:
             error = steps[step.id].error or "failed"
             self._failed(run, ExecutionError(error, step_id=step.id), step=step)
         self._adopt(run)
+        try:
+            self._prechecks(run)
+        except InvariantError as exc:
+            self._failed(run, exc, step=_step_of(run, exc.step_id), plain=True)
         blocking = [
             s
             for s in run.plan.steps
@@ -451,10 +600,11 @@ class Executor:
         cause = exc if isinstance(exc, PgsnapError) and not plain else None
         barrier = run.past_barrier()
         if barrier is not None:
+            cleaned = self._cleanup(run, reason, step)
             run.journal.finish(RunState.FAILED, reason)
             raise ExecutionError(
                 f"{reason}; the point of no return (step {barrier}) was passed, so nothing "
-                "was undone",
+                "was undone" + (f"; cleaned up: {', '.join(cleaned)}" if cleaned else ""),
                 hint="PostgreSQL was already replaying on the restored volumes: look at the "
                 "server and its log; the plan's 'kept' list says what still holds the state "
                 "from before the recovery",
@@ -465,6 +615,39 @@ class Executor:
             ) from exc
         self._undo(run, reason, failing_step=step.id)
         raise self._undone_error(run, reason, step.id, cause=cause) from exc
+
+    def _cleanup(self, run: _Run, reason: str, failed: Step) -> list[str]:
+        """After a failure past the point of no return: run the cleanup steps still to do."""
+        done: list[str] = []
+        for step in run.plan.steps:
+            op = run.ops[step.id]
+            if not op.cleanup or run.state(step.id) in _FINISHED or step.id == failed.id:
+                continue
+            n = run.index(step)
+            self._emit(EventKind.STARTED, step, n, run.total)
+            run.journal.record_step(step.id, StepState.RUNNING)
+            run.ctx.step_id = step.id
+            run.ctx.failure = RunFailure(reason, failed.id)
+            t0 = time.monotonic()
+            try:
+                outputs = op.run(run.ctx)
+                _check_outputs(step, outputs)
+            except Exception as exc:  # a cleanup never hides the failure itself
+                log.exception("cleanup step %s failed", step.id)
+                took = time.monotonic() - t0
+                run.journal.record_step(
+                    step.id, StepState.FAILED, seconds=took, error=_one_line(exc)
+                )
+                self._emit(EventKind.FAILED, step, n, run.total, took, _one_line(exc))
+                continue
+            finally:
+                run.ctx.failure = None
+            took = time.monotonic() - t0
+            self._done(run, step, outputs, took)
+            self._emit(EventKind.FINISHED, step, n, run.total, took)
+            if not outputs.get("skipped"):
+                done.append(step.id)
+        return done
 
     def _interrupted(self, run: _Run, exc: BaseException) -> None:
         """Ctrl-C: keep the journal for a resume, unless what is left cannot resume."""
@@ -585,6 +768,26 @@ class Executor:
             except PgsnapError as exc:
                 log.warning("journal %s holds a plan this pgsnap cannot run: %s", path, exc)
         return tuple(plans)
+
+
+def _no_progress(_message: str, _data: Mapping[str, JSONValue]) -> None:
+    """Progress reported outside a running step goes nowhere."""
+
+
+def _step_of(run: _Run, step_id: str) -> Step:
+    try:
+        return run.plan.step(step_id)
+    except KeyError:
+        return run.plan.steps[0]
+
+
+def _default_lock(catalog: Catalog, journal_dir: Path | None) -> ClusterLock | None:
+    """The catalog's cluster lock, else one in the journal directory, else none."""
+    if isinstance(catalog, ClusterLockProvider):
+        return catalog.cluster_lock()
+    if journal_dir is not None:
+        return FileClusterLock(journal_dir / ".cluster-lock")
+    return None
 
 
 def _check_outputs(step: Step, outputs: Any) -> None:

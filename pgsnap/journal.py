@@ -261,10 +261,18 @@ class Journal:
         self._plan_id = plan_id
         self._clock = clock
         self._header_written = view is not None
+        self._written = b"" if fd is None else os.pread(fd, os.fstat(fd).st_size, 0)
+        """Every line of the journal (to write it again if it is removed during the run)."""
         self.started_at = view.started_at if view is not None else clock()
         self.state = view.state if view is not None else RunState.RUNNING
         self.reason = view.reason if view is not None else None
         self.steps: dict[str, StepRecord] = dict(view.steps) if view is not None else {}
+
+    @property
+    def fd(self) -> int:
+        """The open, locked journal file (only for a journal on disk)."""
+        assert self._fd is not None
+        return self._fd
 
     @property
     def resumed(self) -> bool:
@@ -285,8 +293,41 @@ class Journal:
             lines += json.dumps(header, default=str).encode() + b"\n"
             self._header_written = True
         lines += json.dumps(record, default=str).encode() + b"\n"
+        self._restore_if_removed()
         os.write(self._fd, lines)
         os.fsync(self._fd)
+        self._written += lines
+
+    def _restore_if_removed(self) -> None:
+        """A journal removed while its run goes on (its directory deleted, the file moved
+        away) is written again where it belongs, from what this run wrote, and the
+        loss is reported: a run whose journal is gone could not be resumed."""
+        assert self._fd is not None and self.path is not None
+        try:
+            same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return
+        log.error(
+            "the journal %s was removed while its run goes on; writing it again (an "
+            "interrupted run is resumed only from its journal)",
+            self.path,
+        )
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+        if not _try_lock(fd):
+            os.close(fd)
+            raise PlanLockedError(
+                f"the journal {self.path} was removed during the run and another process "
+                "has created it since",
+                hint="only one process runs a plan: stop the other one",
+                path=str(self.path),
+            )
+        os.write(fd, self._written)
+        os.fsync(fd)
+        os.close(self._fd)
+        self._fd = fd
 
     def record_step(
         self,
@@ -352,6 +393,7 @@ def open_journal(
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = journal_path(directory, kind, plan_id)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    journal: Journal | None = None
     try:
         if not _try_lock(fd):
             raise PlanLockedError(
@@ -369,16 +411,18 @@ def open_journal(
                 hint="two plans share a journal name: move this journal away after checking "
                 "its run",
             )
+        journal = Journal(path, fd, plan, plan_id, view, clock)
         try:
-            yield Journal(path, fd, plan, plan_id, view, clock)
+            yield journal
         finally:
             # A journal that never got a header (the run was refused before its
             # first step, e.g. as stale) is not a run: leave nothing behind. Done
             # while the lock is held, so no other process is writing to it.
-            if os.fstat(fd).st_size == 0:
+            if os.fstat(journal.fd).st_size == 0:
                 path.unlink(missing_ok=True)
     finally:
-        os.close(fd)
+        # The journal's descriptor: a journal written again after its removal has a new one.
+        os.close(fd if journal is None else journal.fd)
 
 
 # --------------------------------------------------------------------------- pruning

@@ -46,6 +46,7 @@ __all__ = [
     "RecoveryTarget",
     "RestorePreparation",
     "RestoreProfile",
+    "SafetySnapshot",
     "ServerFacts",
     "Severity",
     "Snapshot",
@@ -747,6 +748,28 @@ class BackupRecord:
     def is_usable(self) -> bool:
         """True when the backup is DONE (only DONE backups are restored)."""
         return self.state is BackupState.DONE
+
+
+@attrs.frozen
+class SafetySnapshot:
+    """The snapshots a recovery took of the volumes it was about to overwrite.
+
+    ``name`` is the snapshot group's name (``s-<time>``: the catalog keys it by
+    that), ``group_id`` its id on the storage and ``snapshots`` maps each volume
+    to its snapshot. The recovery that took it is ``plan_id``; it restored
+    backup ``backup_id`` towards ``target``. It holds the state of those
+    volumes just before the recovery (after a point-in-time recovery, the only
+    copy of what was written after the target): kept until deleted
+    (``pgsnap safety delete``, or ``pgsnap expire --safety-after``).
+    """
+
+    name: str
+    group_id: str
+    snapshots: Mapping[str, str] = attrs.field(converter=_sorted_map)
+    created_at: dt.datetime = attrs.field(converter=_utc)
+    plan_id: str
+    backup_id: str
+    target: str
 
 
 # --------------------------------------------------------------------------- targets

@@ -55,10 +55,11 @@ from pgsnap.wal import (
     parse_backup_file,
     segment_name,
     segment_start,
+    segments_to_replay,
 )
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
-from pgsnap.walreader import read_segment_header
+from pgsnap.walreader import find_segment_file, read_segment_header, segment_problem
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -214,6 +215,7 @@ class Observer:
             volume_ids=frozenset(v.id for v in self.layout.volumes),
             holds=self.snapshot_holds(),
             unreadable=tuple(u.backup_id for u in scan.unreadable),
+            safety=self.catalog.list_safety(),
         )
 
     def rebuild_facts(self, log_timezone: dt.tzinfo | None = None) -> RebuildFacts:
@@ -483,10 +485,46 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
         )
+        facts = attrs.evolve(facts, damaged=self._damaged_segments(facts, request))
         if not read_wal:
             return facts
         events = self._scan_events(facts, request, local_dir)
         return attrs.evolve(facts, events=events)
+
+    def _damaged_segments(
+        self, facts: RecoveryFacts, request: RecoveryRequest
+    ) -> dict[str, str]:
+        """The archived segments a recovery from the best candidate backup would fetch
+        (from its start to the end of the archive) that cannot be replayed, with why
+        (:func:`~pgsnap.walreader.segment_problem`). Each costs a stat and a 40-byte
+        read; the executor checks them again before the point of no return."""
+        first = next(_judged_lazily(iter_candidates(facts, request, [])), None)
+        if first is None:
+            return {}
+        b = first.backup
+        try:
+            reach = check(
+                facts.archive, (b.start_timeline, b.start_lsn), None, first.timeline,
+                facts.timelines,
+            )
+        except PgsnapError as exc:
+            log.debug("segments of backup %s not verified: %s", b.id, exc)
+            return {}
+        damaged: dict[str, str] = {}
+        for name in segments_to_replay(facts.archive, reach):
+            path = find_segment_file(self.archive.location, name)
+            if path is None:
+                continue
+            why = segment_problem(
+                path,
+                segment_size=facts.archive.segment_size,
+                system_identifier=b.system_identifier,
+                major=b.server_version // 10000,
+            )
+            if why is not None:
+                log.warning("archived segment %s cannot be replayed: %s", name, why)
+                damaged[name] = why
+        return damaged
 
     def _scan_events(
         self, facts: RecoveryFacts, request: RecoveryRequest, local_dir: str | None

@@ -299,11 +299,18 @@ class Plan:
         except (KeyError, TypeError, AttributeError) as exc:
             raise FormatError(f"malformed plan document: {exc}") from exc
         claimed = data.get("id")
-        if claimed is not None and claimed != plan.id:
+        if claimed is None:
+            raise FormatError(
+                'the plan has no "id": a plan runs only as it was made and reviewed',
+                hint="make a new plan (pgsnap plan-recovery --json, Cluster.plan_recovery); "
+                "to change what it does, change the request (--backup, the target, --wal-lost)",
+                actual=plan.id,
+            )
+        if claimed != plan.id:
             raise FormatError(
                 "the plan's content does not match its id: it was changed after it was made",
-                hint="make a new plan (a plan runs as it was reviewed); to run an edited "
-                'plan on purpose, remove its "id"',
+                hint="make a new plan (a plan runs as it was reviewed); to change what it "
+                "does, change the request (--backup, the target, --wal-lost)",
                 claimed=str(claimed),
                 actual=plan.id,
             )

@@ -20,12 +20,13 @@ fits. Each method's docstring is its contract: what it guarantees and which
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pgsnap.host import CommandResult, Host
+    from pgsnap.locks import ClusterLock
     from pgsnap.model import (
         ArchiverStatus,
         BackupRecord,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         Location,
         RecoverySettings,
         RestoreProfile,
+        SafetySnapshot,
         ServerFacts,
         Snapshot,
         SnapshotGroup,
@@ -48,6 +50,7 @@ __all__ = [
     "BackupSession",
     "Capability",
     "Catalog",
+    "ClusterLockProvider",
     "DatabaseAdapter",
     "RecoveryOutcome",
     "Runner",
@@ -349,8 +352,19 @@ class DatabaseAdapter(Protocol):
         """Start the server and return once the postmaster is up (it may still recover)."""
         ...
 
-    def wait_recovery(self, *, timeout: float = 600.0) -> RecoveryOutcome:
-        """Wait until recovery ends (promoted, paused or shut down) and say how."""
+    def wait_recovery(
+        self,
+        *,
+        timeout: float = 600.0,
+        on_progress: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> RecoveryOutcome:
+        """Wait until recovery ends (promoted, paused or shut down) and say how.
+
+        ``on_progress(message, data)`` is called as replay moves (the replay LSN,
+        segments restored). A server that is up but refuses the connection
+        (authentication, ``pg_hba.conf``, no free slot) is
+        :class:`~pgsnap.errors.ServerRefusedError` at once, not a timeout.
+        """
         ...
 
     def write_recovery_settings(self, settings: RecoverySettings) -> None:
@@ -371,6 +385,17 @@ class DatabaseAdapter(Protocol):
 
     def write_backup_label(self, labelfile: str, spcmapfile: str) -> None:
         """Write ``backup_label`` (and ``tablespace_map`` if non-empty) byte for byte."""
+        ...
+
+    def stored_system_identifier(self) -> str | None:
+        """The system identifier in the data directory's ``global/pg_control`` (the
+        server need not run; None when the data directory holds no ``pg_control``)."""
+        ...
+
+    def recovery_ended(self) -> bool | None:
+        """Whether the server has left recovery since it was started for one
+        (promoted, or shut down at its target): True, False (still recovering, or
+        it failed), None (cannot tell). Reads the server log; needs no connection."""
         ...
 
 
@@ -441,6 +466,33 @@ class Catalog(Protocol):
 
     def delete(self, backup_id: str) -> None:
         """Remove a record; ``BackupNotFound`` if absent."""
+        ...
+
+    def put_safety(self, record: SafetySnapshot) -> None:
+        """Record (or replace) a recovery's safety snapshot, keyed by its name."""
+        ...
+
+    def list_safety(self) -> tuple[SafetySnapshot, ...]:
+        """Every recorded safety snapshot, oldest first."""
+        ...
+
+    def delete_safety(self, name: str) -> None:
+        """Remove a safety snapshot's record; ``CatalogError`` if absent."""
+        ...
+
+
+@runtime_checkable
+class ClusterLockProvider(Protocol):
+    """A catalog that also keeps the cluster lock of the clusters it serves (optional).
+
+    The executor takes that lock for every run (:mod:`pgsnap.locks`), so every
+    process sharing the catalog, on any host, runs one mutating plan at a time
+    per cluster. :class:`~pgsnap.catalog.DirectoryCatalog` keeps it beside its
+    records; a catalog without it leaves the lock to the journal directory.
+    """
+
+    def cluster_lock(self) -> ClusterLock:
+        """The lock (the same one for every call on this catalog)."""
         ...
 
 

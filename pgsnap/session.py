@@ -49,6 +49,7 @@ from pgsnap.errors import (
     TargetError,
 )
 from pgsnap.executor import Event, ExecutionResult, Executor
+from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
     BackupState,
@@ -56,6 +57,7 @@ from pgsnap.model import (
     Pin,
     RecoveryAction,
     RecoveryTarget,
+    SafetySnapshot,
     StorageProblem,
     VolumeRole,
     from_dict,
@@ -64,7 +66,12 @@ from pgsnap.observe import Observer
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
-from pgsnap.planner.expiry import RetentionPolicy, plan_delete, plan_expiry
+from pgsnap.planner.expiry import (
+    RetentionPolicy,
+    plan_delete,
+    plan_delete_safety,
+    plan_expiry,
+)
 from pgsnap.planner.facts import (
     BackupFacts,
     RecoveryFacts,
@@ -270,6 +277,49 @@ def _backup_id(value: object, name: str = "backup_id") -> str | None:
             hint="backup ids are 1-128 letters, digits, '.', '_' or '-' "
             "(see them with `pgsnap list`)",
             argument=name,
+        )
+    return value
+
+
+_LABEL_MAX_BYTES = 1024
+"""PostgreSQL's limit for a backup label (MAXPGPATH bytes)."""
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` for an error message: at most ``limit`` characters, control characters
+    escaped (a label is never echoed whole or raw)."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return repr(cut) + (f" ({len(text)} characters)" if len(text) > limit else "")
+
+
+def _label(value: object) -> str | None:
+    """A backup label: text PostgreSQL writes into one line of ``backup_label``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(
+            f"label must be text, not {type(value).__name__}",
+            hint="pass a label such as 'nightly', or None for 'pgsnap <id>'",
+            argument="label",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InputError(
+            f"label {_shown(value)} holds a line break or another control character",
+            hint="PostgreSQL writes the label into one line of backup_label: use printable "
+            "text, e.g. 'nightly 2026-12-01'",
+            argument="label",
+        )
+    size = len(value.encode("utf-8"))
+    if size > _LABEL_MAX_BYTES:
+        raise InputError(
+            f"label {_shown(value)} is {size} bytes long; PostgreSQL takes at most "
+            f"{_LABEL_MAX_BYTES}",
+            hint="use a shorter label",
+            argument="label",
+        )
+    if not value.strip():
+        raise InputError(
+            "label is empty", hint="pass a label such as 'nightly', or none", argument="label"
         )
     return value
 
@@ -505,6 +555,7 @@ class Cluster:
             data,
             orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),
             now=self._now(),
+            safety=self.catalog.list_safety(),
         )
         findings += check_findings(data)
         seg = data.segment_size
@@ -586,12 +637,7 @@ class Cluster:
         :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
         before anything is observed.
         """
-        if label is not None and not isinstance(label, str):
-            raise InputError(
-                f"label must be text, not {label!r}",
-                hint="pass a label such as 'nightly', or None for 'pgsnap <id>'",
-                argument="label",
-            )
+        label = _label(label)
         backup_id = _backup_id(backup_id)
         fast = _flag("fast", fast)
         wal_timeout = _seconds("wal_timeout", wal_timeout)
@@ -662,6 +708,8 @@ class Cluster:
         try:
             if plan.kind == "delete":
                 now = plan_delete(facts, str(plan.request.get("backup_id")))
+            elif plan.kind == "delete-safety":
+                now = plan_delete_safety(facts, str(plan.request.get("safety_name")))
             else:
                 policy = RetentionPolicy.from_request(plan.request)
                 now = plan_expiry(facts, policy)
@@ -687,7 +735,7 @@ class Cluster:
         only with the WAL, such as a time just before a gap) is the WAL read
         too (from the index) before the plan is refused.
         """
-        if plan.kind in ("expiry", "delete"):
+        if plan.kind in ("expiry", "delete", "delete-safety"):
             self._check_fresh_retention(plan)
             return
         if plan.kind != "recovery" or not plan.request:
@@ -747,6 +795,31 @@ class Cluster:
         unfinished (:func:`~pgsnap.planner.expiry.plan_delete`)."""
         return plan_delete(self.observer.expiry_facts(), backup_id)
 
+    def safety_snapshots(self) -> tuple[SafetySnapshot, ...]:
+        """The safety snapshots recoveries took and recorded, oldest first: each holds
+        the state of the volumes a recovery overwrote, kept until deleted
+        (:meth:`delete_safety_snapshot`, or an expiry with ``safety_after``)."""
+        return self.catalog.list_safety()
+
+    def plan_delete_safety(self, name: str) -> Plan:
+        """The plan that deletes the safety snapshot ``name`` (its snapshot group, then
+        its record); refused while the run that took it has not ended."""
+        if not isinstance(name, str) or not name:
+            raise InputError(
+                f"a safety snapshot is named by text, not {name!r}",
+                hint="see the names with `pgsnap safety list`",
+                argument="name",
+            )
+        return plan_delete_safety(self.observer.expiry_facts(), name)
+
+    def delete_safety_snapshot(self, name: str, *, dry_run: bool = False) -> Plan:
+        """Delete the safety snapshot ``name`` (plan, then execute; with ``dry_run``
+        nothing is deleted). Returns the plan."""
+        plan = self.plan_delete_safety(name)
+        if not dry_run:
+            self.execute(plan)
+        return plan
+
     def pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> BackupRecord:
         """Keep ``backup_id`` whatever retention says, forever or ``until`` a time,
         for ``reason`` (required: the next person needs to know why)."""
@@ -801,6 +874,18 @@ class Cluster:
         """Plans whose execution stopped half way; :meth:`execute` one to resume it."""
         return self.executor().interrupted()
 
+    def lock_holders(self) -> tuple[LockHolder, ...]:
+        """Who holds this cluster's lock now (plan kind and id, pid, host, since);
+        empty when nobody does (:mod:`pgsnap.locks`)."""
+        lock = self.executor().lock
+        return () if lock is None else lock.holders()
+
+    def check_not_busy(self, kind: str = "recovery") -> None:
+        """Raise :class:`~pgsnap.errors.ClusterLockedError` now when a new ``kind`` plan
+        would be refused: another run holds the cluster, or an interrupted run must
+        be finished first. Ask before planning (the CLI does), to fail at once."""
+        self.executor().check_not_busy(kind)
+
     # ------------------------------------------------------------------ reconciliation
 
     def _orphans(
@@ -819,6 +904,7 @@ class Cluster:
             volume_ids=[v.id for v in self.layout.volumes],
             holds=self.observer.snapshot_holds(),
             unreadable=unreadable,
+            safety=self.catalog.list_safety(),
         )
 
     def orphans(self) -> tuple[Orphan, ...]:

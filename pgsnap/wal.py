@@ -32,7 +32,7 @@ import enum
 import itertools
 import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 import attrs
@@ -76,6 +76,7 @@ __all__ = [
     "segment_number",
     "segment_start",
     "segments_per_xlogid",
+    "segments_to_replay",
     "validate_segment_size",
     "walfile_name",
     "walfile_name_offset",
@@ -1616,6 +1617,37 @@ def check(
         target_timeline=target_timeline,
         missing_histories=missing_histories,
     )
+
+
+def segments_to_replay(
+    index: ArchiveIndex, result: WalCheck, *, through: LSN | None = None
+) -> Iterator[str]:
+    """The archive's segments a replay along ``result.path`` fetches, oldest first.
+
+    From ``result``'s start segment up to the segment before ``through``
+    (exclusive; default: the end :func:`check` reached, for ``end=None`` the
+    last segment present), the names present in ``index`` (plain names, as
+    PostgreSQL asks for them). A timeline's first segment is fetched from the
+    child when it has it, else from the parent (as ``check`` counts it).
+    """
+    segsz = index.segment_size
+    start_seg = result.start_lsn.value // segsz
+    end = result.end_lsn if through is None else LSN.parse(through)
+    end_seg = max(start_seg, (end.value - 1) // segsz) if end.value else start_seg
+    spans = result.path
+    for i, (tli, first, last) in enumerate(_plan_segments(spans, start_seg, segsz)):
+        hi = end_seg if last is None else min(last, end_seg)
+        if first > hi:
+            continue
+        if i > 0 and not index._present_in(tli, first, first):
+            parent = next((p for p, c in itertools.pairwise(spans) if c.timeline == tli), None)
+            if parent is not None and index._present_in(parent.timeline, first, first):
+                yield segment_name(parent.timeline, first, segsz)
+        for a, b in index._present_in(tli, first, hi):
+            for segno in range(a, b + 1):
+                yield segment_name(tli, segno, segsz)
+        if hi >= end_seg:
+            return
 
 
 def recoverable_window(

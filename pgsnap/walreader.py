@@ -76,6 +76,7 @@ from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN
 from pgsnap.planner.facts import WalEvents
 from pgsnap.wal import (
+    COMPRESSION_SUFFIXES,
     TimelineSpan,
     WalFileKind,
     parse_archive_name,
@@ -101,9 +102,11 @@ __all__ = [
     "WalItem",
     "XactKind",
     "XactRecord",
+    "find_segment_file",
     "read_segment_header",
     "read_wal",
     "scan_events",
+    "segment_problem",
 ]
 
 log = logging.getLogger(__name__)
@@ -657,6 +660,97 @@ def read_segment_header(path: str | os.PathLike[str]) -> SegmentHeader:
         segment_size=segsz,
         block_size=blcksz,
     )
+
+
+def find_segment_file(directory: str | os.PathLike[str], name: str) -> str | None:
+    """The file that holds segment ``name`` in ``directory``: plain, else compressed
+    (``.gz``, ``.zst``...); None when there is none. Probes names, lists nothing."""
+    base = os.path.join(os.fspath(directory), name)
+    for candidate in (base, *(f"{base}.{ext}" for ext in COMPRESSION_SUFFIXES)):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _gzip_size(path: str) -> int | None:
+    """The uncompressed size a gzip file says it has (its ISIZE trailer, mod 2**32)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(-4, os.SEEK_END)
+            return int.from_bytes(fh.read(4), "little")
+    except OSError:
+        return None
+
+
+def segment_problem(
+    path: str | os.PathLike[str],
+    *,
+    segment_size: int,
+    system_identifier: str | int | None = None,
+    major: int | None = None,
+) -> str | None:
+    """Why the segment file at ``path`` cannot be replayed, or None when it can.
+
+    What PostgreSQL itself checks before it replays a segment a
+    ``restore_command`` brought back: its size (a truncated copy is a FATAL
+    ``archive file has wrong size``, after the point of no return), and its
+    first page's long header: the page magic (WAL of the expected major
+    version), the long-header flag, the segment's own address (a file renamed
+    to another segment's name), its timeline (not after the name's), the
+    cluster's system identifier and the segment size. Compressed files are
+    judged by what they decompress to (gzip's size from its trailer).
+    """
+    p = os.fspath(path)
+    name = os.path.basename(p)
+    entry = parse_archive_name(name)
+    if entry.kind is not WalFileKind.SEGMENT or entry.timeline is None:
+        return "not a WAL segment's name"
+    try:
+        if entry.compression is None:
+            size: int | None = os.stat(p).st_size
+        elif entry.compression == "gz":
+            size = _gzip_size(p)
+        else:
+            size = None  # judged by its header alone
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or exc}"
+    if size is not None and size != segment_size % (1 << 32 if entry.compression else 1 << 64):
+        return f"{size} bytes, not a {segment_size}-byte segment (a truncated or partial copy)"
+    try:
+        header = read_segment_header(p)
+    except ArchiveError as exc:
+        return exc.message
+    if header.major is None:
+        return f"not WAL: its first page's magic is {header.magic:#06x}"
+    if major is not None and header.major != major:
+        return f"WAL of PostgreSQL {header.major}, not {major}"
+    if not header.info & _XLP_LONG_HEADER:
+        return "its first page has no long header: not the start of a segment"
+    segno = _segno_of(name, segment_size)
+    if segno is not None and header.pageaddr.value != segno * segment_size:
+        return (
+            f"it holds the WAL at {header.pageaddr}, not that of its name "
+            f"(a file copied under another segment's name)"
+        )
+    if header.timeline > entry.timeline:
+        return f"its first page is of timeline {header.timeline}, after its name's"
+    if header.segment_size != segment_size:
+        return f"its header says {header.segment_size}-byte segments, not {segment_size}"
+    if system_identifier is not None and str(header.system_identifier) != str(system_identifier):
+        return (
+            f"WAL of another cluster (system identifier {header.system_identifier}, "
+            f"not {system_identifier})"
+        )
+    return None
+
+
+def _segno_of(name: str, segment_size: int) -> int | None:
+    base = name[:24]
+    try:
+        high, low = int(base[8:16], 16), int(base[16:24], 16)
+    except ValueError:
+        return None
+    return high * (0x100000000 // segment_size) + low
 
 
 @attrs.frozen

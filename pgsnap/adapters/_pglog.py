@@ -160,11 +160,25 @@ class LogSummary:
     fatal: tuple[str, ...] = ()
     known_fatal: bool = False
     hints: tuple[str, ...] = ()
+    last_transaction: str | None = None
+    """The last transaction replayed: from ``recovery stopping ... transaction N,
+    time T`` (``transaction N, time T``), else from ``last completed transaction
+    was at log time T`` (``at T``)."""
+    ready: bool = False
+    """The server said it is ready to accept (read-write) connections."""
+
+    @property
+    def ended(self) -> bool:
+        """True when the log shows the recovery over: promoted (archive recovery
+        complete, ready for read-write connections) or shut down at its target."""
+        return self.shutdown_at_target or (self.ready and self.archive_recovery_complete)
 
 
 _NEW_TLI_RE = re.compile(r"selected new timeline ID: (\d+)")
 _REDO_DONE_RE = re.compile(r"redo done at ([0-9A-Fa-f]+/[0-9A-Fa-f]+)")
 _STOP_LSN_RE = re.compile(r'WAL location \(LSN\) "([0-9A-Fa-f]+/[0-9A-Fa-f]+)"')
+_STOP_XACT_RE = re.compile(r"(transaction \d+, time .+)$")
+_LAST_XACT_RE = re.compile(r"last completed transaction was at log time (.+)$")
 _START_TLI_RE = re.compile(r"on timeline ID (\d+)|redo starts at .* on timeline (\d+)")
 
 # FATAL lines our own polling causes (or a normal stop): never a recovery failure.
@@ -198,6 +212,8 @@ def summarize(lines: Iterable[str]) -> LogSummary:
     stopped_lsn = None
     complete = shutdown_at_target = shut_down = paused = False
     start_tli = None
+    last_xact: str | None = None
+    ready = False
     fatal: list[str] = []
     hints: list[str] = []
     known = False
@@ -235,6 +251,15 @@ def summarize(lines: Iterable[str]) -> LogSummary:
             stop_line = line
             m = _STOP_LSN_RE.search(message)
             stopped_lsn = m.group(1) if m else None
+            x = _STOP_XACT_RE.search(message)
+            if x:
+                last_xact = x.group(1)
+        elif message.startswith("last completed transaction was at log time"):
+            x = _LAST_XACT_RE.search(message)
+            if x and last_xact is None:
+                last_xact = f"at {x.group(1)}"
+        elif message.startswith("database system is ready to accept connections"):
+            ready = True
         elif message.startswith("selected new timeline ID"):
             m = _NEW_TLI_RE.search(message)
             new_tli = int(m.group(1)) if m else None
@@ -268,6 +293,8 @@ def summarize(lines: Iterable[str]) -> LogSummary:
         fatal=tuple(fatal),
         known_fatal=known,
         hints=tuple(hints),
+        last_transaction=last_xact,
+        ready=ready,
     )
 
 

@@ -21,7 +21,7 @@ import logging
 import math
 import posixpath
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
@@ -36,6 +36,7 @@ from pgsnap.errors import (
     DatabaseError,
     HostError,
     HostFileNotFound,
+    ServerRefusedError,
 )
 from pgsnap.host import FileKind, Host
 from pgsnap.model import (
@@ -101,9 +102,49 @@ class RecoveryResult:
     timeline: int
     replay_lsn: LSN | None = None
     log_lines: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    last_transaction: str | None = None
+    """The last transaction replayed, as the log says it (``transaction 740, time
+    2026-11-30 12:00:00.123+00``), or its commit time alone; None: not known."""
+    log_path: str | None = None
+    """Where the server log is (None: not known)."""
 
 
 # --------------------------------------------------------------------------- errors
+
+
+_REFUSALS: Final = (
+    ("password authentication failed", "the password is wrong", "password"),
+    ("no password supplied", "the server asks for a password and none is configured", "password"),
+    ("no pg_hba.conf entry", "no pg_hba.conf line lets this user connect from here", "hba"),
+    ("peer authentication failed", "peer authentication failed (OS user and role differ)", "hba"),
+    ("ident authentication failed", "ident authentication failed", "hba"),
+    ("is not permitted to log in", "the role may not log in", "role"),
+    ("does not exist", "the role or database named in conninfo does not exist", "role"),
+    ("too many clients already", "every connection slot is taken", "slots"),
+    ("connection slots are reserved", "every connection slot is taken", "slots"),
+)
+"""(fragment of libpq's message, what it means, which advice): a server that answered
+this way is up and refuses the connection; waiting does not change that."""
+
+_REFUSAL_HINTS: Final = {
+    "password": "give the role's password (password_env or password_file in [database], "
+    "or a .pgpass file), or allow the connection without one in pg_hba.conf",
+    "hba": "add a pg_hba.conf line for this user from this host, then reload the server",
+    "role": "check user= and dbname= in the connection string",
+    "slots": "free a connection slot, raise max_connections, or reserve slots "
+    "(superuser_reserved_connections / reserved_connections)",
+}
+
+
+def _refusal(text: str) -> tuple[str, str] | None:
+    """(what it means, advice key) when libpq's ``text`` says the server refused us."""
+    lower = text.lower()
+    if "fatal:" not in lower and "fe_sendauth" not in lower:
+        return None  # the server never answered (no socket, connection refused, timeout)
+    for fragment, meaning, advice in _REFUSALS:
+        if fragment in lower:
+            return meaning, advice
+    return None
 
 
 def _lost(conn: psycopg.Connection[Any], exc: psycopg.Error) -> bool:
@@ -307,6 +348,9 @@ class _LogFollower:
         is new, not the whole log again."""
         self.tail: collections.deque[str] = collections.deque(maxlen=200)
         """The last lines of every kind (for error messages)."""
+        self.restored = 0
+        """How many WAL files ``restore_command`` brought back (``restored log file``)."""
+        self.last_restored: str | None = None
         self._in_fatal = False
         self._partial = b""
         self._collector_start: dict[str, int] = {}
@@ -357,6 +401,9 @@ class _LogFollower:
                 if self._in_fatal:
                     self.lines.append(raw)
                 continue
+            if message.startswith('restored log file "'):
+                self.restored += 1
+                self.last_restored = message.split('"')[1]
             self._in_fatal = severity in ("FATAL", "PANIC")
             if self._in_fatal or (severity == "LOG" and message.startswith(_pglog.RELEVANT)):
                 self.lines.append(raw)
@@ -463,6 +510,7 @@ class PostgresAdapter:
         self._connect_timeout = connect_timeout
         self._follower: _LogFollower | None = None
         self._settings: RecoverySettings | None = None
+        self._replayed: tuple[str | None, str | None] = (None, None)
 
     def _parse_conninfo(self) -> None:
         """Parse the connection string (once); ``ConfigurationError`` if it cannot be."""
@@ -557,6 +605,16 @@ class PostgresAdapter:
         try:
             return psycopg.connect(self._conninfo, **kwargs)
         except psycopg.Error as exc:
+            refused = _refusal(str(exc))
+            if refused is not None:
+                text, _hint = _message(exc, self._secrets)
+                raise ServerRefusedError(
+                    f"the server is up but refuses pgsnap's connection "
+                    f"({self._display or 'libpq defaults'}): {refused[0]} ({text})",
+                    hint=_REFUSAL_HINTS[refused[1]],
+                    sqlstate=exc.sqlstate,
+                    cause=refused[1],
+                ) from exc
             raise _db_error(
                 exc,
                 "cannot connect to PostgreSQL",
@@ -764,24 +822,40 @@ class PostgresAdapter:
         return _pgctl.postmaster_pid(self._host, dd) is not None
 
     def is_running(self) -> bool:
-        """True when the server accepts connections.
+        """True when the server runs.
 
-        With a known data directory and no live postmaster this answers
-        without connecting.
+        With a known data directory this is whether its postmaster lives (no
+        connection is made: a server that refuses pgsnap, or listens on
+        another port than ``conninfo`` says, still runs). Otherwise a
+        connection is tried; a server that answers and refuses it runs.
         """
         dd = self.data_directory
         if dd is not None:
             try:
-                if not self._postmaster_alive(dd):
-                    return False
+                return self._postmaster_alive(dd)
             except ConfigurationError:
                 pass  # cannot read postmaster.pid: ask the server
         try:
             conn = self._connect(timeout=2)
+        except ServerRefusedError:
+            return True
         except DatabaseError:
             return False
         conn.close()
         return True
+
+    def listening_port(self) -> int | None:
+        """The port the running server listens on, from ``postmaster.pid`` (None:
+        not known). Lets a check tell a wrong ``port=`` from a stopped server."""
+        dd = self.data_directory
+        if dd is None:
+            return None
+        try:
+            text = self._host.read_text(posixpath.join(dd, "postmaster.pid"))
+        except HostError:
+            return None
+        lines = text.splitlines()
+        return int(lines[3]) if len(lines) > 3 and lines[3].strip().isdigit() else None
 
     def _systemctl(self, *args: str, timeout: float) -> None:
         assert self._unit is not None
@@ -950,25 +1024,40 @@ class PostgresAdapter:
 
     # ------------------------------------------------------------------ recovery
 
-    def wait_recovery(self, *, timeout: float = 600.0) -> RecoveryResult:
+    def _follow_log(self) -> None:
+        """Read the log from the server's last start when this process did not start it
+        (a resumed recovery)."""
+        dd = self.data_directory
+        if self._follower is None and dd is not None and self._control == "pg_ctl":
+            path = self._log_path(dd)
+            self._follower = _LogFollower(
+                self._host, path, last_startup_offset(self._host, path), dd
+            )
+
+    def wait_recovery(
+        self,
+        *,
+        timeout: float = 600.0,
+        on_progress: Callable[[str, Mapping[str, object]], None] | None = None,
+    ) -> RecoveryResult:
         """Wait until recovery ends (promoted, paused or shut down) and say how.
 
         Polls the server (``pg_is_in_recovery()``, the replay pause state)
         and reads the server log written since :meth:`start_server`. Raises
         ``DatabaseError`` when the log shows a known recovery failure (the
         FATAL lines in the message, advice in the hint), when the server
-        exits without reaching its target, or after ``timeout`` seconds.
+        exits without reaching its target, or after ``timeout`` seconds;
+        :class:`~pgsnap.errors.ServerRefusedError` at once when the server is
+        up but refuses the connection (its ``recovery_ended`` says whether
+        the log shows the recovery over). ``on_progress`` hears of each WAL
+        file restored and of the replay position as it moves.
         """
         dd = self.data_directory
-        if self._follower is None and dd is not None and self._control == "pg_ctl":
-            # A new process (resuming an interrupted recovery) did not start the
-            # server: read the log from the server's last start.
-            path = self._log_path(dd)
-            self._follower = _LogFollower(
-                self._host, path, last_startup_offset(self._host, path), dd
-            )
+        self._follow_log()
         deadline = time.monotonic() + timeout
         interval = _POLL
+        reported: tuple[object, ...] = ()
+        self._replayed = (None, None)
         while True:
             summary = self._summary()
             if summary.known_fatal:
@@ -985,23 +1074,110 @@ class PostgresAdapter:
                 if summary.shutdown_at_target:
                     return self._shutdown_result(dd, summary)
                 raise self._recovery_failed(summary, "the server exited before recovery ended")
-            outcome = self._poll_server(summary)
+            try:
+                outcome = self._poll_server(summary)
+            except ServerRefusedError as exc:
+                raise self._refused(exc) from exc
             if outcome is not None:
                 return outcome
+            if on_progress is not None:
+                reported = self._report_progress(on_progress, reported)
             if time.monotonic() > deadline:
+                follower = self._follower
+                restored = 0 if follower is None else follower.restored
+                replay, _when = self._replayed
+                where = f"; replayed to {replay}" if replay else ""
                 raise DatabaseError(
-                    f"recovery did not end within {timeout} s",
+                    f"recovery did not end within {timeout} s ({restored} WAL files "
+                    f"restored from the archive{where})",
                     hint="recovery may just be slow (WAL to replay, restore_command speed): "
-                    "wait longer, or read the server log",
+                    "wait longer, or read the server log"
+                    + (f" {follower.path}" if follower is not None else ""),
                     sqlstate=None,
                     log_lines=summary.relevant,
                 )
             time.sleep(interval)
             interval = min(_MAX_POLL, interval * 1.2)  # long recoveries: fewer connections
 
+    def _report_progress(
+        self,
+        on_progress: Callable[[str, Mapping[str, object]], None],
+        reported: tuple[object, ...],
+    ) -> tuple[object, ...]:
+        """Tell ``on_progress`` what moved since ``reported``; return what was told."""
+        follower = self._follower
+        restored = 0 if follower is None else follower.restored
+        last = None if follower is None else follower.last_restored
+        replay, when = self._replayed
+        now = (restored, replay)
+        if now == reported:
+            return reported
+        parts = []
+        if restored:
+            parts.append(f"{restored} WAL files restored from the archive (last {last})")
+        if replay:
+            parts.append(f"replayed to {replay}" + (f" (a transaction of {when})" if when else ""))
+        if parts:
+            on_progress(
+                "; ".join(parts),
+                {
+                    "segments_restored": restored,
+                    "last_restored": last,
+                    "replay_lsn": replay,
+                    "last_replayed_transaction_time": when,
+                },
+            )
+        return now
+
+    def _refused(self, exc: ServerRefusedError) -> ServerRefusedError:
+        """The error of a recovery the server went through but pgsnap cannot look at."""
+        summary = self._settle_log(("archive recovery complete", "ready to accept"), wait=1.0)
+        ended = summary.ended
+        log_path = None if self._follower is None else self._follower.path
+        if ended:
+            state = (
+                "recovery ended: the server promoted"
+                + (f" to timeline {summary.new_timeline}" if summary.new_timeline else "")
+                + " and accepts connections"
+            )
+        else:
+            state = "the server accepts connections (its log does not show the recovery over)"
+        return ServerRefusedError(
+            f"{state}, but refuses pgsnap's: {exc.message}",
+            hint=(exc.hint or "")
+            + "; then check the recovered server yourself"
+            + (f" (its log: {log_path})" if log_path else ""),
+            sqlstate=exc.sqlstate,
+            cause=getattr(exc, "cause", None),
+            recovery_ended=ended,
+            log_lines=summary.relevant,
+        )
+
+    def recovery_ended(self) -> bool | None:
+        """Whether the log shows the recovery started last over (promoted, or shut
+        down at its target); None when there is no log to read."""
+        self._follow_log()
+        if self._follower is None:
+            return None
+        return self._summary().ended
+
+    def stored_system_identifier(self) -> str | None:
+        """The system identifier in ``global/pg_control`` (its first 8 bytes, in the
+        byte order of the machine that wrote it: little-endian on x86 and ARM)."""
+        dd = self._require_data_directory()
+        try:
+            head = self._host.read_bytes(posixpath.join(dd, "global", "pg_control"), limit=8)
+        except HostFileNotFound:
+            return None
+        if len(head) < 8:
+            return None
+        return str(int.from_bytes(head, "little"))
+
     def _poll_server(self, summary: _pglog.LogSummary) -> RecoveryResult | None:
         try:
             conn = self._connect(timeout=2)
+        except ServerRefusedError:
+            raise
         except DatabaseError:
             return None  # not accepting connections yet (or any more)
         try:
@@ -1031,24 +1207,33 @@ class PostgresAdapter:
             if replay
             else (LSN.parse(summary.redo_done_lsn) if summary.redo_done_lsn else None)
         )
+        _when = self._replayed[1]
         return RecoveryResult(
             state=state,
             reached_target=self._reached(state, summary),
             timeline=int(timeline),
             replay_lsn=lsn,
             log_lines=summary.relevant,
+            last_transaction=summary.last_transaction or (f"at {_when}" if _when else None),
+            log_path=None if self._follower is None else self._follower.path,
         )
 
     def _server_state(
         self, conn: psycopg.Connection[Any]
     ) -> tuple[RecoveryState, str | None, int] | None:
-        """(state, last replayed LSN, timeline) of a server that ended recovery, or None.
+        """(state, last replayed LSN, timeline) of a server that ended recovery, or None
+        (the replay position is then remembered for progress reports).
 
         ``DatabaseError`` with SQLSTATE 55000 when recovery ends between the
         queries (the caller asks again).
         """
         version = conn.info.server_version
-        (in_recovery,) = self._one(conn, "SELECT pg_is_in_recovery()")
+        in_recovery, replayed, when = self._one(
+            conn,
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
+            "pg_last_xact_replay_timestamp()::text",
+        )
+        self._replayed = (replayed, when)
         if not in_recovery:
             replay, walfile = self._one(
                 conn,
@@ -1110,6 +1295,8 @@ class PostgresAdapter:
             timeline=timeline,
             replay_lsn=LSN.parse(replay) if replay else None,
             log_lines=summary.relevant,
+            last_transaction=summary.last_transaction,
+            log_path=None if self._follower is None else self._follower.path,
         )
 
     def _controldata(self, dd: str) -> dict[str, str]:

@@ -125,14 +125,41 @@ class BackendRegistry(PluginRegistry["StorageBackend"]):
             try:
                 signature.bind(**options)
             except TypeError as exc:
-                raise ConfigurationError(
-                    f"backend {name!r} does not accept these options: {exc}",
-                    hint=f"{cls.__name__}{signature} lists what it takes",
-                    name=name,
-                    options=tuple(sorted(options)),
-                ) from exc
+                raise _option_error(name, signature, options, exc) from exc
         backend: StorageBackend = cls(**options)
         return backend
+
+
+def _option_error(
+    name: str, signature: inspect.Signature, options: Mapping[str, Any], exc: TypeError
+) -> ConfigurationError:
+    """The error for options a backend's constructor does not take: the unknown or
+    missing names, the nearest valid one, and the names it takes (never its whole
+    signature, which carries types and defaults)."""
+    import difflib  # noqa: PLC0415
+
+    params = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    unknown = sorted(set(options) - set(params))
+    takes = f"it takes: {', '.join(params)}"
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], params, n=1)
+        message = f"backend {name!r} does not accept option(s) {', '.join(map(repr, unknown))}"
+        hint = (f"did you mean {near[0]!r}? " if near else "") + takes
+    else:
+        missing = [
+            p.name
+            for p in signature.parameters.values()
+            if p.default is p.empty and p.name not in options and p.kind is not p.VAR_KEYWORD
+        ]
+        message = f"backend {name!r} needs option(s) {', '.join(map(repr, missing))}" if (
+            missing
+        ) else f"backend {name!r} does not accept these options ({exc})"
+        hint = takes
+    return ConfigurationError(message, hint=hint, name=name, options=tuple(sorted(options)))
 
 
 @functools.cache

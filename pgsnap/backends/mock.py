@@ -772,7 +772,10 @@ class MockBackend:
     ``snapshot_limit`` (None: no limit) is how many snapshots one volume may
     have; ``limit_warn_percent`` how full (in % of it) a volume's snapshot
     count is when :meth:`storage_problems` starts to warn (see the module
-    docstring).
+    docstring). ``latency`` maps method names to seconds each call waits
+    (:meth:`add_latency`; from a configuration file: ``latency = {
+    restore_volume = 2.0 }``), to make a long step for tests of what runs
+    beside it.
     """
 
     def __init__(
@@ -788,6 +791,7 @@ class MockBackend:
         async_restore: bool | None = None,
         snapshot_limit: int | None = None,
         limit_warn_percent: float = 80.0,
+        latency: Mapping[str, float] | None = None,
     ) -> None:
         self._caps = _capabilities(capabilities)
         if snapshot_limit is not None and (
@@ -841,6 +845,19 @@ class MockBackend:
         self._copying: list[_Copy] = []
         self._faults: list[_Fault] = []
         self._latency: dict[str, float] = {}
+        if latency is not None:
+            if not isinstance(latency, Mapping):
+                raise ConfigurationError(
+                    f"latency must map method names to seconds, not {latency!r}",
+                    hint="e.g. latency = { restore_volume = 2.0 }",
+                )
+            for method, seconds in latency.items():
+                if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+                    raise ConfigurationError(
+                        f"latency of {method!r} must be a number of seconds, not {seconds!r}",
+                        hint="e.g. latency = { restore_volume = 2.0 }",
+                    )
+                self.add_latency(str(method), float(seconds))
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         """Every protocol/``ex_*`` call (and ``snapshot_volume`` step): name and arguments.
 

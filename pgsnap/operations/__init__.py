@@ -30,6 +30,7 @@ from pgsnap.operations.base import (
     Operation,
     OperationContext,
     Outputs,
+    PlanView,
     Ref,
     Resume,
     RunFailure,
@@ -48,6 +49,7 @@ __all__ = [
     "OperationContext",
     "OperationRegistry",
     "Outputs",
+    "PlanView",
     "Ref",
     "Resume",
     "RunFailure",
@@ -94,7 +96,10 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "catalog.fail_backup": f"{_OPS}.catalog:FailBackup",
         "catalog.delete_backup": f"{_OPS}.catalog:DeleteBackupRecord",
         "catalog.mark_unusable": f"{_OPS}.catalog:MarkUnusable",
+        "catalog.record_safety_snapshot": f"{_OPS}.catalog:RecordSafetySnapshot",
+        "catalog.delete_safety": f"{_OPS}.catalog:DeleteSafetyRecord",
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
+        "archive.verify_wal": f"{_OPS}.catalog:VerifyWal",
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",
     }
 )

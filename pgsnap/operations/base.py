@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
-from pgsnap.errors import ExecutionError, FormatError, InputError, InvalidPlanError
+from pgsnap.errors import (
+    ExecutionError,
+    FormatError,
+    InputError,
+    InvalidPlanError,
+    InvariantError,
+)
 from pgsnap.model import decode_value, encode_value
 
 if TYPE_CHECKING:
@@ -38,6 +44,7 @@ __all__ = [
     "Operation",
     "OperationContext",
     "Outputs",
+    "PlanView",
     "Ref",
     "Resume",
     "RunFailure",
@@ -53,6 +60,7 @@ Outputs = dict[str, JSONValue]
 """What a step produced (plain JSON data: it is journalled)."""
 
 _T = TypeVar("_T")
+_O = TypeVar("_O", bound="Operation")
 
 
 class Target(enum.Enum):
@@ -127,6 +135,37 @@ class RunFailure:
     leftovers: tuple[str, ...] = ()
 
 
+@attrs.frozen
+class PlanView:
+    """The operations of the plan being run, as :meth:`Operation.precheck` sees them.
+
+    ``steps`` are ``(step id, operation, compensation or None)`` in plan order;
+    ``barrier`` is the index of the first barrier step (None: no barrier).
+    """
+
+    steps: tuple[tuple[str, Operation, Operation | None], ...]
+
+    @property
+    def barrier(self) -> int | None:
+        """The index of the point of no return in :attr:`steps` (None: there is none)."""
+        return next((n for n, (_s, op, _u) in enumerate(self.steps) if op.barrier), None)
+
+    def index(self, step_id: str) -> int:
+        """The position of ``step_id`` (``KeyError`` if absent)."""
+        for n, (sid, _op, _undo) in enumerate(self.steps):
+            if sid == step_id:
+                return n
+        raise KeyError(step_id)
+
+    def of(self, cls: type[_O]) -> list[tuple[str, _O]]:
+        """The steps whose operation is a ``cls``, in order, with their ids."""
+        return [(sid, op) for sid, op, _undo in self.steps if isinstance(op, cls)]
+
+    def operation(self, step_id: str) -> Operation:
+        """The operation of ``step_id`` (``KeyError`` if absent)."""
+        return self.steps[self.index(step_id)][1]
+
+
 @attrs.define
 class OperationContext:
     """What an operation works with when it runs.
@@ -152,6 +191,9 @@ class OperationContext:
     """The identity of the plan being run."""
     step_id: str = ""
     failure: RunFailure | None = None
+    progress: Callable[[str, Mapping[str, JSONValue]], None] = lambda _m, _d: None
+    """Report how a long step is getting on (``message``, plain data): the
+    executor turns each call into a ``progress`` event of the running step."""
 
     def resolve(self, value: _T | Ref) -> Any:
         """``value`` itself, or what the :class:`Ref` points to.
@@ -193,7 +235,11 @@ class Operation:
     - ``compensation``: the name of the operation that undoes it, or None
       (nothing to undo, or it cannot be undone: the step's reason says so);
     - ``resume``: the :class:`Resume` policy (default ``RERUN``);
-    - ``barrier``: True when starting it is a point of no return.
+    - ``barrier``: True when starting it is a point of no return;
+    - ``cleanup``: True when it still runs after a failure past the point of
+      no return (it then finds the failure in ``ctx.failure`` and decides
+      whether it is safe to do: removing recovery settings once the server has
+      left recovery).
     """
 
     name: ClassVar[str] = ""
@@ -201,10 +247,31 @@ class Operation:
     compensation: ClassVar[str | None] = None
     resume: ClassVar[Resume] = Resume.RERUN
     barrier: ClassVar[bool] = False
+    cleanup: ClassVar[bool] = False
 
     def run(self, ctx: OperationContext) -> Outputs:
         """Do it; return what later steps (and the journal) need to know."""
         raise NotImplementedError(f"operation {self.name} does not define run()")
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        """Before the run changes anything: check, against what the collaborators
+        say now and the rest of the plan, the invariants this step depends on.
+
+        Raise :class:`~pgsnap.errors.InvariantError` (via :meth:`mismatch`) when
+        the plan says something that is not so (a snapshot that is not the
+        backup's): the run is refused before its first step. Read-only. The
+        default checks nothing.
+        """
+        del ctx, plan
+
+    def mismatch(self, ctx: OperationContext, message: str, hint: str) -> InvariantError:
+        """The error a failed invariant raises (names this step)."""
+        return InvariantError(
+            f"step {ctx.step_id} ({self.name}): {message}",
+            step_id=ctx.step_id,
+            hint=hint,
+            action=self.name,
+        )
 
     def probe(self, ctx: OperationContext) -> Outputs | None:
         """After an interruption: its outputs if it already took effect, else None.

@@ -20,24 +20,36 @@ import attrs
 from pgsnap.errors import (
     ArchiveError,
     BackupNotFound,
+    DamagedSegmentError,
     ExecutionError,
     PgsnapError,
     UnsupportedCapability,
 )
-from pgsnap.model import LSN, BackupRecord, BackupState
+from pgsnap.model import LSN, BackupRecord, BackupState, SafetySnapshot
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, Ref, Resume
 from pgsnap.operations.base import Target as _Target
 from pgsnap.protocols import WalArchive
-from pgsnap.wal import ArchiveIndex, check, segment_name, segment_number, walfile_name
+from pgsnap.wal import (
+    ArchiveIndex,
+    check,
+    segment_name,
+    segment_number,
+    segments_to_replay,
+    walfile_name,
+)
+from pgsnap.walreader import find_segment_file, segment_problem
 
 __all__ = [
     "DeleteBackupRecord",
+    "DeleteSafetyRecord",
     "DeleteWal",
     "FailBackup",
     "MarkBackupDone",
     "MarkUnusable",
     "RecordBackupStart",
     "RecordBackupStop",
+    "RecordSafetySnapshot",
+    "VerifyWal",
     "WaitForWal",
     "missing_backup_segments",
     "required_wal_files",
@@ -244,6 +256,124 @@ class WaitForWal(Operation):
                 missing=missing,
             )
         return {"stop_segment": stop_name, "backup_file": backup_file}
+
+
+@attrs.frozen
+class RecordSafetySnapshot(Operation):
+    """Record in the catalog the safety snapshot a recovery just took (from the outputs
+    of the step that took it), so it is listed, kept and deleted by name, and never
+    mistaken for an orphan."""
+
+    name = "catalog.record_safety_snapshot"
+    target = _Target.CATALOG
+
+    group_name: str
+    backup_id: str
+    recovery_target: str
+    taken: Ref
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        taken = _outputs(ctx, self.taken)
+        snapshots = taken.get("snapshots")
+        if not isinstance(snapshots, Mapping):
+            raise ExecutionError(
+                f"step {ctx.step_id} expected the {self.taken} to name its snapshots",
+                step_id=ctx.step_id,
+            )
+        record = SafetySnapshot(
+            name=self.group_name,
+            group_id=str(taken.get("group_id")),
+            snapshots={str(k): str(v) for k, v in snapshots.items()},
+            created_at=ctx.clock(),
+            plan_id=ctx.plan_id,
+            backup_id=self.backup_id,
+            target=self.recovery_target,
+        )
+        ctx.catalog.put_safety(record)
+        return {"name": record.name}
+
+
+@attrs.frozen
+class DeleteSafetyRecord(Operation):
+    """Remove a safety snapshot's catalog record (one already gone is fine)."""
+
+    name = "catalog.delete_safety"
+    target = _Target.CATALOG
+
+    safety_name: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        try:
+            ctx.catalog.delete_safety(self.safety_name)
+        except PgsnapError as exc:
+            log.info("safety snapshot record %s: %s", self.safety_name, exc)
+            return {"deleted": False}
+        return {"deleted": True}
+
+
+@attrs.frozen
+class VerifyWal(Operation):
+    """Before anything changes: every archived segment the recovery will replay can be
+    replayed (its size, page magic, system identifier, its own address, compressed
+    segments too: :func:`~pgsnap.walreader.segment_problem`).
+
+    PostgreSQL checks the same only as it fetches each one, after the point of no
+    return (a truncated copy is a FATAL ``archive file has wrong size``; another
+    cluster's WAL ends replay early). The segments are those on the path from
+    ``start_lsn`` on ``start_timeline`` to ``end_lsn`` (None: everything the archive
+    holds on the path when the step runs, for a recovery to the end of the WAL).
+    """
+
+    name = "archive.verify_wal"
+    target = _Target.ARCHIVE
+
+    start_timeline: int
+    start_lsn: LSN
+    timeline: int
+    segment_size: int
+    system_identifier: str
+    major: int
+    end_lsn: LSN | None = None
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        index = ctx.archive.index(self.segment_size, check_sizes=False)
+        graph = ctx.archive.histories(index.history_names)
+        result = check(
+            index, (self.start_timeline, self.start_lsn), self.end_lsn, self.timeline, graph
+        )
+        names = list(segments_to_replay(index, result))
+        started = time.monotonic()
+        told = started
+        for n, name in enumerate(names, 1):
+            path = find_segment_file(ctx.archive.location, name)
+            if path is None:  # gone since it was listed: replay stops there, as planned
+                continue
+            why = segment_problem(
+                path,
+                segment_size=self.segment_size,
+                system_identifier=self.system_identifier,
+                major=self.major,
+            )
+            if why is not None:
+                raise DamagedSegmentError(
+                    f"archived segment {name} cannot be replayed: {why}; nothing was "
+                    "changed (PostgreSQL would have stopped on it after the point of no "
+                    "return)",
+                    hint="put a good copy of it in the archive (a surviving pg_wal may hold "
+                    "one) or move the file away if it never was complete, then make a new "
+                    "plan (pgsnap plan-recovery says what is reachable)",
+                    name=name,
+                    reason=why,
+                    path=path,
+                )
+            now = time.monotonic()
+            if now - told >= 1.0:
+                told = now
+                ctx.progress(
+                    f"{n} of {len(names)} segments verified",
+                    {"verified": n, "segments": len(names)},
+                )
+        return {"verified": len(names), "seconds": round(time.monotonic() - started, 3)}
 
 
 @attrs.frozen

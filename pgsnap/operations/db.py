@@ -9,9 +9,24 @@ import typing
 
 import attrs
 
-from pgsnap.errors import ExecutionError, StalePlanError
-from pgsnap.model import LSN, RecoveryAction, RecoverySettings, RecoveryTarget, TargetKind
-from pgsnap.operations.base import Operation, OperationContext, Outputs, Resume, Target
+from pgsnap.errors import BackupNotFound, CatalogError, ExecutionError
+from pgsnap.model import (
+    LSN,
+    BackupRecord,
+    RecoveryAction,
+    RecoverySettings,
+    RecoveryTarget,
+    TargetKind,
+    VolumeRole,
+)
+from pgsnap.operations.base import (
+    Operation,
+    OperationContext,
+    Outputs,
+    PlanView,
+    Resume,
+    Target,
+)
 from pgsnap.protocols import BackupSession
 
 __all__ = [
@@ -168,7 +183,15 @@ class PrepareDataDirectory(Operation):
 
 @attrs.frozen
 class WriteBackupLabel(Operation):
-    """Write the backup's ``backup_label`` and ``tablespace_map`` from the catalog."""
+    """Write the backup's ``backup_label`` and ``tablespace_map`` from the catalog.
+
+    What it depends on is checked, not trusted: before the run changes
+    anything, that the catalog's label is the one the plan was made with
+    (``label_sha256``) and that the plan restores every data and tablespace
+    volume from this backup's snapshots and from no other backup's; when it
+    runs (after the restores), that the restored data directory belongs to
+    the backup's cluster (the system identifier in ``global/pg_control``).
+    """
 
     name = "db.write_backup_label"
     target = Target.DATABASE
@@ -176,22 +199,91 @@ class WriteBackupLabel(Operation):
     backup_id: str
     label_sha256: str
 
-    def run(self, ctx: OperationContext) -> Outputs:
-        record = ctx.catalog.get(self.backup_id)
+    def _record(self, ctx: OperationContext) -> BackupRecord:
+        try:
+            record = ctx.catalog.get(self.backup_id)
+        except BackupNotFound:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id} is not in the catalog",
+                "list the backups (pgsnap list) and make a new plan",
+            ) from None
+        except CatalogError as exc:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id}'s record cannot be read: {exc.message}",
+                "repair the catalog record, then make a new plan",
+            ) from exc
         if record.labelfile is None:
-            raise ExecutionError(
+            raise self.mismatch(
+                ctx,
                 f"backup {record.id} has no backup label in the catalog",
-                step_id=ctx.step_id,
-                hint="this backup cannot be restored; choose another",
+                "this backup cannot be restored; choose another",
             )
         digest = hashlib.sha256(record.labelfile.encode()).hexdigest()
         if digest != self.label_sha256:
-            raise StalePlanError(
-                f"the backup label of {record.id} changed since the plan was made",
-                hint="make a new plan",
+            raise self.mismatch(
+                ctx,
+                f"the catalog's backup label of {record.id} is not the one the plan was "
+                f"made with (sha256 {digest[:12]}, the plan says {self.label_sha256[:12]})",
+                "the plan was edited or the catalog changed: make a new plan",
+            )
+        return record
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        from pgsnap.operations.storage import RestoreVolume  # noqa: PLC0415 - a cycle otherwise
+
+        self._record(ctx)
+        here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
+        restores = plan.of(RestoreVolume)
+        others = sorted({op.backup_id for _s, op in restores if op.backup_id is not None} - {
+            self.backup_id
+        })
+        if others:
+            raise self.mismatch(
+                ctx,
+                f"it writes backup {self.backup_id}'s label, but the plan restores snapshots "
+                f"of backup(s) {', '.join(others)}: the cluster would mix two backups",
+                "the plan was edited: make a new plan",
+            )
+        restored = {
+            op.volume_id
+            for sid, op in restores
+            if op.backup_id == self.backup_id and plan.index(sid) < here
+        }
+        wanted = {
+            v.id
+            for v in ctx.layout.volumes
+            if v.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
+        }
+        if wanted - restored:
+            raise self.mismatch(
+                ctx,
+                f"it writes backup {self.backup_id}'s label, but the plan does not first "
+                f"restore volume(s) {', '.join(sorted(wanted - restored))} from that backup: "
+                "the data directory and tablespaces must all be the backup's",
+                "the plan was edited: make a new plan",
+            )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = self._record(ctx)
+        assert record.labelfile is not None
+        found = ctx.adapter.stored_system_identifier()
+        if found != record.system_identifier:
+            what = (
+                "holds no global/pg_control"
+                if found is None
+                else f"belongs to the cluster with system identifier {found}"
+            )
+            raise self.mismatch(
+                ctx,
+                f"the restored data directory {what}, not to backup {record.id}'s cluster "
+                f"({record.system_identifier}): the snapshot restored is not this backup's",
+                "nothing was started; the restores are undone: check the layout's volumes "
+                "and the storage, then make a new plan",
             )
         ctx.adapter.write_backup_label(record.labelfile, record.spcmapfile or "")
-        return {"label_sha256": digest}
+        return {"label_sha256": self.label_sha256, "system_identifier": found}
 
 
 @attrs.frozen
@@ -231,8 +323,19 @@ class ClearRecoverySettings(Operation):
 
     name = "db.clear_recovery_settings"
     target = Target.DATABASE
+    cleanup = True
 
     def run(self, ctx: OperationContext) -> Outputs:
+        if ctx.failure is not None and ctx.failure.step_id != ctx.step_id:
+            # A cleanup after a failure past the point of no return: only once the
+            # server has left recovery (the settings are what a restart needs to go on).
+            ended = ctx.adapter.recovery_ended()
+            if not ended:
+                log.warning(
+                    "recovery settings kept: the server has not left recovery "
+                    "(a restart needs them to go on); remove them once it has"
+                )
+                return {"skipped": True, "why": "the server has not left recovery"}
         ctx.adapter.clear_recovery_settings()
         return {}
 
@@ -256,7 +359,7 @@ class WaitRecovery(Operation):
     timeout: float = 600.0
 
     def run(self, ctx: OperationContext) -> Outputs:
-        outcome = ctx.adapter.wait_recovery(timeout=self.timeout)
+        outcome = ctx.adapter.wait_recovery(timeout=self.timeout, on_progress=ctx.progress)
         expected = _EXPECTED[self.action]
         if outcome.state != expected:
             raise ExecutionError(
@@ -271,11 +374,15 @@ class WaitRecovery(Operation):
                 hint="see the server log; the plan's WAL check should have caught this",
             )
         replay = getattr(outcome, "replay_lsn", None)
+        last = getattr(outcome, "last_transaction", None)
+        log_path = getattr(outcome, "log_path", None)
         return {
             "state": outcome.state,
             "timeline": outcome.timeline,
             "reached_target": outcome.reached_target,
             "replay_lsn": None if replay is None else str(replay),
+            "last_transaction": None if last is None else str(last),
+            "log_path": None if log_path is None else str(log_path),
             "log": list(outcome.log_lines),
         }
 
@@ -298,6 +405,21 @@ class Verify(Operation):
     min_replay_lsn: LSN
     min_timeline: int | None = None
     wait_step: str = "wait-recovery"
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        for _sid, label in plan.of(WriteBackupLabel):
+            try:
+                stop = ctx.catalog.get(label.backup_id).stop_lsn
+            except CatalogError:
+                continue  # the label step says why
+            if stop is not None and self.min_replay_lsn < stop:
+                raise self.mismatch(
+                    ctx,
+                    f"it accepts a replay to {self.min_replay_lsn}, before backup "
+                    f"{label.backup_id}'s consistency point {stop}: an inconsistent cluster "
+                    "would pass",
+                    "the plan was edited: make a new plan",
+                )
 
     def run(self, ctx: OperationContext) -> Outputs:
         if self.action is RecoveryAction.SHUTDOWN:

@@ -2,17 +2,51 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable
 
 import attrs
 
-from pgsnap.operations.base import Operation, OperationContext, Outputs, Target
+from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Target
 
 __all__ = ["Mount", "Unmount", "WaitForDevice"]
 
 
 def _options(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
+
+
+def _check_mount_point(
+    op: Operation, ctx: OperationContext, mount_point: str, volume_id: str | None
+) -> None:
+    """``mount_point`` must be the layout's mount point of ``volume_id`` (or, for a
+    step that names no volume, of one of the layout's volumes)."""
+    wanted = posixpath.normpath(mount_point)
+    volumes = {v.id: v for v in ctx.layout.snapshotted}
+    if volume_id is not None:
+        vol = volumes.get(volume_id)
+        if vol is None:
+            raise op.mismatch(
+                ctx,
+                f"volume {volume_id} is not in the cluster's layout",
+                "the plan was edited or made for another cluster: make a new plan",
+            )
+        if posixpath.normpath(vol.mount_point) != wanted:
+            raise op.mismatch(
+                ctx,
+                f"it names mount point {mount_point} for volume {volume_id}, whose mount "
+                f"point is {vol.mount_point}",
+                "the plan was edited or the layout changed: make a new plan",
+            )
+        return
+    points = sorted(posixpath.normpath(v.mount_point) for v in volumes.values())
+    if wanted not in points:
+        raise op.mismatch(
+            ctx,
+            f"{mount_point} is not the mount point of any of the cluster's volumes "
+            f"({', '.join(points)})",
+            "the plan was edited or the layout changed: make a new plan",
+        )
 
 
 @attrs.frozen
@@ -24,6 +58,10 @@ class Unmount(Operation):
     compensation = "host.mount"
 
     mount_point: str
+    volume_id: str | None = None
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_mount_point(self, ctx, self.mount_point, self.volume_id)
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.host.unmount(self.mount_point)
@@ -42,6 +80,10 @@ class Mount(Operation):
     mount_point: str
     fstype: str | None = None
     options: tuple[str, ...] = attrs.field(default=(), converter=_options)
+    volume_id: str | None = None
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_mount_point(self, ctx, self.mount_point, self.volume_id)
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.host.mount(self.device, self.mount_point, fstype=self.fstype, options=self.options)

@@ -7,9 +7,17 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from pgsnap.errors import SnapshotNotFound
+from pgsnap.errors import BackupNotFound, CatalogError, SnapshotNotFound
 from pgsnap.model import SnapshotGroup as SnapshotGroupRecord
-from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, Ref, Resume
+from pgsnap.operations.base import (
+    JSONValue,
+    Operation,
+    OperationContext,
+    Outputs,
+    PlanView,
+    Ref,
+    Resume,
+)
 from pgsnap.operations.base import Target as _Target
 
 __all__ = [
@@ -29,6 +37,21 @@ log = logging.getLogger(__name__)
 
 def _ids(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
+
+
+def _check_volumes(
+    op: Operation, ctx: OperationContext, volume_ids: Iterable[str], what: str
+) -> None:
+    """Every volume id must be one of the layout's snapshotted volumes."""
+    known = {v.id for v in ctx.layout.snapshotted}
+    unknown = sorted(set(volume_ids) - known)
+    if unknown:
+        raise op.mismatch(
+            ctx,
+            f"{what} volume(s) {', '.join(unknown)}, which the cluster's layout does not "
+            f"hold (its volumes: {', '.join(sorted(known)) or 'none'})",
+            "the plan was edited or made for another cluster: make a new plan",
+        )
 
 
 def _group_outputs(group: SnapshotGroupRecord) -> Outputs:
@@ -56,6 +79,9 @@ class SnapshotGroup(Operation):
     volume_ids: tuple[str, ...] = attrs.field(converter=_ids)
     group_name: str
     secure: bool = False
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_volumes(self, ctx, self.volume_ids, "it snapshots")
 
     def run(self, ctx: OperationContext) -> Outputs:
         group = ctx.backend.create_snapshot_group(
@@ -119,7 +145,17 @@ class DeleteSnapshots(Operation):
 
 @attrs.frozen
 class RestoreVolume(Operation):
-    """Replace a volume's content with a snapshot's."""
+    """Replace a volume's content with a snapshot's: a backup's, or the safety snapshot
+    this run took (as the compensation that puts the volume back).
+
+    ``backup_id`` names the backup the snapshot belongs to; the step then
+    checks, before the run changes anything and again just before it
+    restores, that the catalog records ``snapshot_id`` as that backup's
+    snapshot of ``volume_id``, that the storage has it as a snapshot of that
+    volume, and that the plan writes that backup's label. Without a backup,
+    ``snapshot_id`` must be the output of a snapshot step of this run that
+    took that volume: a restore from any other snapshot is refused.
+    """
 
     name = "storage.restore_volume"
     target = _Target.STORAGE
@@ -127,11 +163,105 @@ class RestoreVolume(Operation):
 
     volume_id: str
     snapshot_id: str | Ref
+    backup_id: str | None = None
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_volumes(self, ctx, [self.volume_id], "it restores")
+        if self.backup_id is None:
+            self._check_own_snapshot(ctx, plan)
+            return
+        self._check_backup_snapshot(ctx, str(self.snapshot_id))
+        from pgsnap.operations.db import WriteBackupLabel  # noqa: PLC0415 - a cycle otherwise
+
+        labels = [op for _sid, op in plan.of(WriteBackupLabel)]
+        if not any(op.backup_id == self.backup_id for op in labels):
+            written = ", ".join(sorted({op.backup_id for op in labels})) or "no backup's"
+            raise self.mismatch(
+                ctx,
+                f"it restores backup {self.backup_id}'s snapshot, but the plan writes "
+                f"{written} label: PostgreSQL would replay from the wrong checkpoint",
+                "the plan was edited: make a new plan",
+            )
+
+    def _check_own_snapshot(self, ctx: OperationContext, plan: PlanView) -> None:
+        ref = self.snapshot_id
+        taken = None
+        if isinstance(ref, Ref) and len(ref.path) == 3 and ref.path[1] == "snapshots":
+            try:
+                taken = plan.operation(ref.step)
+            except KeyError:
+                taken = None
+        if (
+            not isinstance(ref, Ref)
+            or not isinstance(taken, SnapshotGroup)
+            or ref.path[2] != self.volume_id
+            or self.volume_id not in taken.volume_ids
+        ):
+            raise self.mismatch(
+                ctx,
+                f"it restores volume {self.volume_id} from {ref}, which is neither a "
+                "backup's snapshot nor a snapshot this run takes of that volume",
+                "a restore names its backup (backup_id) or refers to this run's safety "
+                "snapshot of the same volume: make a new plan",
+            )
+
+    def _check_backup_snapshot(self, ctx: OperationContext, snapshot_id: str) -> None:
+        assert self.backup_id is not None
+        try:
+            record = ctx.catalog.get(self.backup_id)
+        except BackupNotFound:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id} is not in the catalog",
+                "list the backups (pgsnap list) and make a new plan",
+            ) from None
+        except CatalogError as exc:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id}'s record cannot be read: {exc.message}",
+                "repair the catalog record, then make a new plan",
+            ) from exc
+        if not record.is_usable:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id} is {record.state.value}, not a backup to restore",
+                "list the backups (pgsnap list) and make a new plan",
+            )
+        recorded = record.snapshots.get(self.volume_id)
+        if recorded != snapshot_id:
+            raise self.mismatch(
+                ctx,
+                f"snapshot {snapshot_id} is not backup {self.backup_id}'s snapshot of volume "
+                f"{self.volume_id} (the catalog records "
+                f"{recorded or 'none for that volume'})",
+                "the plan was edited or the catalog changed: make a new plan",
+            )
+        found = [s for s in ctx.backend.list_snapshots(self.volume_id) if s.id == snapshot_id]
+        if not found:
+            raise self.mismatch(
+                ctx,
+                f"the storage has no snapshot {snapshot_id} of volume {self.volume_id} "
+                f"(backup {self.backup_id}'s)",
+                "the snapshot was deleted: make a new plan (another backup will be chosen)",
+            )
+        group = found[0].group_id
+        if record.snapshot_group_id and group and group != record.snapshot_group_id:
+            raise self.mismatch(
+                ctx,
+                f"snapshot {snapshot_id} is in group {group} on the storage, not in backup "
+                f"{self.backup_id}'s group {record.snapshot_group_id}",
+                "the storage or the catalog changed: make a new plan",
+            )
 
     def run(self, ctx: OperationContext) -> Outputs:
         snapshot_id = str(ctx.resolve(self.snapshot_id))
+        if self.backup_id is not None:  # checked again at the last moment
+            self._check_backup_snapshot(ctx, snapshot_id)
         ctx.backend.restore_volume(self.volume_id, snapshot_id)
-        return {"volume_id": self.volume_id, "snapshot_id": snapshot_id}
+        out: Outputs = {"volume_id": self.volume_id, "snapshot_id": snapshot_id}
+        if self.backup_id is not None:
+            out["backup_id"] = self.backup_id
+        return out
 
 
 @attrs.frozen
@@ -149,6 +279,17 @@ class WaitForRestore(Operation):
         return {}
 
 
+def _check_host(op: Operation, ctx: OperationContext, volume_id: str, host: str) -> None:
+    _check_volumes(op, ctx, [volume_id], "it maps")
+    if host != ctx.host.name:
+        raise op.mismatch(
+            ctx,
+            f"it maps volume {volume_id} to host {host!r}, but the database host is "
+            f"{ctx.host.name!r}",
+            "the plan was edited or made for another host: make a new plan",
+        )
+
+
 @attrs.frozen
 class Attach(Operation):
     """Attach (map) a volume to the database host."""
@@ -159,6 +300,9 @@ class Attach(Operation):
 
     volume_id: str
     host: str
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_host(self, ctx, self.volume_id, self.host)
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.backend.attach(self.volume_id, self.host)
@@ -175,6 +319,9 @@ class Detach(Operation):
 
     volume_id: str
     host: str
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _check_host(self, ctx, self.volume_id, self.host)
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.backend.detach(self.volume_id, self.host)

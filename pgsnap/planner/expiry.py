@@ -53,14 +53,19 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import attrs
 
 from pgsnap.errors import BackupNotFound, ConfigurationError, PgsnapError, PlanningError
-from pgsnap.model import BackupRecord, BackupState, Snapshot
-from pgsnap.operations.catalog import DeleteBackupRecord, DeleteWal, MarkUnusable
+from pgsnap.model import BackupRecord, BackupState, SafetySnapshot, Snapshot
+from pgsnap.operations.catalog import (
+    DeleteBackupRecord,
+    DeleteSafetyRecord,
+    DeleteWal,
+    MarkUnusable,
+)
 from pgsnap.operations.storage import DeleteSnapshotGroup, DeleteSnapshots
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
@@ -74,7 +79,10 @@ __all__ = [
     "RetentionPolicy",
     "kept_backups",
     "plan_delete",
+    "plan_delete_safety",
     "plan_expiry",
+    "safety_delete_steps",
+    "safety_hold",
 ]
 
 
@@ -88,7 +96,10 @@ class RetentionPolicy:
     (0: level unused). A policy that keeps nothing by any rule is refused.
     ``orphans_after``: delete orphan snapshots (pgsnap's, named by no record)
     older than this (None, the default: list them, delete none; at least
-    :data:`MIN_ORPHANS_AFTER`).
+    :data:`MIN_ORPHANS_AFTER`). ``safety_after``: delete the safety snapshots
+    recoveries recorded (:class:`~pgsnap.model.SafetySnapshot`) older than this
+    (None, the default: keep them until deleted by name; at least
+    :data:`MIN_ORPHANS_AFTER`); never one an unfinished run still needs.
     """
 
     redundancy: int | None = None
@@ -98,8 +109,19 @@ class RetentionPolicy:
     weekly: int = 0
     monthly: int = 0
     orphans_after: dt.timedelta | None = None
+    safety_after: dt.timedelta | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.safety_after is not None and (
+            not isinstance(self.safety_after, dt.timedelta)
+            or self.safety_after < MIN_ORPHANS_AFTER
+        ):
+            raise ConfigurationError(
+                f"retention safety_after must be at least {_fmt_delta(MIN_ORPHANS_AFTER)}, "
+                f"not {self.safety_after}",
+                hint="a safety snapshot may hold the only copy of what a recovery replaced: "
+                "e.g. safety_after=timedelta(days=14) (pgsnap expire --safety-after 14d)",
+            )
         counts = {
             "redundancy": self.redundancy,
             "hourly": self.hourly,
@@ -151,8 +173,10 @@ class RetentionPolicy:
     def to_request(self) -> dict[str, int | None]:
         """The policy as a plan's ``request`` (plain JSON)."""
         orphans = self.orphans_after
+        safety = self.safety_after
         return {
             "orphans_after_seconds": None if orphans is None else int(orphans.total_seconds()),
+            "safety_after_seconds": None if safety is None else int(safety.total_seconds()),
             "redundancy": self.redundancy,
             "window_seconds": None if self.window is None else int(self.window.total_seconds()),
             "hourly": self.hourly,
@@ -172,9 +196,13 @@ class RetentionPolicy:
         redundancy = request.get("redundancy")
         window = request.get("window_seconds")
         orphans = request.get("orphans_after_seconds")
+        safety = request.get("safety_after_seconds")
         return cls(
             orphans_after=dt.timedelta(seconds=orphans)
             if isinstance(orphans, int) and not isinstance(orphans, bool)
+            else None,
+            safety_after=dt.timedelta(seconds=safety)
+            if isinstance(safety, int) and not isinstance(safety, bool)
             else None,
             redundancy=redundancy if isinstance(redundancy, int) else None,
             window=dt.timedelta(seconds=window) if isinstance(window, int) else None,
@@ -205,6 +233,8 @@ class RetentionPolicy:
             parts.append("levels " + ", ".join(levels))
         if self.orphans_after is not None:
             parts.append(f"orphans after {_fmt_delta(self.orphans_after)}")
+        if self.safety_after is not None:
+            parts.append(f"safety snapshots after {_fmt_delta(self.safety_after)}")
         return "; ".join(parts)
 
 
@@ -229,6 +259,8 @@ class ExpiryFacts:
     holds: tuple[SnapshotHold, ...] = ()
     unreadable: tuple[str, ...] = ()
     """Ids of catalog entries that cannot be read (no orphan is deleted while one is)."""
+    safety: tuple[SafetySnapshot, ...] = ()
+    """The safety snapshots recoveries recorded in the catalog."""
 
     def orphans(self) -> tuple[Orphan, ...]:
         """The orphan snapshot groups (:func:`~pgsnap.planner.reconcile.find_orphans`)."""
@@ -238,6 +270,7 @@ class ExpiryFacts:
             volume_ids=self.volume_ids,
             holds=self.holds,
             unreadable=self.unreadable,
+            safety=self.safety,
         )
 
 
@@ -452,6 +485,8 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     orphan_steps, orphan_kept, orphan_lost, orphan_notes = _orphan_steps(orphans, policy, facts.now)
     steps += orphan_steps
     warnings += orphan_notes
+    safety_steps, safety_kept, safety_lost = _safety_steps(facts, policy, present)
+    steps += safety_steps
     kept_done = [b for b in facts.backups if b.id in keep and b.state is BackupState.DONE]
     unfinished = [b for b in facts.backups if b.id in keep and b.state is not BackupState.DONE]
     wal_steps, wal_lost = _wal_steps(facts, kept_done + unfinished, gone)
@@ -470,6 +505,7 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         "orphans": sorted(sid for o in orphans for sid in o.snapshot_ids),
         "holds": sorted(h.key() for h in facts.holds),
         "unreadable": sorted(facts.unreadable),
+        "safety": sorted((r.name, r.group_id) for r in facts.safety),
     }
     return Plan(
         kind="expiry",
@@ -484,9 +520,11 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         },
         request=policy.to_request(),
         kept=tuple(f"backup {bid}: {'; '.join(why)}" for bid, why in sorted(keep.items()))
-        + tuple(orphan_kept),
+        + tuple(orphan_kept)
+        + tuple(safety_kept),
         lost=tuple(f"backup {b.id} ({b.label}, {_when(b).isoformat()})" for b in gone)
         + tuple(orphan_lost)
+        + tuple(safety_lost)
         + tuple(wal_lost),
         warnings=tuple(warnings),
     )
@@ -527,6 +565,70 @@ def _delete_backup_steps(b: BackupRecord, present: set[str], why: str) -> list[S
         )
     )
     return steps
+
+
+def safety_delete_steps(record: SafetySnapshot, present: set[str], why: str) -> list[Step]:
+    """The steps that delete a recorded safety snapshot: its group (while the storage
+    has it), then its record."""
+    steps: list[Step] = []
+    if any(s in present for s in record.snapshots.values()):
+        steps.append(
+            Step.of(
+                f"delete-safety-{record.name}",
+                DeleteSnapshotGroup(group_id=record.group_id),
+                description=f"delete safety snapshot group {record.name} ({record.group_id})",
+                reason=why,
+            )
+        )
+    steps.append(
+        Step.of(
+            f"delete-safety-record-{record.name}",
+            DeleteSafetyRecord(safety_name=record.name),
+            description=f"delete the record of safety snapshot {record.name} from the catalog",
+            reason=why,
+        )
+    )
+    return steps
+
+
+def safety_hold(record: SafetySnapshot, holds: Iterable[SnapshotHold]) -> str | None:
+    """Why ``record`` may not be deleted now (an unfinished run needs it), or None."""
+    for h in holds:
+        if (
+            record.group_id in h.group_ids
+            or record.name in h.group_names
+            or not h.snapshot_ids.isdisjoint(record.snapshots.values())
+        ):
+            return f"the {h.plan} has not ended"
+    return None
+
+
+def _safety_steps(
+    facts: ExpiryFacts, policy: RetentionPolicy, present: set[str]
+) -> tuple[list[Step], list[str], list[str]]:
+    """The steps that delete the safety snapshots ``policy`` lets go: (steps, kept, lost)."""
+    steps: list[Step] = []
+    kept: list[str] = []
+    lost: list[str] = []
+    limit = policy.safety_after
+    for r in facts.safety:
+        age = facts.now - r.created_at
+        what = f"safety snapshot {r.name} (recovery to {r.target}, {fmt_age(age)} old)"
+        held = safety_hold(r, facts.holds)
+        if held is not None:
+            kept.append(f"{what}: {held}")
+            continue
+        if limit is None or age < limit:
+            kept.append(
+                f"{what}: kept until deleted (pgsnap safety delete {r.name})"
+                if limit is None
+                else f"{what}: younger than safety_after ({_fmt_delta(limit)})"
+            )
+            continue
+        why = f"older than safety_after ({_fmt_delta(limit)})"
+        steps += safety_delete_steps(r, present, why)
+        lost.append(what)
+    return steps, kept, lost
 
 
 def _orphan_steps(
@@ -700,4 +802,53 @@ def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
         summary={"backup": b.id, "label": b.label},
         request={"backup_id": b.id},
         lost=(f"backup {b.id} ({b.label}, {_when(b).isoformat()})",),
+    )
+
+
+def plan_delete_safety(facts: ExpiryFacts, name: str) -> Plan:
+    """The plan that deletes one recorded safety snapshot (its group, then its record).
+
+    Refused (:class:`~pgsnap.errors.PlanningError`) when the catalog has no safety
+    snapshot of that name, or while the run that took it has not ended.
+    """
+    found = [r for r in facts.safety if r.name == name]
+    if not found:
+        known = ", ".join(r.name for r in facts.safety[-5:]) or "none"
+        raise PlanningError(
+            f"no safety snapshot {name!r} in the catalog (recorded: {known})",
+            hint="list them with `pgsnap safety list`",
+            name=name,
+        )
+    record = found[0]
+    held = safety_hold(record, facts.holds)
+    if held is not None:
+        raise PlanningError(
+            f"safety snapshot {name} is still needed: {held}",
+            hint="finish that run first (pgsnap resume --yes); its undo may need the snapshot",
+            name=name,
+        )
+    present = {s.id for s in facts.snapshots}
+    steps = safety_delete_steps(record, present, "asked for (pgsnap safety delete)")
+    age = facts.now - record.created_at
+    return Plan(
+        kind="delete-safety",
+        steps=tuple(steps),
+        fingerprint=fingerprint(
+            {
+                "safety": (record.name, record.group_id),
+                "snapshots": sorted(present & set(record.snapshots.values())),
+                "holds": sorted(h.key() for h in facts.holds),
+            }
+        ),
+        summary={
+            "safety snapshot": record.name,
+            "taken by": f"recovery plan {record.plan_id[:12]} (backup {record.backup_id}, "
+            f"target {record.target})",
+            "age": fmt_age(age),
+        },
+        request={"safety_name": record.name},
+        lost=(
+            f"safety snapshot {record.name}: the state of "
+            f"{', '.join(sorted(record.snapshots))} before that recovery",
+        ),
     )

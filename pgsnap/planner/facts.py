@@ -245,6 +245,10 @@ class BackupFacts:
         return next((v for v in self.volume_facts if v.volume_id == volume_id), None)
 
 
+def _str_map(value: Mapping[str, str]) -> dict[str, str]:
+    return {str(k): str(v) for k, v in value.items()}
+
+
 @attrs.frozen
 class RecoveryFacts:
     """Everything the recovery planner looks at.
@@ -273,6 +277,11 @@ class RecoveryFacts:
     """The database host's name, as the storage knows it (attach and detach use it)."""
     volume_facts: tuple[VolumeFacts, ...] = ()
     """Per layout volume (archive excluded): location, restore profile, mount."""
+    damaged: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
+    """Archived segments that cannot be replayed (name → why: truncated, another
+    cluster's, not the segment of its name), among those the observer verified
+    (:func:`~pgsnap.walreader.segment_problem`): a recovery that would fetch one
+    is refused, as at a gap."""
 
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered

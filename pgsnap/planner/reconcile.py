@@ -53,6 +53,7 @@ from pgsnap.model import (
     BackupRecord,
     BackupState,
     Layout,
+    SafetySnapshot,
     Snapshot,
     VolumeRole,
 )
@@ -277,12 +278,15 @@ def find_orphans(
     volume_ids: Iterable[str],
     holds: Iterable[SnapshotHold] = (),
     unreadable: Iterable[str] = (),
+    safety: Iterable[SafetySnapshot] = (),
 ) -> tuple[Orphan, ...]:
     """The snapshots pgsnap made of ``volume_ids`` that no record in ``backups``
     names (see the module docstring), one :class:`Orphan` per group, oldest first.
 
     A record names its ``snapshots`` and its recorded leftovers
-    (``orphaned_snapshots``: expiry removes those with the failed backup).
+    (``orphaned_snapshots``: expiry removes those with the failed backup); a
+    recorded ``safety`` snapshot (:class:`~pgsnap.model.SafetySnapshot`)
+    names its own.
     ``unreadable`` are the ids of catalog entries that cannot be read: while
     there is one, every orphan is held (it may be that record's).
     """
@@ -291,6 +295,8 @@ def find_orphans(
     for b in records:
         named.update(b.snapshots.values())
         named.update(b.orphaned_snapshots)
+    for r in safety:
+        named.update(r.snapshots.values())
     unfinished = {
         b.id: b.state
         for b in records

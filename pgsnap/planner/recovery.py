@@ -47,6 +47,7 @@ from pgsnap.model import (
     to_dict,
 )
 from pgsnap.operations import Ref
+from pgsnap.operations.catalog import RecordSafetySnapshot, VerifyWal
 from pgsnap.operations.db import (
     ClearRecoverySettings,
     PrepareDataDirectory,
@@ -70,7 +71,15 @@ from pgsnap.operations.storage import (
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import RecoveryFacts, fingerprint
 from pgsnap.protocols import Capability
-from pgsnap.wal import ArchiveIndex, WalCheck, check, walfile_name
+from pgsnap.wal import (
+    ArchiveIndex,
+    WalCheck,
+    check,
+    parse_segment_name,
+    segment_start,
+    segments_to_replay,
+    walfile_name,
+)
 
 __all__ = [
     "Candidate",
@@ -408,6 +417,44 @@ def _check_wal(
     return full
 
 
+def _check_damaged(
+    facts: RecoveryFacts,
+    request: RecoveryRequest,
+    backup: BackupRecord,
+    wal: WalCheck,
+    target_lsn: LSN | None,
+    index: ArchiveIndex,
+) -> None:
+    """Refuse a recovery that would fetch a damaged archived segment: PostgreSQL
+    stops on it (``archive file has wrong size``, or the WAL of another cluster ends
+    replay early) after the point of no return."""
+    if not facts.damaged:
+        return
+    kind = request.target.kind
+    through: LSN | None = None  # latest: everything the archive has on the path
+    if kind is TargetKind.IMMEDIATE:
+        through = backup.stop_lsn
+    elif target_lsn is not None:
+        through = min(wal.end_lsn, target_lsn + 1) if target_lsn.value < _LAST_LSN else None
+    for name in segments_to_replay(index, wal, through=through):
+        why = facts.damaged.get(name)
+        if why is None:
+            continue
+        seg = index.segment_size
+        at = max(backup.start_lsn, segment_start(parse_segment_name(name, seg)[1], seg))
+        raise WalGapError(
+            f"archived segment {name} cannot be replayed: {why}; PostgreSQL would stop on "
+            f"it in the middle of the recovery, after the point of no return; recoverable "
+            f"up to {at}" + _time_suffix(facts, at),
+            hint="put a good copy of the segment in the archive (a surviving pg_wal may "
+            "still hold it), or move the file away if it never was a complete segment; "
+            f"or choose a target before {at}",
+            missing=(name,),
+            damaged={name: why},
+            reachable_lsn=at,
+        )
+
+
 def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:
     if facts.events is None:
         return ""
@@ -606,7 +653,7 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"unmount-{vol.id}",
-                Unmount(mount_point=vol.mount_point),
+                Unmount(mount_point=vol.mount_point, volume_id=vol.id),
                 description=f"unmount {vol.mount_point} ({mounted.source})",
                 reason=f"the storage restores volume {vol.id} only once its file system is "
                 "unmounted; a busy file system names the processes holding it",
@@ -615,6 +662,7 @@ def _restore_steps(
                     mount_point=vol.mount_point,
                     fstype=fstype,
                     options=options,
+                    volume_id=vol.id,
                 ),
             )
         )
@@ -637,7 +685,7 @@ def _restore_steps(
     steps.append(
         Step.of(
             f"restore-{vol.id}",
-            RestoreVolume(volume_id=vol.id, snapshot_id=snap),
+            RestoreVolume(volume_id=vol.id, snapshot_id=snap, backup_id=backup.id),
             description=f"restore volume {where} from snapshot {snap}",
             reason=f"the {vol.role.value} volume is lost; the backup's snapshot brings back "
             "its state at the backup"
@@ -678,10 +726,16 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"mount-{vol.id}",
-                Mount(device=device, mount_point=vol.mount_point, fstype=fstype, options=options),
+                Mount(
+                    device=device,
+                    mount_point=vol.mount_point,
+                    fstype=fstype,
+                    options=options,
+                    volume_id=vol.id,
+                ),
                 description=f"mount {device} on {vol.mount_point}",
                 reason="PostgreSQL finds its files where they were",
-                undo=Unmount(mount_point=vol.mount_point),
+                undo=Unmount(mount_point=vol.mount_point, volume_id=vol.id),
             )
         )
     return steps
@@ -706,6 +760,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         # valid record.
         assert backup.stop_lsn is not None
         wal = attrs.evolve(wal, reachable_lsn=max(ev.end_of_wal, backup.stop_lsn))
+    _check_damaged(facts, request, backup, wal, target_lsn, index)
     warnings = _check_target_reachable(facts, request, backup, wal)
     warnings += [f"passed over backup {p}" for p in passed]
     assert backup.stop_lsn is not None and backup.labelfile is not None
@@ -728,6 +783,30 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
         timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
     steps: list[Step] = []
+    verify_end: LSN | None = None
+    if target.kind is TargetKind.IMMEDIATE:
+        verify_end = backup.stop_lsn
+    elif target_lsn is not None and target_lsn.value < _LAST_LSN:
+        verify_end = target_lsn + 1
+    steps.append(
+        Step.of(
+            "verify-wal",
+            VerifyWal(
+                start_timeline=backup.start_timeline,
+                start_lsn=backup.start_lsn,
+                timeline=tli,
+                segment_size=seg,
+                system_identifier=backup.system_identifier,
+                major=backup.server_version // 10000,
+                end_lsn=verify_end,
+            ),
+            description="verify the archived WAL segments the recovery replays (size, "
+            "header, system identifier, address)",
+            reason="PostgreSQL checks a segment only when it fetches it, after the point of "
+            "no return; a truncated or foreign one found now stops the plan with nothing "
+            "changed",
+        )
+    )
     if policies and Capability.POLICIES in facts.capabilities:
         ids = tuple(sorted(p.id for p in policies))
         steps.append(
@@ -763,6 +842,20 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 f"first (group {safety_name})",
                 reason="nothing is lost: the state being replaced stays available until "
                 "you delete it",
+            )
+        )
+        steps.append(
+            Step.of(
+                "record-safety-snapshot",
+                RecordSafetySnapshot(
+                    group_name=safety_name,
+                    backup_id=backup.id,
+                    recovery_target=str(target),
+                    taken=Ref(SAFETY_STEP),
+                ),
+                description=f"record the safety snapshot group {safety_name} in the catalog",
+                reason="so it is listed (pgsnap safety list), kept until you delete it "
+                "(pgsnap safety delete), and never taken for an orphan",
             )
         )
     lost_backup: list[str] = []
@@ -880,7 +973,8 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     if request.safety_snapshot:
         kept.append(
             f"the current state of the restored volumes, in the safety snapshot group "
-            f"{safety_name} taken first (deleted only when you delete it)"
+            f"{safety_name} taken first (kept until you delete it: pgsnap safety delete "
+            f"{safety_name})"
         )
     for vid in lost_backup:
         lost.append(
@@ -950,5 +1044,6 @@ def recovery_fingerprint(
             "wal_missing": list(wal.missing)
             if request.target.kind is not TargetKind.LATEST
             else [],
+            "damaged": sorted(facts.damaged),
         }
     )

@@ -299,7 +299,11 @@ def test_backup_plan_and_recover_to_a_time(cli_env: CliEnv) -> None:
     code, out, err = env.run("recover", "--yes", "--time", target.isoformat())
     assert code == 0, err
     assert "recovery finished in " in out
-    assert "[10/10] finished" in err
+    assert "[12/12] finished" in err
+    # Issue 19: where it got to, the last transaction, and where the server log is.
+    assert "server promoted on timeline 2, replayed to " in out
+    assert "last transaction replayed: transaction " in out  # stopped at the time target
+    assert f"server log: {env.server.log_file}" in out
     assert not env.server.sql("SELECT pg_is_in_recovery()")[0][0]
     assert env.batches() == {0: 3, 1: 3, 2: 3}
     assert env.timeline() == 2

@@ -226,6 +226,25 @@ def test_password_in_config_is_refused_and_never_printed(
     assert not (tmp_path / "catalog").exists()  # refused before anything was made
 
 
+def test_a_storage_password_in_config_is_refused_and_never_printed(
+    run: Run, tmp_path: Path
+) -> None:
+    """[storage.options] password (which create_backend would pass to the backend's
+    constructor) is refused before any backend is built; the password never shows."""
+    path = write_config(
+        tmp_path,
+        storage='backend = "powerflex"',
+        options=['gateway = "https://pfgw.example"', f'password = "{SECRET}"'],
+    )
+    code, out, err = run("check", "-c", str(path))
+    assert code == 2
+    assert "must not hold a password" in err
+    assert "[storage.options] password" in err
+    assert "password_env" in err  # the hint says what to do instead
+    assert SECRET not in out + err
+    assert not (tmp_path / "catalog").exists()
+
+
 def test_password_file_that_cannot_be_read(run: Run, tmp_path: Path) -> None:
     path = write_config(tmp_path, database=[f'password_file = "{tmp_path / "missing"}"'])
     code, _, err = run("list", "-c", str(path))
@@ -273,8 +292,13 @@ def test_backend_option_it_does_not_take(run: Run, tmp_path: Path) -> None:
     path = write_config(tmp_path, options=["colour = 'blue'"])
     code, _, err = run("list", "-c", str(path))
     assert code == 2
-    assert "does not accept these options" in err
-    assert "colour" in err
+    assert "does not accept option(s) 'colour'" in err
+    assert "it takes: capabilities, clock, root" in err
+    # Issue 19: the hint names the options, not the constructor's ~900-character signature.
+    assert "Callable" not in err and "None =" not in err and len(err) < 400
+    path = write_config(tmp_path, options=["state_fil = 'x'"])
+    code, _, err = run("list", "-c", str(path))
+    assert "did you mean 'state_file'?" in err
 
 
 def test_mock_volume_misconfigured(run: Run, tmp_path: Path) -> None:
@@ -326,6 +350,9 @@ class _FailingCluster:
 
         self.error = error
         self.catalog = MemoryCatalog()
+
+    def check_not_busy(self, kind: str = "recovery") -> None:
+        """Nobody holds the cluster."""
 
     def plan_recovery(self, *_args: object, **_kwargs: object) -> object:
         class _Plan:
@@ -433,9 +460,9 @@ def test_resume_shows_an_interrupted_plan_and_waits_for_yes(run: Run, config: Pa
         code, out, err = run("resume", "-c", str(config))
     finally:
         default_operations().unregister(Interrupt.name)
-    assert code == 2
+    assert code == 0  # issue 19: showing what would be resumed is not a usage error
     assert "a custom step" in out
-    assert "--yes" in err
+    assert "nothing was done: pass --yes" in out
 
 
 @attrs.frozen
@@ -775,6 +802,9 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, object]]] = []
+
+    def check_not_busy(self, kind: str = "recovery") -> None:
+        """Nobody holds the cluster."""
 
     def plan_recovery(self, *_args: object, **kwargs: object) -> object:
         from pgsnap.errors import NoBackupForTarget

@@ -438,15 +438,21 @@ def test_plans_differing_only_in_an_action_have_their_own_journals(jworld):
         jworld.ex.run(promote)
     assert jworld.ex.interrupted() == (promote,)
     SCRIPT.clear()
+    directory = jworld.ex.journal_dir
+    promote_journal = journal_path(directory, "recovery", promote.id)
+    # Issue 19: another plan does not run over an interrupted one; the error names it.
+    with pytest.raises(errors.ClusterLockedError) as refused:
+        jworld.ex.run(pause)
+    assert refused.value.interrupted == (str(promote_journal),)
+    assert "pgsnap resume" in refused.value.hint
+    view = read_journal(promote_journal)  # the other run is left as it was
+    assert view.plan_id == promote.id and view.state is RunState.RUNNING
+    assert not journal_path(directory, "recovery", pause.id).exists()
+    assert jworld.ex.run(promote).resumed  # finished: now the other plan may run
     result = jworld.ex.run(pause)
     assert not result.resumed  # a fresh run of its own: nothing skipped
     assert EventKind.SKIPPED not in {e.kind for e in jworld.events[-8:]}
-    assert jworld.ex.interrupted() == (promote,)  # the other run is left as it was
-    directory = jworld.ex.journal_dir
-    assert journal_path(directory, "recovery", promote.id) != journal_path(
-        directory, "recovery", pause.id)
-    view = read_journal(journal_path(directory, "recovery", promote.id))
-    assert view.plan_id == promote.id and view.state is RunState.RUNNING
+    assert promote_journal != journal_path(directory, "recovery", pause.id)
 
 
 def test_looking_for_interrupted_plans_never_takes_a_journal_lock(jworld, monkeypatch):
@@ -538,7 +544,9 @@ def test_old_and_edited_plans_are_refused_when_loaded():
     edited = {**data, "summary": {"backup": "another"}}
     with pytest.raises(errors.FormatError, match="does not match its id"):
         Plan.from_dict(edited)
-    assert Plan.from_dict({k: v for k, v in edited.items() if k != "id"}).id != plan.id
+    # Issue 19: removing the id no longer lets an edited plan in.
+    with pytest.raises(errors.FormatError, match='no "id"'):
+        Plan.from_dict({k: v for k, v in edited.items() if k != "id"})
     assert Plan.from_json(plan.to_json()) == plan
 
 

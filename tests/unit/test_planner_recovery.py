@@ -276,7 +276,8 @@ def test_steps_restore_only_lost_volumes_and_keep_wal():
     f = facts([B1], policies=(SnapshotPolicy("pol-1", "hourly", ("vol-data",)),))
     plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
     ids = [s.id for s in plan.steps]
-    assert ids == ["pause-policies", "stop-server", "safety-snapshot", "restore-vol-data",
+    assert ids == ["verify-wal", "pause-policies", "stop-server", "safety-snapshot",
+                   "record-safety-snapshot", "restore-vol-data",
                    "prepare-datadir", "write-label", "write-recovery-settings", "start-server",
                    "wait-recovery", "verify", "clear-recovery-settings", "resume-policies"]
     assert plan.step("prepare-datadir").params == {"clear_wal": False}
@@ -328,13 +329,13 @@ def test_detach_profile_builds_unmount_detach_restore_attach_wait_mount():
     f = facts([B1], volume_facts=block_volumes(RestoreProfile(RestorePreparation.DETACH)))
     plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
     ids = [s.id for s in plan.steps]
-    start = ids.index("safety-snapshot") + 1
+    start = ids.index("record-safety-snapshot") + 1
     assert ids[start:start + 7] == [
         "unmount-vol-data", "detach-vol-data", "restore-vol-data", "attach-vol-data",
         "wait-device-vol-data", "mount-vol-data", "prepare-datadir",
     ]
     unmount = plan.step("unmount-vol-data")
-    assert unmount.params == {"mount_point": "/pg/data"}
+    assert unmount.params == {"mount_point": "/pg/data", "volume_id": "vol-data"}
     assert unmount.compensation == "host.mount"
     assert unmount.compensation_params["fstype"] == "xfs"
     assert plan.step("detach-vol-data").params == {"volume_id": "vol-data", "host": "db1"}
@@ -342,9 +343,10 @@ def test_detach_profile_builds_unmount_detach_restore_attach_wait_mount():
     assert mount.params["device"] == "/dev/disk/by-id/vol-data"
     assert mount.params["options"] == ["rw", "noatime"]
     restore = plan.step("restore-vol-data")
+    assert restore.params["backup_id"] == B1.id  # checked against the catalog when it runs
     assert restore.compensation_params == {
         "volume_id": "vol-data", "snapshot_id": {"$ref": ["safety-snapshot", "snapshots",
-                                                         "vol-data"]}}
+                                                         "vol-data"]}, "backup_id": None}
     assert plan.point_of_no_return == "start-server"
 
 
