@@ -36,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -120,6 +120,15 @@ class CheckFacts:
     """The time of the check (orphans' ages; None: ages not shown)."""
     safety: tuple[SafetySnapshot, ...] = ()
     """The safety snapshots recoveries recorded."""
+    server_refused: bool = False
+    """The server answered and refused pgsnap's connection (authentication, slots)."""
+    server_port: int | None = None
+    """The port the running server listens on (its ``postmaster.pid``), when known."""
+    not_writable: tuple[tuple[str, str], ...] = ()
+    """(what, why) for the catalog and journal directories a backup could not write."""
+    recovery_refusal: tuple[str, str] | None = None
+    """Why the recovery planner refuses a recovery of the newest backup to the end of
+    the archive (the error's class name and message), when it does."""
 
 
 # --------------------------------------------------------------------------- pure
@@ -136,6 +145,8 @@ def check_findings(facts: CheckFacts) -> tuple[Finding, ...]:
     out += _storage(facts)
     out += _orphans(facts)
     out += _safety(facts)
+    out += _writable(facts)
+    out += _recovery(facts)
     return tuple(out)
 
 
@@ -206,55 +217,57 @@ def _server(facts: CheckFacts) -> list[Finding]:
             f"the server is not running{where}: a backup needs it running; start it, "
             "or recover it if its volumes were lost (pgsnap plan-recovery)"
         )
-    else:
+    elif facts.server_refused:
         message = (
-            f"cannot ask the server{where}: {facts.server_error}; fix the connection "
+            f"the server runs{where} but refuses pgsnap: {facts.server_error}; a backup "
+            "and a recovery's verification would fail: fix the password or pg_hba.conf"
+        )
+    else:
+        port = (
+            f" (its postmaster.pid says it listens on port {facts.server_port})"
+            if facts.server_port is not None
+            else ""
+        )
+        message = (
+            f"the server runs{where}{port} but pgsnap cannot reach it: "
+            f"{facts.server_error}; check [database] conninfo (host, port)"
+            if facts.server_running
+            else f"cannot ask the server{where}: {facts.server_error}; fix the connection "
             "([database] conninfo, the password) or start the server"
         )
     return [Finding("server", Severity.ERROR, message)]
 
 
-def _base_names(names: Iterable[str]) -> set[str]:
-    """The PostgreSQL names the archive's files stand for (compressed ones too)."""
-    return {parse_archive_name(n).base_name for n in names}
+def _writable(facts: CheckFacts) -> list[Finding]:
+    return [
+        Finding(
+            "not_writable",
+            Severity.ERROR,
+            f"{what} is not writable: {why}; a backup records itself there, and a "
+            "recovery journals every step: fix its permissions or mount it read-write",
+        )
+        for what, why in facts.not_writable
+    ]
+
+
+def _recovery(facts: CheckFacts) -> list[Finding]:
+    """What the recovery planner says of a recovery to the end of the archive, when it
+    refuses one that the other findings have not already named."""
+    if facts.recovery_refusal is None:
+        return []
+    _kind, message = facts.recovery_refusal
+    return [Finding("recovery", Severity.ERROR, message)]
 
 
 def _archive(facts: CheckFacts) -> list[Finding]:
-    if facts.archive_error is not None:
-        return [
-            Finding(
-                "archive",
-                Severity.ERROR,
-                f"the WAL archive cannot be read: {facts.archive_error}; no recovery can "
-                "fetch WAL from it: fix [archive] path or mount its file system",
-            )
-        ]
-    status = facts.archiver
-    if status is None or not status.last_archived_wal:
-        return []
-    name = status.last_archived_wal
-    if name in _base_names(facts.archive_names):
-        return []
-    when = (
-        f" at {status.last_archived_time.isoformat(timespec='seconds')}"
-        if status.last_archived_time
-        else ""
-    )
-    command = (status.archive_command or "").strip()
-    how = f"archive_command ({command})" if command else "the archiver"
-    held = (
-        "is empty"
-        if not facts.archive_names
-        else f"holds {len(facts.archive_names)} other file(s)"
-    )
+    if facts.archive_error is None:
+        return []  # an archive that lacks what the archiver sent is the preflight's finding
     return [
         Finding(
-            "archive_mismatch",
+            "archive",
             Severity.ERROR,
-            f"PostgreSQL archived {name}{when} ({status.archived_count} files archived "
-            f"since its statistics were reset), but the archive {facts.archive_location} "
-            f"{held} and lacks it: {how} writes somewhere else, or the files were "
-            "removed; point [archive] path at the directory archive_command writes to",
+            f"the WAL archive cannot be read: {facts.archive_error}; no recovery can "
+            "fetch WAL from it: fix [archive] path or mount its file system",
         )
     ]
 
@@ -539,6 +552,8 @@ def gather_check_facts(
     segment_size: int | None = None,
     backend: StorageBackend | None = None,
     volume_ids: Sequence[str] | None = None,
+    server_refused: bool = False,
+    journal_dir: str | os.PathLike[str] | None = None,
 ) -> CheckFacts:
     """Observe what :func:`check_findings` needs (reads only).
 
@@ -547,6 +562,9 @@ def gather_check_facts(
     ``archiver`` and ``segment_size`` are what the server said, when it did;
     ``backend`` is asked for its problems with ``volume_ids``
     (:func:`gather_storage_problems`; None: the storage is not checked).
+    ``server_refused``: the server answered and refused the connection.
+    ``journal_dir``: the executor's journal directory, checked writable (as the
+    catalog is, when it can say: ``check_writable``).
     """
     if scan is None:
         scan = scan_catalog(catalog)
@@ -593,7 +611,14 @@ def gather_check_facts(
             exists = host.run(["id", "-u", "--", os_user], check=False, timeout=30).ok
         except (CommandError, HostError) as exc:
             log.debug("id -u %s: %s", os_user, exc)
+    port = None
+    if server_error is not None and running:
+        listening = getattr(adapter, "listening_port", None)
+        port = listening() if callable(listening) else None
     return CheckFacts(
+        server_refused=server_refused,
+        server_port=port if isinstance(port, int) else None,
+        not_writable=_not_writable(catalog, journal_dir),
         archive_location=archive.location,
         segment_size=seg,
         index=index,
@@ -614,6 +639,33 @@ def gather_check_facts(
         storage_problems=storage_problems,
         storage_error=storage_error,
     )
+
+
+def _not_writable(
+    catalog: object, journal_dir: str | os.PathLike[str] | None
+) -> tuple[tuple[str, str], ...]:
+    """(what, why) for the catalog and journal directories that cannot be written now:
+    a file is created in each and removed (the journal directory's nearest existing
+    ancestor when it does not exist yet: a run creates it)."""
+    out: list[tuple[str, str]] = []
+    probe = getattr(catalog, "check_writable", None)
+    if callable(probe):
+        try:
+            probe()
+        except PgsnapError as exc:
+            out.append((f"the catalog {getattr(catalog, 'path', catalog)}", exc.message))
+    if journal_dir is not None:
+        where = os.path.abspath(os.fspath(journal_dir))
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        name = os.path.join(where, f".pgsnap-write-check-{os.getpid()}")
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            out.append((f"the journal directory {journal_dir}", exc.strerror or str(exc)))
+    return tuple(out)
 
 
 def _configured_os_user(adapter: object) -> str | None:

@@ -1062,9 +1062,18 @@ def cmd_wal(args: argparse.Namespace) -> int:
         "segment_size": seg,
         "timelines": [],
     }
+    from pgsnap.wal import switch_gaps  # noqa: PLC0415
+
+    before_switch = switch_gaps(index, graph)
     for tli in sorted(set(index.timelines()) | set(graph.timelines())):
         report["timelines"].append(
             {
+                "missing_before_switch": [
+                    {"child": g.child, "switchpoint": str(g.switchpoint), "first": g.first,
+                     "last": g.last, "count": g.count}
+                    for g in before_switch
+                    if g.parent == tli
+                ],
                 "timeline": tli,
                 "parent": graph.parent_of(tli) if tli in graph else None,
                 "switchpoint": str(graph.switchpoint_of(tli))
@@ -1085,6 +1094,11 @@ def cmd_wal(args: argparse.Namespace) -> int:
             _out(f"  present  {first} .. {last}")
         for first, last in t["gaps"]:
             _out(f"  MISSING  {first} .. {last}")
+        for g in t["missing_before_switch"]:
+            _out(
+                f"  MISSING  {g['first']} .. {g['last']}  (before timeline {g['child']} "
+                f"forks at {g['switchpoint']}: replay along timeline {g['child']} needs them)"
+            )
     return EXIT_OK
 
 

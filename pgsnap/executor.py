@@ -407,11 +407,11 @@ class Executor:
             if run.state(step.id) in _FINISHED:
                 continue
             run.ctx.step_id = step.id
-            for op in (run.ops[step.id], run.undos[step.id]):
+            for op, seen in ((run.ops[step.id], view), (run.undos[step.id], view.for_undo())):
                 if op is None:
                     continue
                 try:
-                    op.precheck(run.ctx, view)
+                    op.precheck(run.ctx, seen)
                 except InvariantError:
                     raise
                 except PgsnapError as exc:  # the collaborators could not be asked

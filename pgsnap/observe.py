@@ -182,7 +182,14 @@ class Observer:
             timelines = self._timelines_from(server.timeline)
         else:
             sysid, timelines = self._listed_sysid_and_timelines(server.wal_segment_size)
+        present = None
+        if last:
+            try:
+                present = self.archive.exists(last.strip())
+            except PgsnapError as exc:
+                log.debug("is %s archived? %s", last, exc)
         return BackupFacts(
+            last_archived_present=present,
             server=server,
             archiver=archiver,
             layout=self.layout,

@@ -21,7 +21,7 @@ import html
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ from pgsnap.catalog import (
     is_valid_backup_id,
     scan_catalog,
 )
-from pgsnap.checks import EmptyArchive, check_findings, gather_check_facts
+from pgsnap.checks import CheckFacts, EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -45,6 +45,7 @@ from pgsnap.errors import (
     InputError,
     PgsnapError,
     PlanningError,
+    ServerRefusedError,
     StalePlanError,
     TargetError,
 )
@@ -80,7 +81,7 @@ from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_n
 from pgsnap.planner.reconcile import Orphan, RebuildReport, find_orphans, plan_rebuild
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiverHealth, archiver_health
+from pgsnap.wal import ArchiverHealth, archiver_health, switch_gaps
 from pgsnap.walindex import WalIndex
 
 if TYPE_CHECKING:
@@ -519,9 +520,9 @@ class Cluster:
         """
         scan = scan_catalog(self.catalog)  # first: a later list() does not warn again
         findings: list[Finding] = []
+        refused = False
         facts: BackupFacts | None = None
         server_error: str | None = None
-        storage_error: str | None = None
         try:
             try:
                 facts = self.backup_facts()
@@ -532,10 +533,19 @@ class Cluster:
                 ).backup_facts()
         except (DatabaseError, HostError) as exc:
             server_error = str(exc)
+            refused = isinstance(exc, ServerRefusedError)
             log.debug("check: the server or its host cannot be asked: %s", exc)
         except BackendError as exc:  # the storage is down: say so, report the rest
-            storage_error = str(exc)
             log.debug("check: the storage cannot be asked: %s", exc)
+            findings.append(
+                Finding(
+                    "storage",
+                    Severity.ERROR,
+                    f"the storage cannot be asked for the cluster's volumes: {exc.message}; "
+                    "a backup would fail: "
+                    + (exc.hint or "fix the storage connection ([storage] options)"),
+                )
+            )
         if facts is not None:
             findings += preflight(facts)
         data = gather_check_facts(
@@ -548,15 +558,16 @@ class Cluster:
             segment_size=None if facts is None else facts.server.wal_segment_size,
             backend=self.backend,
             volume_ids=[v.id for v in self.layout.snapshotted],
+            server_refused=refused,
+            journal_dir=self.journal_dir,
         )
-        if storage_error is not None and data.storage_error is None:
-            data = attrs.evolve(data, storage_error=storage_error)
         data = attrs.evolve(
             data,
             orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),
             now=self._now(),
             safety=self.catalog.list_safety(),
         )
+        data = attrs.evolve(data, recovery_refusal=self._recovery_refusal(findings, data))
         findings += check_findings(data)
         seg = data.segment_size
         index = data.index
@@ -575,6 +586,11 @@ class Cluster:
                     else "; no gaps"
                 )
             )
+        for g in switch_gaps(index, data.timelines):
+            wal_lines.append(
+                f"timeline {g.parent}: missing {g.first} .. {g.last} before timeline "
+                f"{g.child} forks at {g.switchpoint} (replay along timeline {g.child} needs them)"
+            )
         if not wal_lines:
             wal_lines.append("no WAL archived yet")
         backups = tuple(
@@ -590,6 +606,29 @@ class Cluster:
             unreadable=data.unreadable,
             storage_problems=data.storage_problems,
         )
+
+    def _recovery_refusal(
+        self, findings: Sequence[Finding], data: CheckFacts
+    ) -> tuple[str, str] | None:
+        """Why the recovery planner refuses to recover the newest backup to the end of
+        the archive (the archive alone: the WAL volume counted lost), unless another
+        finding already says it. The same continuity analysis a recovery runs."""
+        if data.archive_error is not None or not any(b.is_usable for b in data.backups):
+            return None
+        request = RecoveryRequest(lost=frozenset({VolumeRole.DATA, VolumeRole.WAL}))
+        try:
+            plan_recovery(self.observer.recovery_facts(request, read_wal=False), request)
+        except PlanningError as exc:
+            named = [f for f in findings if f.severity is Severity.ERROR]
+            missing = tuple(getattr(exc, "missing", ()) or ())
+            if missing and any(missing[0] in f.message for f in named):
+                return None  # a wal_gap / backup_wal finding names it already
+            return type(exc).__name__, f"{exc.message} (hint: {exc.hint})" if exc.hint else (
+                exc.message
+            )
+        except PgsnapError as exc:  # the facts cannot be gathered: other findings say why
+            log.debug("check: no recovery analysis: %s", exc)
+        return None
 
     def backups(self, policy: RetentionPolicy | None = None) -> BackupList:
         """The catalog's backups, oldest first (a tuple that renders as a table).

@@ -57,6 +57,7 @@ __all__ = [
     "BackupHistoryFile",
     "HistoryEntry",
     "SegmentRange",
+    "SwitchGap",
     "TimelineGraph",
     "TimelineHistory",
     "TimelineSpan",
@@ -77,6 +78,7 @@ __all__ = [
     "segment_start",
     "segments_per_xlogid",
     "segments_to_replay",
+    "switch_gaps",
     "validate_segment_size",
     "walfile_name",
     "walfile_name_offset",
@@ -1648,6 +1650,59 @@ def segments_to_replay(
                 yield segment_name(tli, segno, segsz)
         if hi >= end_seg:
             return
+
+
+@attrs.frozen
+class SwitchGap:
+    """Segments a timeline lacks before the point where a child forked from it.
+
+    Replay along the child's history reads the parent up to the switchpoint
+    (the switchpoint's own segment comes from the child's copy, else from the
+    parent's): ``first``..``last`` (names) of the parent are missing there,
+    after the last segment the parent has. A per-timeline listing of gaps does
+    not show them (the parent's WAL simply ends early).
+    """
+
+    parent: int
+    child: int
+    switchpoint: LSN
+    first: str
+    last: str
+    count: int
+
+
+def switch_gaps(index: ArchiveIndex, graph: TimelineGraph) -> tuple[SwitchGap, ...]:
+    """Every :class:`SwitchGap` of the archive: for each timeline with a parent that
+    has WAL in the archive, the parent's segments missing before the switchpoint."""
+    segsz = index.segment_size
+    out: list[SwitchGap] = []
+    for child in graph.timelines():
+        parent = graph.parent_of(child) if child in graph else None
+        switch = graph.switchpoint_of(child) if parent is not None else None
+        if parent is None or switch is None:
+            continue
+        ranges = index.ranges(parent)
+        if not ranges:
+            continue
+        switch_seg = switch.value // segsz
+        needed = switch_seg - 1 if index._present_in(child, switch_seg, switch_seg) else switch_seg
+        if switch.value % segsz == 0:
+            needed = switch_seg - 1  # the switch is at a segment boundary
+        last_present = max((r.last for r in ranges if r.first <= needed), default=None)
+        if last_present is None or last_present >= needed:
+            continue
+        first = last_present + 1
+        out.append(
+            SwitchGap(
+                parent=parent,
+                child=child,
+                switchpoint=switch,
+                first=segment_name(parent, first, segsz),
+                last=segment_name(parent, needed, segsz),
+                count=needed - first + 1,
+            )
+        )
+    return tuple(out)
 
 
 def recoverable_window(

@@ -144,6 +144,13 @@ class PlanView:
     """
 
     steps: tuple[tuple[str, Operation, Operation | None], ...]
+    undo: bool = False
+    """True while a step's compensation is checked: rules about the steps after it
+    (a detached volume is attached again) are the forward step's, not its undo's."""
+
+    def for_undo(self) -> PlanView:
+        """This view, for checking compensations."""
+        return attrs.evolve(self, undo=True)
 
     @property
     def barrier(self) -> int | None:

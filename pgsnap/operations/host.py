@@ -62,6 +62,22 @@ class Unmount(Operation):
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         _check_mount_point(self, ctx, self.mount_point, self.volume_id)
+        if plan.undo:
+            return
+        here = plan.index(ctx.step_id) if ctx.step_id else -1
+        wanted = posixpath.normpath(self.mount_point)
+        again = [
+            sid
+            for sid, op in plan.of(Mount)
+            if posixpath.normpath(op.mount_point) == wanted and plan.index(sid) > here
+        ]
+        if not again:
+            raise self.mismatch(
+                ctx,
+                f"it unmounts {self.mount_point}, and no later step mounts it again: "
+                "PostgreSQL would find an empty directory there",
+                "the plan was edited: make a new plan",
+            )
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.host.unmount(self.mount_point)

@@ -322,6 +322,21 @@ class Detach(Operation):
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         _check_host(self, ctx, self.volume_id, self.host)
+        if plan.undo:
+            return
+        here = plan.index(ctx.step_id) if ctx.step_id else -1
+        again = [
+            sid
+            for sid, op in plan.of(Attach)
+            if op.volume_id == self.volume_id and op.host == self.host and plan.index(sid) > here
+        ]
+        if not again:
+            raise self.mismatch(
+                ctx,
+                f"it detaches volume {self.volume_id} from {self.host}, and no later step "
+                "attaches it again: the host would be left without it",
+                "the plan was edited: make a new plan",
+            )
 
     def run(self, ctx: OperationContext) -> Outputs:
         ctx.backend.detach(self.volume_id, self.host)

@@ -168,6 +168,33 @@ def _coverage(facts: BackupFacts) -> list[Finding]:
     return out
 
 
+def _archive_mismatch(facts: BackupFacts) -> list[Finding]:
+    """The archiver says it archived a file the archive does not hold: the backup's WAL
+    would never arrive (the backup would wait, undo itself and be recorded FAILED)."""
+    status = facts.archiver
+    name = (status.last_archived_wal or "").strip()
+    if not name or facts.last_archived_present is not False:
+        return []
+    when = (
+        f" at {status.last_archived_time.isoformat(timespec='seconds')}"
+        if status.last_archived_time
+        else ""
+    )
+    command = (status.archive_command or "").strip()
+    how = f"archive_command ({command})" if command else "the archiver"
+    return [
+        Finding(
+            "archive_mismatch",
+            Severity.ERROR,
+            f"PostgreSQL archived {name}{when} ({status.archived_count} files archived "
+            f"since its statistics were reset), but the archive {facts.archive_location} "
+            f"lacks it: {how} writes somewhere else, copies nothing, or the files were "
+            "removed; point [archive] path at the directory archive_command writes to "
+            "(a backup would wait for its WAL in vain)",
+        )
+    ]
+
+
 def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
     """Every finding about the cluster's readiness for a snapshot backup."""
     out: list[Finding] = []
@@ -189,6 +216,7 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
         out.append(Finding("archiving", err, reason))
     for w in health.warnings:
         out.append(Finding("archiving", warn, w))
+    out += _archive_mismatch(facts)
     if s.settings.get("full_page_writes", "on") != "on":
         out.append(
             Finding(

@@ -239,6 +239,10 @@ class BackupFacts:
     """The data directory, pg_wal and every tablespace, as the host resolves them."""
     catalog_system_identifiers: frozenset[str] = frozenset()
     """The system identifiers of the catalog's backups (besides those in ``catalog``)."""
+    last_archived_present: bool | None = None
+    """Whether the archive holds the file ``pg_stat_archiver`` says was archived last
+    (None: not asked, or nothing archived yet). False: ``archive_command`` writes
+    somewhere else (or copies nothing), and a backup's WAL would never arrive."""
 
     def volume(self, volume_id: str) -> VolumeFacts | None:
         """The facts of ``volume_id`` (None when not gathered)."""

@@ -292,9 +292,13 @@ def iter_candidates(
                 hint="use timeline 'latest', 'current' or one of the known timelines",
                 timeline=tli,
             )
+        # The backup's WAL ends just before its stop LSN: a timeline that forks exactly
+        # there (a recovery to that backup's consistency point) still holds all of it,
+        # as PostgreSQL's own check allows (the switchpoint not before minRecoveryPoint).
+        last_byte = LSN(max(b.stop_lsn.value - 1, b.start_lsn.value))
         if not (
             facts.timelines.contains(b.start_timeline, b.start_lsn, tli)
-            and facts.timelines.contains(b.stop_timeline or b.start_timeline, b.stop_lsn, tli)
+            and facts.timelines.contains(b.stop_timeline or b.start_timeline, last_byte, tli)
         ):
             passed.append(
                 f"{b.id}: timeline {b.start_timeline} at {b.stop_lsn} is not on the "
@@ -418,25 +422,21 @@ def _check_wal(
 
 
 def _check_damaged(
-    facts: RecoveryFacts,
-    request: RecoveryRequest,
-    backup: BackupRecord,
-    wal: WalCheck,
-    target_lsn: LSN | None,
-    index: ArchiveIndex,
+    facts: RecoveryFacts, backup: BackupRecord, wal: WalCheck, index: ArchiveIndex
 ) -> None:
-    """Refuse a recovery that would fetch a damaged archived segment: PostgreSQL
-    stops on it (``archive file has wrong size``, or the WAL of another cluster ends
-    replay early) after the point of no return."""
+    """Refuse a recovery while a damaged segment lies on its path in the archive.
+
+    PostgreSQL stops on a truncated copy (``archive file has wrong size``, FATAL)
+    after the point of no return, and takes another cluster's WAL for the end of
+    the WAL. It also reads ahead of its target (the next record, and recovery
+    prefetching, which crosses the nearly empty segments ``archive_timeout``
+    leaves in a few records): a damaged segment anywhere after the backup's start
+    can stop a recovery to an earlier target, so every target is refused until
+    the file is replaced or moved away (PostgreSQL then sees the WAL end there).
+    """
     if not facts.damaged:
         return
-    kind = request.target.kind
-    through: LSN | None = None  # latest: everything the archive has on the path
-    if kind is TargetKind.IMMEDIATE:
-        through = backup.stop_lsn
-    elif target_lsn is not None:
-        through = min(wal.end_lsn, target_lsn + 1) if target_lsn.value < _LAST_LSN else None
-    for name in segments_to_replay(index, wal, through=through):
+    for name in segments_to_replay(index, wal):
         why = facts.damaged.get(name)
         if why is None:
             continue
@@ -444,11 +444,12 @@ def _check_damaged(
         at = max(backup.start_lsn, segment_start(parse_segment_name(name, seg)[1], seg))
         raise WalGapError(
             f"archived segment {name} cannot be replayed: {why}; PostgreSQL would stop on "
-            f"it in the middle of the recovery, after the point of no return; recoverable "
-            f"up to {at}" + _time_suffix(facts, at),
+            f"it in the middle of the recovery, after the point of no return (it reads "
+            f"ahead of any target); the WAL before it reaches {at}"
+            + _time_suffix(facts, at),
             hint="put a good copy of the segment in the archive (a surviving pg_wal may "
-            "still hold it), or move the file away if it never was a complete segment; "
-            f"or choose a target before {at}",
+            "still hold it); or, if it never was a complete segment, move the file out of "
+            f"the archive: targets before {at} can then be reached",
             missing=(name,),
             damaged={name: why},
             reachable_lsn=at,
@@ -464,17 +465,23 @@ def _time_suffix(facts: RecoveryFacts, lsn: LSN) -> str:
     return f" (last commit before it at {_fmt_time(last[1])})"
 
 
-def _holes(facts: RecoveryFacts, request: RecoveryRequest) -> tuple[str, ...]:
-    """Segments missing inside the WAL any candidate backup reaches (in order, once)."""
+def _holes(
+    facts: RecoveryFacts, request: RecoveryRequest
+) -> tuple[tuple[str, ...], tuple[BackupRecord, LSN] | None]:
+    """Segments missing inside the WAL any candidate backup reaches (in order, once),
+    and the first candidate stopped by one with where its WAL stops."""
     keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
     index = _merged_index(facts, keep_wal)
     found: list[str] = []
+    stopped: tuple[BackupRecord, LSN] | None = None
     candidates, _passed = candidate_backups(facts, request)
     for cand in candidates:
         b = cand.backup
         result = check(index, (b.start_timeline, b.start_lsn), None, cand.timeline, facts.timelines)
         found += [m for m in result.missing if m not in found]
-    return tuple(found)
+        if result.missing and stopped is None:
+            stopped = (b, result.reachable_lsn)
+    return tuple(found), stopped
 
 
 def _other_timelines_hint(facts: RecoveryFacts, timeline: int) -> str:
@@ -579,17 +586,27 @@ def _check_target_reachable(
         what = "restore point" if target.kind is TargetKind.NAME else "commit of transaction"
         if found is None:
             if ev is not None and ev.complete:
-                holes = _holes(facts, request)
+                holes, stopped = _holes(facts, request)
                 scanned = ", ".join(f"{lo} to {hi}" for lo, hi in ev.spans) or "nothing"
                 if holes:
+                    gap_at = reach if stopped is None else stopped[1]
+                    where = (
+                        f"recoverable up to {reach}"
+                        if stopped is None
+                        else f"recoverable from backup {stopped[0].id} up to {gap_at}, and "
+                        f"from backup {backup.id} from {backup.stop_lsn} to {reach}"
+                    )
                     raise WalGapError(
                         f"{what} {target.value!r} is not in the WAL that can be read "
                         f"(scanned {scanned}), and segments are missing from the archive "
                         f"where it may lie: {', '.join(holes[:10])}"
-                        + (f" and {len(holes) - 10} more" if len(holes) > 10 else ""),
+                        + (f" and {len(holes) - 10} more" if len(holes) > 10 else "")
+                        + f"; {where}"
+                        + _time_suffix(facts, gap_at),
                         hint="restore the missing segments into the archive, or choose a "
-                        "time or LSN target",
+                        f"time or LSN target before {gap_at}",
                         missing=holes,
+                        reachable_lsn=gap_at,
                     )
                 raise TargetOutOfRange(
                     f"{what} {target.value!r} is not in the reachable WAL (scanned {scanned})",
@@ -630,6 +647,22 @@ def _expected_state(action: RecoveryAction) -> str:
         RecoveryAction.PAUSE: "paused in recovery at the target",
         RecoveryAction.SHUTDOWN: "shut down at the target",
     }[action]
+
+
+def _restore_reason(request: RecoveryRequest, vol: Volume, backup: BackupRecord) -> str:
+    """Why a volume is restored: it is lost (a complete recovery), or replay must start
+    from the backup to stop at an earlier point (a point-in-time recovery)."""
+    role = vol.role.value
+    if request.target.kind is TargetKind.LATEST:
+        return (
+            f"the {role} volume is lost; backup {backup.id}'s snapshot brings back its state "
+            "at the backup, and replay brings it forward to the end of the WAL"
+        )
+    what = "the data" if vol.role is VolumeRole.DATA else f"the {role} volume"
+    return (
+        f"replay must start from backup {backup.id} to stop at {request.target}: "
+        f"{what} goes back to its state at the backup"
+    )
 
 
 def _restore_steps(
@@ -687,8 +720,7 @@ def _restore_steps(
             f"restore-{vol.id}",
             RestoreVolume(volume_id=vol.id, snapshot_id=snap, backup_id=backup.id),
             description=f"restore volume {where} from snapshot {snap}",
-            reason=f"the {vol.role.value} volume is lost; the backup's snapshot brings back "
-            "its state at the backup"
+            reason=_restore_reason(request, vol, backup)
             + (" (the restore consumes that snapshot)" if profile.consumes_snapshot else ""),
             undo=undo_restore,
         )
@@ -760,7 +792,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         # valid record.
         assert backup.stop_lsn is not None
         wal = attrs.evolve(wal, reachable_lsn=max(ev.end_of_wal, backup.stop_lsn))
-    _check_damaged(facts, request, backup, wal, target_lsn, index)
+    _check_damaged(facts, backup, wal, index)
     warnings = _check_target_reachable(facts, request, backup, wal)
     warnings += [f"passed over backup {p}" for p in passed]
     assert backup.stop_lsn is not None and backup.labelfile is not None
@@ -783,11 +815,6 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
         timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
     steps: list[Step] = []
-    verify_end: LSN | None = None
-    if target.kind is TargetKind.IMMEDIATE:
-        verify_end = backup.stop_lsn
-    elif target_lsn is not None and target_lsn.value < _LAST_LSN:
-        verify_end = target_lsn + 1
     steps.append(
         Step.of(
             "verify-wal",
@@ -798,10 +825,10 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 segment_size=seg,
                 system_identifier=backup.system_identifier,
                 major=backup.server_version // 10000,
-                end_lsn=verify_end,
             ),
-            description="verify the archived WAL segments the recovery replays (size, "
-            "header, system identifier, address)",
+            description="verify the archived WAL segments the recovery may fetch, from the "
+            "backup's start to the end of the archive (size, header, system identifier, "
+            "address)",
             reason="PostgreSQL checks a segment only when it fetches it, after the point of "
             "no return; a truncated or foreign one found now stops the plan with nothing "
             "changed",

@@ -15,6 +15,7 @@ import shutil
 import time
 from typing import Any
 
+import attrs
 import pytest
 
 from pgsnap import errors
@@ -241,8 +242,11 @@ def test_orphans_are_listed_then_expired_by_age_and_the_kept_backup_still_recove
     assert env.batches() == env.expect(1, 2)
 
     orphans = env.cluster.orphans()
-    assert [o.kind for o in orphans] == ["backup", "safety"]
+    # Issue 19: the recovery recorded its safety snapshot: listed, kept, no orphan.
+    assert [o.kind for o in orphans] == ["backup"]
     assert orphans[0].group_id == killed.id
+    (safety,) = env.cluster.safety_snapshots()
+    assert set(safety.snapshots.values()) <= env.snapshot_ids()
     report = env.cluster.check()
     (finding,) = [f for f in report.findings if f.code == "orphan_snapshots"]
     assert killed.id in str(finding) and "age" in str(finding)
@@ -255,12 +259,20 @@ def test_orphans_are_listed_then_expired_by_age_and_the_kept_backup_still_recove
     env.cluster.clock = lambda: later
     plan = env.cluster.expire(policy)
     deleted = [s for s in plan.steps if s.id.startswith("delete-orphan-")]
-    assert len(deleted) == 2, plan.explain()
+    assert len(deleted) == 1, plan.explain()
     left = env.snapshot_ids()
     assert not {sid for o in orphans for sid in o.snapshot_ids} & left
     assert {s.id for s in foreign.snapshots} <= left  # not pgsnap's: never touched
     assert set(a.snapshots.values()) <= left
     assert env.cluster.orphans() == ()
+    # The safety snapshot is kept until deleted by name, or by safety_after.
+    assert set(safety.snapshots.values()) <= left
+    assert any(f"pgsnap safety delete {safety.name}" in k for k in plan.kept), plan.explain()
+    plan = env.cluster.expire(attrs.evolve(policy, safety_after=dt.timedelta(days=1)))
+    assert [s.id for s in plan.steps] == [f"delete-safety-{safety.name}",
+                                          f"delete-safety-record-{safety.name}"]
+    assert env.cluster.safety_snapshots() == ()
+    assert not set(safety.snapshots.values()) & env.snapshot_ids()
 
     env.crash()
     env.lose_data()

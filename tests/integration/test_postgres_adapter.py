@@ -391,9 +391,9 @@ def test_a_promotion_between_two_state_queries_is_success(pg_server):
     script = ["in recovery", "promotes now"]
 
     def interleaved(conn, sql, params=()):
-        if sql == "SELECT pg_is_in_recovery()" and script and script[0] == "in recovery":
+        if sql.startswith("SELECT pg_is_in_recovery()") and script and script[0] == "in recovery":
             script.pop(0)
-            return (True,)  # as it was a moment ago
+            return (True, None, None)  # as it was a moment ago (state, replayed, when)
         if "pause" in sql and script and script[0] == "promotes now":
             script.pop(0)
             real_one(conn, "SELECT pg_get_wal_replay_pause_state()")  # the real 55000

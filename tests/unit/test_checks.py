@@ -90,15 +90,10 @@ def test_only_done_backups_count() -> None:
     assert check_findings(facts((seg(5),), backups=(failed,))) == ()
 
 
-def test_the_archive_is_not_where_archive_command_writes() -> None:
-    (finding,) = check_findings(facts((), archiver=archiver(seg(9))))
-    assert (finding.code, finding.severity) == ("archive_mismatch", Severity.ERROR)
-    assert "the archive /archive is empty and lacks it" in finding.message
-    assert "cp %p /elsewhere/%f" in finding.message
-    # A compressed copy is the file; nothing archived yet is nothing to say.
-    assert check_findings(facts((seg(9) + ".gz",), archiver=archiver(seg(9)))) == ()
-    assert check_findings(facts((), archiver=archiver(None))) == ()
-    assert check_findings(facts(("00000002.history",), archiver=archiver("00000002.history"))) == ()
+def test_the_archive_mismatch_is_the_preflights_finding_now() -> None:
+    """The check runs the backup preflight, which says it (issue 19: so that `pgsnap
+    backup` refuses too); the check's own findings do not say it twice."""
+    assert check_findings(facts((), archiver=archiver(seg(9)))) == ()
 
 
 def test_an_unreadable_archive_says_only_that() -> None:
@@ -190,3 +185,24 @@ def test_gathering_without_a_server(tmp_path: Any) -> None:
         catalog=catalog,
     )
     assert gone.archive_error is not None and "does not exist" in gone.archive_error
+
+
+def test_segments_missing_just_before_a_timeline_switch_are_named() -> None:
+    """Issue 19: `pgsnap wal` and `check` listed gaps per timeline only, so a segment
+    missing at the end of timeline 1, before timeline 2 forks, showed nowhere."""
+    from pgsnap.wal import parse_history, switch_gaps
+
+    history = parse_history("1\t0/7000100\tno recovery target specified\n", 2)
+    graph = TimelineGraph.from_histories([history])
+    names = (seg(4), seg(5), seg(7, 2), seg(8, 2), "00000002.history")
+    (gap,) = switch_gaps(ArchiveIndex.build(names, SEG), graph)
+    assert (gap.parent, gap.child, gap.first, gap.last, gap.count) == (1, 2, seg(6), seg(6), 1)
+    # The child's copy of the switch segment missing: the parent's is needed too.
+    names = (seg(4), seg(5), seg(8, 2), "00000002.history")
+    (gap,) = switch_gaps(ArchiveIndex.build(names, SEG), graph)
+    assert (gap.first, gap.last) == (seg(6), seg(7))
+    complete = (seg(4), seg(5), seg(6), seg(7, 2), "00000002.history")
+    assert switch_gaps(ArchiveIndex.build(complete, SEG), graph) == ()
+    # A backup on timeline 1 before the gap: check names the segment.
+    found = check_findings(facts(names, backups=(BACKUP,), timelines=graph))
+    assert any(seg(6) in f.message and f.severity is Severity.ERROR for f in found)

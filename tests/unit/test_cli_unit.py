@@ -457,7 +457,7 @@ def test_resume_shows_an_interrupted_plan_and_waits_for_yes(run: Run, config: Pa
                                          reason="test"),), "fp-x")
         with pytest.raises(KeyboardInterrupt):
             cluster.executor().run(plan)
-        code, out, err = run("resume", "-c", str(config))
+        code, out, _err = run("resume", "-c", str(config))
     finally:
         default_operations().unregister(Interrupt.name)
     assert code == 0  # issue 19: showing what would be resumed is not a usage error

@@ -783,3 +783,72 @@ def test_backup_list_renders_for_notebooks():
     assert "<td>b-&lt;2&gt;</td>" in html  # escaped
     assert "failed (array down)" in html
     assert repr(backups) == "<BackupList 2 backups>"
+
+
+# --------------------------------------------------------------------------- issue 19
+
+
+def test_a_journal_removed_during_the_run_is_written_again_and_reported(jworld, caplog):
+    """Issue 19: deleting the journal directory during a run went unreported, and the
+    run could then not be resumed after an interruption."""
+    import shutil
+
+    plan = counting_plan(4)
+    directory = jworld.ex.journal_dir
+    SCRIPT["s1"] = lambda ctx: shutil.rmtree(directory)
+    SCRIPT["s2"] = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        jworld.ex.run(plan)
+    assert "was removed while its run goes on" in caplog.text
+    view = read_journal(journal_path(directory, plan.kind, plan.id))
+    assert view.state is RunState.RUNNING
+    assert [sid for sid, r in view.steps.items() if r.state is StepState.DONE] == ["s0", "s1"]
+    SCRIPT.clear()
+    result = jworld.ex.run(plan)  # resumed from the journal written again
+    assert result.resumed
+    assert [(e.kind, e.step_id) for e in jworld.events[-4:]] == [
+        (EventKind.STARTED, "s2"), (EventKind.FINISHED, "s2"),
+        (EventKind.STARTED, "s3"), (EventKind.FINISHED, "s3")]
+
+
+def test_a_run_is_refused_at_once_while_another_process_holds_the_cluster(jworld):
+    """The executor takes the cluster lock before anything; a second run is refused
+    with the holder named, before its first step, leaving no journal."""
+    from pgsnap.locks import LockHolder
+
+    lock = jworld.ex.lock
+    assert lock is not None  # the journal directory's, with an in-memory catalog
+    other = LockHolder("recovery", "e" * 64, 4242, "db9", NOW)
+    with lock.acquire(other):
+        with pytest.raises(errors.ClusterLockedError) as info:
+            jworld.ex.run(counting_plan(2))
+        assert "pid 4242 on db9" in str(info.value)
+        assert jworld.events == []
+        assert list(jworld.ex.journal_dir.glob("*.journal")) == []
+    assert jworld.ex.run(counting_plan(2)).total_seconds >= 0
+
+
+def test_prechecks_run_before_the_first_step(world):
+    """A step whose invariant does not hold refuses the run before any step starts."""
+
+    @attrs.frozen
+    class Picky(Operation):
+        name: ClassVar[str] = "test.picky"
+        target: ClassVar[Target] = Target.HOST
+
+        def precheck(self, ctx, plan):
+            raise self.mismatch(ctx, "not what the plan says", "make a new plan")
+
+        def run(self, ctx):
+            raise AssertionError("never run")
+
+    default_operations().register(Picky.name, Picky, replace=True)
+    try:
+        plan = Plan("recovery", (Step.of("a", Count("a"), description="a", reason="r"),
+                                 Step.of("b", Picky(), description="b", reason="r")), "fp-p")
+        with pytest.raises(errors.InvariantError, match="not what the plan says") as info:
+            world.ex.run(plan)
+    finally:
+        default_operations().unregister(Picky.name)
+    assert info.value.step_id == "b"
+    assert world.events == [] and "a" not in RAN

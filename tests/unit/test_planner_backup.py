@@ -105,6 +105,7 @@ def test_healthy_cluster_has_no_blocking_findings():
     ({"archive_system_identifier": "999"}, "system_identifier"),
     ({"archive_timelines": (1, 2)}, "split_brain"),
     ({"volumes": (StorageVolume("v-data", "d"),)}, "volume_missing"),
+    ({"last_archived_present": False}, "archive_mismatch"),
 ])
 def test_each_blocking_finding(change, code):
     found = preflight(facts(**change))
@@ -112,6 +113,21 @@ def test_each_blocking_finding(change, code):
     with pytest.raises(errors.PreflightError) as info:
         plan_backup(facts(**change), BackupRequest("b", "b"))
     assert f"[{code}]" in str(info.value)
+
+
+def test_an_archive_that_lacks_what_was_archived_blocks_the_backup():
+    """Issue 19: `check` reported archive_mismatch (archive_command `true` copies
+    nothing) but `pgsnap backup` went on: snapshots, waited, undid, recorded FAILED."""
+    found = [f for f in preflight(facts(last_archived_present=False))
+             if f.code == "archive_mismatch"]
+    assert found and found[0].severity is Severity.ERROR
+    assert "PostgreSQL archived 000000010000000000000002" in found[0].message
+    assert "cp %p /archive/%f" in found[0].message and "copies nothing" in found[0].message
+    # Nothing archived yet, or not asked: nothing to say.
+    assert "archive_mismatch" not in codes(preflight(facts(last_archived_present=None)))
+    quiet = facts(archiver=attrs.evolve(ARCHIVER, last_archived_wal=None),
+                  last_archived_present=False)
+    assert "archive_mismatch" not in codes(preflight(quiet))
 
 
 def test_warnings_do_not_block():

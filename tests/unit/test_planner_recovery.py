@@ -422,3 +422,57 @@ def test_the_safety_snapshot_group_name_is_short_enough_for_any_storage():
     plan = plan_recovery(facts([B1, B2]), RecoveryRequest())
     name = plan.step("safety-snapshot").params["group_name"]
     assert len(name) <= 22 and name.startswith("s-"), name
+
+
+# --------------------------------------------------------------------------- issue 19
+
+
+def test_an_xid_in_a_gap_is_refused_with_what_is_reachable():
+    """Issue 19: an xid or restore point that may lie in a WAL gap between two backups
+    raised WalGapError with reachable_lsn=None; time and LSN targets in the same gap
+    said where the WAL ends."""
+    ev = WalEvents(commits=((lsn(12), T0 + dt.timedelta(minutes=13), 800),),
+                   spans=((lsn(2), LSN(6 * MB)), (lsn(10), LSN(15 * MB))), complete=True)
+    f = facts([B1, B2], segs=[*range(1, 6), *range(9, 15)], events=ev)
+    for target in (RecoveryTarget.xid(999), RecoveryTarget.name("nowhere")):
+        with pytest.raises(errors.WalGapError) as info:
+            plan_recovery(f, RecoveryRequest(target))
+        assert info.value.reachable_lsn == LSN(6 * MB), target
+        assert "recoverable from backup b1 up to 0/600000" in info.value.message
+        assert info.value.missing[:3] == tuple(segment_name(1, s, MB) for s in (6, 7, 8))
+    with pytest.raises(errors.WalGapError) as lsn_info:
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(7)), backup_id="b1"))
+    assert lsn_info.value.reachable_lsn == LSN(6 * MB)
+
+
+def test_a_backup_consistent_at_a_switchpoint_is_on_the_new_timeline():
+    """Issue 19: `recover --backup X --immediate` forks timeline 2 exactly at X's
+    consistency point; X was then passed over as 'forked off earlier'."""
+    switch = B1.stop_lsn
+    history = parse_history(f"1\t{switch}\tno recovery target specified\n", 2)
+    names = [segment_name(1, s, MB) for s in range(1, 4)]
+    names += [segment_name(2, s, MB) for s in range(3, 8)] + ["00000002.history"]
+    f = attrs.evolve(facts([B1], segs=()), archive=ArchiveIndex.build(names, MB),
+                     timelines=TimelineGraph.from_histories([history]))
+    plan = plan_recovery(f, RecoveryRequest())
+    assert plan.summary["backup"].startswith("b1")
+    assert plan.summary["timeline path"].startswith("1 (until 0/300100) -> 2")
+    assert not any("forked off" in w for w in plan.warnings)
+
+
+def test_a_damaged_segment_on_the_way_refuses_every_target():
+    """A segment the observer found damaged refuses the plan (a truncated copy at the
+    end of the archive too): PostgreSQL reads ahead of any target and would stop on it."""
+    bad = segment_name(1, 8, MB)
+    f = attrs.evolve(facts([B1], segs=range(1, 9)), damaged={bad: "8192 bytes"})
+    for target in (RecoveryTarget.latest(), RecoveryTarget.lsn(lsn(6))):
+        with pytest.raises(errors.WalGapError, match=bad) as info:
+            plan_recovery(f, RecoveryRequest(target))
+        assert info.value.reachable_lsn == LSN(8 * MB)
+        assert info.value.damaged == {bad: "8192 bytes"}
+        assert "reads ahead" in info.value.message and "move the file" in info.value.hint
+    # Moved away, it is the end of the WAL: earlier targets are planned, verified first.
+    moved = attrs.evolve(facts([B1], segs=range(1, 8)), damaged={})
+    plan = plan_recovery(moved, RecoveryRequest(RecoveryTarget.lsn(lsn(6))))
+    assert plan.steps[0].id == "verify-wal"  # before anything changes
+    assert plan.step("verify-wal").params["end_lsn"] is None  # to the end of the archive
