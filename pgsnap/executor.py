@@ -401,7 +401,8 @@ class Executor:
     def _prechecks(self, run: _Run) -> None:
         """Every step still to run checks its invariants before anything changes."""
         view = PlanView(
-            tuple((s.id, run.ops[s.id], run.undos[s.id]) for s in run.plan.steps)
+            tuple((s.id, run.ops[s.id], run.undos[s.id]) for s in run.plan.steps),
+            started=frozenset(run.journal.steps),
         )
         for step in run.plan.steps:
             if run.state(step.id) in _FINISHED:

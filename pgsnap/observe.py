@@ -59,7 +59,7 @@ from pgsnap.wal import (
 )
 from pgsnap.waldump import scan_wal
 from pgsnap.walindex import WalIndex, WalQuery, read_events
-from pgsnap.walreader import find_segment_file, read_segment_header, segment_problem
+from pgsnap.walreader import read_segment_header, segment_problem, stat_segment_file
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -518,19 +518,34 @@ class Observer:
             log.debug("segments of backup %s not verified: %s", b.id, exc)
             return {}
         damaged: dict[str, str] = {}
+        seg = facts.archive.segment_size
+        index = self.wal_index
+        known = {} if index is None else index.verified(b.system_identifier, seg)
+        whole: dict[str, tuple[int, int]] = {}
         for name in segments_to_replay(facts.archive, reach):
-            path = find_segment_file(self.archive.location, name)
-            if path is None:
+            found = stat_segment_file(self.archive.location, name)
+            if found is None:
                 continue
+            path, st = found
+            identity = (st.st_size, st.st_mtime_ns)
+            if known.get(name) == identity:
+                continue  # found whole before, and the file did not change since
             why = segment_problem(
                 path,
-                segment_size=facts.archive.segment_size,
+                segment_size=seg,
                 system_identifier=b.system_identifier,
                 major=b.server_version // 10000,
             )
             if why is not None:
                 log.warning("archived segment %s cannot be replayed: %s", name, why)
                 damaged[name] = why
+            else:
+                whole[name] = identity
+        if index is not None and whole:
+            try:
+                index.note_verified(b.system_identifier, seg, whole)
+            except OSError as exc:  # a cache: planning goes on without it
+                log.warning("cannot remember verified segments in %s: %s", index.path, exc)
         return damaged
 
     def _scan_events(

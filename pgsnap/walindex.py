@@ -297,6 +297,7 @@ class WalIndex:
         """Keep the index in the directory ``path`` (made absolute)."""
         self._path = os.path.abspath(os.fspath(path))
         self._shards: dict[tuple[str, int, str], dict[str, SegmentSummary]] = {}
+        self._verified: dict[tuple[str, int, str], dict[str, tuple[int, int]]] = {}
         self._damaged: set[str] = set()
 
     @property
@@ -374,6 +375,67 @@ class WalIndex:
         self, sysid: str, segsz: int, shard: str, entries: dict[str, SegmentSummary]
     ) -> None:
         body = {n: entries[n].to_json() for n in sorted(entries)}
+        self._write_doc(self._file(sysid, segsz, shard), sysid, segsz, body)
+
+    # -- segments verified whole (pgsnap.walreader.segment_problem) ------------------
+
+    def _verified_file(self, sysid: str, segsz: int) -> str:
+        return os.path.join(self._dir(sysid, segsz), "verified.json")
+
+    def verified(self, system_identifier: str, segment_size: int) -> dict[str, tuple[int, int]]:
+        """The segments found whole and of this cluster before: name → (size, mtime in
+        ns) of the file then. A file whose size or time changed since is not in it
+        for the caller's purposes (it compares them). Never fails: a missing or
+        damaged file is an empty one."""
+        key = (system_identifier, segment_size, "verified")
+        cached = self._verified.get(key)
+        if cached is not None:
+            return cached
+        path = self._verified_file(system_identifier, segment_size)
+        found: dict[str, tuple[int, int]] = {}
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+            if (
+                isinstance(doc, dict)
+                and doc.get("format") == _FORMAT
+                and doc.get("version") == _VERSION
+                and doc.get("system_identifier") == system_identifier
+                and doc.get("segment_size") == segment_size
+                and doc.get("sha256") == _digest(doc.get("entries"))
+            ):
+                found = {str(n): (int(v[0]), int(v[1])) for n, v in doc["entries"].items()}
+            else:
+                self._warn(path, "is damaged or foreign: it is ignored and will be rebuilt")
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+            self._warn(path, f"cannot be read ({exc}): it is ignored and will be rebuilt")
+        self._verified[key] = found
+        return found
+
+    def note_verified(
+        self, system_identifier: str, segment_size: int, found: dict[str, tuple[int, int]]
+    ) -> None:
+        """Remember segments found whole (name → (size, mtime in ns))."""
+        if not found:
+            return
+        directory = self._dir(system_identifier, segment_size)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with _locked(os.path.join(directory, ".lock")):
+            self._verified.pop((system_identifier, segment_size, "verified"), None)
+            entries = dict(self.verified(system_identifier, segment_size))
+            entries.update(found)
+            body = {n: list(entries[n]) for n in sorted(entries)}
+            self._write_doc(
+                self._verified_file(system_identifier, segment_size),
+                system_identifier,
+                segment_size,
+                body,
+            )
+            self._verified[(system_identifier, segment_size, "verified")] = entries
+
+    def _write_doc(self, path: str, sysid: str, segsz: int, body: dict[str, Any]) -> None:
         doc = {
             "format": _FORMAT,
             "version": _VERSION,
@@ -382,7 +444,6 @@ class WalIndex:
             "sha256": _digest(body),
             "entries": body,
         }
-        path = self._file(sysid, segsz, shard)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:

@@ -107,6 +107,7 @@ __all__ = [
     "read_wal",
     "scan_events",
     "segment_problem",
+    "stat_segment_file",
 ]
 
 log = logging.getLogger(__name__)
@@ -665,10 +666,22 @@ def read_segment_header(path: str | os.PathLike[str]) -> SegmentHeader:
 def find_segment_file(directory: str | os.PathLike[str], name: str) -> str | None:
     """The file that holds segment ``name`` in ``directory``: plain, else compressed
     (``.gz``, ``.zst``...); None when there is none. Probes names, lists nothing."""
+    found = stat_segment_file(directory, name)
+    return None if found is None else found[0]
+
+
+def stat_segment_file(
+    directory: str | os.PathLike[str], name: str
+) -> tuple[str, os.stat_result] | None:
+    """:func:`find_segment_file` with the file's ``stat`` (one call per name probed)."""
     base = os.path.join(os.fspath(directory), name)
     for candidate in (base, *(f"{base}.{ext}" for ext in COMPRESSION_SUFFIXES)):
-        if os.path.isfile(candidate):
-            return candidate
+        try:
+            st = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            return candidate, st
     return None
 
 

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 import attrs
 
 from pgsnap.errors import (
+    BackupNotFound,
+    CatalogError,
     ExecutionError,
     FormatError,
     InputError,
@@ -36,7 +38,7 @@ from pgsnap.model import decode_value, encode_value
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
-    from pgsnap.model import Layout
+    from pgsnap.model import BackupRecord, Layout
     from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 
 __all__ = [
@@ -144,6 +146,9 @@ class PlanView:
     """
 
     steps: tuple[tuple[str, Operation, Operation | None], ...]
+    started: frozenset[str] = frozenset()
+    """Steps an earlier, interrupted process started (a resumed run): what they did
+    may already have taken effect."""
     undo: bool = False
     """True while a step's compensation is checked: rules about the steps after it
     (a detached volume is attached again) are the forward step's, not its undo's."""
@@ -279,6 +284,31 @@ class Operation:
             hint=hint,
             action=self.name,
         )
+
+    def backup_record(self, ctx: OperationContext, backup_id: str) -> BackupRecord:
+        """The catalog's record of ``backup_id``, or the :meth:`mismatch` that says it is
+        missing, cannot be read, or is not a backup to restore."""
+        try:
+            record = ctx.catalog.get(backup_id)
+        except BackupNotFound:
+            raise self.mismatch(
+                ctx,
+                f"backup {backup_id} is not in the catalog",
+                "list the backups (pgsnap list) and make a new plan",
+            ) from None
+        except CatalogError as exc:
+            raise self.mismatch(
+                ctx,
+                f"backup {backup_id}'s record cannot be read: {exc.message}",
+                "repair the catalog record, then make a new plan",
+            ) from exc
+        if not record.is_usable:
+            raise self.mismatch(
+                ctx,
+                f"backup {backup_id} is {record.state.value}, not a backup to restore",
+                "list the backups (pgsnap list) and make a new plan",
+            )
+        return record
 
     def probe(self, ctx: OperationContext) -> Outputs | None:
         """After an interruption: its outputs if it already took effect, else None.

@@ -9,7 +9,7 @@ import typing
 
 import attrs
 
-from pgsnap.errors import BackupNotFound, CatalogError, ExecutionError
+from pgsnap.errors import CatalogError, ExecutionError
 from pgsnap.model import (
     LSN,
     BackupRecord,
@@ -200,20 +200,7 @@ class WriteBackupLabel(Operation):
     label_sha256: str
 
     def _record(self, ctx: OperationContext) -> BackupRecord:
-        try:
-            record = ctx.catalog.get(self.backup_id)
-        except BackupNotFound:
-            raise self.mismatch(
-                ctx,
-                f"backup {self.backup_id} is not in the catalog",
-                "list the backups (pgsnap list) and make a new plan",
-            ) from None
-        except CatalogError as exc:
-            raise self.mismatch(
-                ctx,
-                f"backup {self.backup_id}'s record cannot be read: {exc.message}",
-                "repair the catalog record, then make a new plan",
-            ) from exc
+        record = self.backup_record(ctx, self.backup_id)
         if record.labelfile is None:
             raise self.mismatch(
                 ctx,

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from pgsnap.errors import BackupNotFound, CatalogError, SnapshotNotFound
+from pgsnap.errors import SnapshotNotFound
 from pgsnap.model import SnapshotGroup as SnapshotGroupRecord
 from pgsnap.operations.base import (
     JSONValue,
@@ -170,7 +170,11 @@ class RestoreVolume(Operation):
         if self.backup_id is None:
             self._check_own_snapshot(ctx, plan)
             return
-        self._check_backup_snapshot(ctx, str(self.snapshot_id))
+        # A restore an interrupted run began may have consumed its snapshot already
+        # (an LVM merge): only the catalog is asked then.
+        self._check_backup_snapshot(
+            ctx, str(self.snapshot_id), on_storage=ctx.step_id not in plan.started
+        )
         from pgsnap.operations.db import WriteBackupLabel  # noqa: PLC0415 - a cycle otherwise
 
         labels = [op for _sid, op in plan.of(WriteBackupLabel)]
@@ -205,28 +209,14 @@ class RestoreVolume(Operation):
                 "snapshot of the same volume: make a new plan",
             )
 
-    def _check_backup_snapshot(self, ctx: OperationContext, snapshot_id: str) -> None:
+    def _check_backup_snapshot(
+        self, ctx: OperationContext, snapshot_id: str, *, on_storage: bool = True
+    ) -> None:
+        """The catalog records ``snapshot_id`` as the backup's snapshot of the volume
+        (and, ``on_storage``, the storage has it as a snapshot of that volume, in the
+        backup's group)."""
         assert self.backup_id is not None
-        try:
-            record = ctx.catalog.get(self.backup_id)
-        except BackupNotFound:
-            raise self.mismatch(
-                ctx,
-                f"backup {self.backup_id} is not in the catalog",
-                "list the backups (pgsnap list) and make a new plan",
-            ) from None
-        except CatalogError as exc:
-            raise self.mismatch(
-                ctx,
-                f"backup {self.backup_id}'s record cannot be read: {exc.message}",
-                "repair the catalog record, then make a new plan",
-            ) from exc
-        if not record.is_usable:
-            raise self.mismatch(
-                ctx,
-                f"backup {self.backup_id} is {record.state.value}, not a backup to restore",
-                "list the backups (pgsnap list) and make a new plan",
-            )
+        record = self.backup_record(ctx, self.backup_id)
         recorded = record.snapshots.get(self.volume_id)
         if recorded != snapshot_id:
             raise self.mismatch(
@@ -236,6 +226,8 @@ class RestoreVolume(Operation):
                 f"{recorded or 'none for that volume'})",
                 "the plan was edited or the catalog changed: make a new plan",
             )
+        if not on_storage:
+            return
         found = [s for s in ctx.backend.list_snapshots(self.volume_id) if s.id == snapshot_id]
         if not found:
             raise self.mismatch(
@@ -255,8 +247,8 @@ class RestoreVolume(Operation):
 
     def run(self, ctx: OperationContext) -> Outputs:
         snapshot_id = str(ctx.resolve(self.snapshot_id))
-        if self.backup_id is not None:  # checked again at the last moment
-            self._check_backup_snapshot(ctx, snapshot_id)
+        if self.backup_id is not None:  # the catalog asked again at the last moment
+            self._check_backup_snapshot(ctx, snapshot_id, on_storage=False)
         ctx.backend.restore_volume(self.volume_id, snapshot_id)
         out: Outputs = {"volume_id": self.volume_id, "snapshot_id": snapshot_id}
         if self.backup_id is not None:

@@ -308,3 +308,23 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
     assert answers(got, q, sorted(set(names)), bounds) == answers(ref, q, sorted(set(names)), bounds)
     assert got.restore_points == ref.restore_points
     assert attrs.evolve(got, commits=()) == attrs.evolve(ref, commits=())
+
+
+def test_segments_verified_whole_are_remembered_by_size_and_time(tmp_path):
+    """Issue 19: planning verifies every archived segment a recovery may fetch; what it
+    found whole is kept (name -> size, mtime), so a warm plan only stats each file."""
+    from pgsnap.walindex import WalIndex
+
+    index = WalIndex(tmp_path / "idx")
+    assert index.verified("42", 1 << 20) == {}
+    index.note_verified("42", 1 << 20, {"000000010000000000000003": (1 << 20, 123)})
+    again = WalIndex(tmp_path / "idx")  # another process
+    assert again.verified("42", 1 << 20) == {"000000010000000000000003": (1 << 20, 123)}
+    assert again.verified("43", 1 << 20) == {}  # another cluster's are kept apart
+    again.note_verified("42", 1 << 20, {"000000010000000000000004": (1 << 20, 124)})
+    assert sorted(WalIndex(tmp_path / "idx").verified("42", 1 << 20)) == [
+        "000000010000000000000003", "000000010000000000000004"]
+    # A damaged file is an empty one, rebuilt by the next write.
+    path = tmp_path / "idx" / f"42-{1 << 20}" / "verified.json"
+    path.write_text("{not json")
+    assert WalIndex(tmp_path / "idx").verified("42", 1 << 20) == {}

@@ -975,3 +975,52 @@ def test_main_data_after_block_headers(tmp_path, major):
     items = scan([w.write(tmp_path / "bad")])
     assert not of(items, XactRecord)
     assert "invalid record headers" in items[-1].end_of_wal.reason
+
+
+# =========================================================================== issue 19
+
+
+def test_segment_problem_says_why_a_file_cannot_be_replayed(tmp_path):
+    """What PostgreSQL would stop on after the point of no return, found before it."""
+    import gzip as gz
+
+    from pgsnap.walreader import find_segment_file, segment_problem
+
+    w = WalWriter(segno=3)
+    w.record(1, 0, b"x" * 100)
+    good = bytes(w.files[(1, 3)])
+    name = segment_name(1, 3, MB)
+
+    def judged(data: bytes, file_name: str = name, **kw) -> str | None:
+        path = tmp_path / file_name
+        path.write_bytes(data)
+        try:
+            return segment_problem(path, segment_size=MB, system_identifier=str(SYSID),
+                                   major=15, **kw)
+        finally:
+            path.unlink()
+
+    assert judged(good) is None
+    assert judged(good[:8192]) == ("8192 bytes, not a 1048576-byte segment (a truncated or "
+                                   "partial copy)")
+    other = bytearray(good)
+    other[24:32] = struct.pack("<Q", 99)
+    assert "WAL of another cluster (system identifier 99" in judged(bytes(other))
+    moved = judged(good, segment_name(1, 4, MB))  # a copy under the next segment's name
+    assert moved is not None and "not that of its name" in moved
+    assert "not WAL" in judged(b"\0" * MB)
+    assert judged(good, segment_name(1, 3, MB)) is None
+    assert "PostgreSQL 15, not 16" in segment_problem(
+        _write(tmp_path / name, good), segment_size=MB, major=16)
+    # Compressed copies are judged by what they decompress to (gzip's size trailer).
+    (tmp_path / name).unlink()
+    assert judged(gz.compress(good), name + ".gz") is None
+    assert "8192 bytes" in judged(gz.compress(good[:8192]), name + ".gz")
+    (tmp_path / f"{name}.gz").write_bytes(gz.compress(good))
+    assert find_segment_file(tmp_path, name) == str(tmp_path / f"{name}.gz")
+    assert find_segment_file(tmp_path, segment_name(1, 9, MB)) is None
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
