@@ -520,7 +520,7 @@ class Cluster:
         """
         scan = scan_catalog(self.catalog)  # first: a later list() does not warn again
         findings: list[Finding] = []
-        refused = False
+        refused = storage_down = False
         facts: BackupFacts | None = None
         server_error: str | None = None
         try:
@@ -536,6 +536,7 @@ class Cluster:
             refused = isinstance(exc, ServerRefusedError)
             log.debug("check: the server or its host cannot be asked: %s", exc)
         except BackendError as exc:  # the storage is down: say so, report the rest
+            storage_down = True
             log.debug("check: the storage cannot be asked: %s", exc)
             findings.append(
                 Finding(
@@ -561,6 +562,8 @@ class Cluster:
             server_refused=refused,
             journal_dir=self.journal_dir,
         )
+        if storage_down:  # the error finding says it; the health query's warning would not
+            data = attrs.evolve(data, storage_error=None)
         data = attrs.evolve(
             data,
             orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),

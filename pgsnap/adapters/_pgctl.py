@@ -147,6 +147,7 @@ case "$pid" in ''|*[!0-9]*) exit 4;; esac
 state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$pid/status" 2>/dev/null)
 cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null)
 comm=$(cat "/proc/$pid/comm" 2>/dev/null)
+[ -n "$cwd$comm" ] || [ -d "/proc/$pid" ] || exit 3
 printf '%s\0%s\0%s\0%s\0%s\0' "$pid" "$state" "$cwd" "$comm" "$(readlink -f -- "$1")"
 """
 
@@ -158,7 +159,9 @@ def postmaster_pid(host: Host, data_dir: str) -> int | None:
     when the snapshot was taken; that pid may since belong to anything, or be
     a zombie. The postmaster's working directory is its data directory, so
     that decides (``/proc``); where it cannot be read, the command name does,
-    and where nothing can be read the answer is "alive" (the safe one).
+    and where nothing can be read the answer is "alive" (the safe one), unless
+    the process has gone meanwhile (a short-lived process that had the pid:
+    pids wrap at 32768 on a busy machine).
     ``ConfigurationError`` when ``postmaster.pid`` exists but cannot be read.
     """
     result = host.run(["sh", "-c", _POSTMASTER, "sh", data_dir], check=False)

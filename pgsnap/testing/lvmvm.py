@@ -356,10 +356,16 @@ def _fetch_kernel(package: str) -> Path:
         if not kernels:
             raise HostError(f"{package} has no boot/vmlinuz-*", host="local")
         shutil.move(str(kernels[0]), root / "vmlinuz")
-        partial = CACHE_DIR / f".partial-{package}"
+        # Per process: two test workers may fill the cache at once; the first wins.
+        partial = CACHE_DIR / f".partial-{package}-{os.getpid()}"
         shutil.rmtree(partial, ignore_errors=True)
         shutil.move(str(root), partial)
-        partial.rename(target)
+        try:
+            partial.rename(target)
+        except OSError:
+            if not (target / "vmlinuz").exists():
+                raise
+            shutil.rmtree(partial, ignore_errors=True)  # another process was faster
     return target
 
 
@@ -577,7 +583,7 @@ def build_image(
             target.write_bytes(data)
         names = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p != root)
         listing = ("\n".join(names) + "\n").encode()
-        partial = initrd.with_suffix(".partial")
+        partial = initrd.with_suffix(f".partial-{os.getpid()}")  # workers may build at once
         with open(partial, "wb") as out:
             proc = subprocess.run(
                 ["cpio", "-o", "-H", "newc", "--quiet"],

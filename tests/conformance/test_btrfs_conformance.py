@@ -36,6 +36,8 @@ from pgsnap.testing.conformance import (
     WriteMarker,
 )
 
+pytestmark = pytest.mark.xdist_group("loop")
+
 MARKER = "marker"
 
 

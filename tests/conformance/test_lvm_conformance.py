@@ -39,6 +39,8 @@ from pgsnap.testing.conformance import (
     WriteMarker,
 )
 
+pytestmark = pytest.mark.xdist_group("lvm-conformance")
+
 VG = "pgsnapvg"
 POOL = "pool"
 BLOCK = 4096

@@ -313,7 +313,11 @@ class TestNoFixtures(StorageBackendConformance):
 def test_suite_fails_broken_backends(pytester: pytest.Pytester) -> None:
     """A suite that never fails proves nothing: broken backends must fail it."""
     pytester.makepyfile(test_broken=_HARNESS + _BROKEN)
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    # In this process alone (the outer run may be spread over xdist workers, which
+    # pytest-benchmark, when installed, would refuse).
+    result = pytester.runpytest_inprocess(
+        "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:benchmark"
+    )
     outcome: dict[str, str] = {}
     for report in result.reprec.getreports("pytest_runtest_logreport"):  # type: ignore[attr-defined]
         if report.when == "call" or report.outcome != "passed":

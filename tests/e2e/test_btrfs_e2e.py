@@ -23,7 +23,7 @@ from pgsnap.testing.btrfs import LoopBtrfs, btrfs_cluster, btrfs_server, btrfs_u
 
 from .conftest import Env, backed_up, pitr_setup
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("loop")]
 
 DATA = VolumeRole.DATA
 WAL = VolumeRole.WAL

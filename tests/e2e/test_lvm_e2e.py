@@ -47,7 +47,7 @@ from pgsnap.testing.lvmpg import (
     lvmpg_unavailable,
 )
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("lvm-e2e")]
 
 DATA, WAL = VolumeRole.DATA, VolumeRole.WAL
 

@@ -114,5 +114,6 @@ def test_a_storage_outage_is_a_finding_and_the_rest_is_still_reported(e2e_env: A
     report = env.cluster.check()
     (finding,) = [f for f in report.findings if f.code == "storage"]
     assert "injected fault" in finding.message
+    assert finding.severity.value == "error" and not report.ok  # a backup would fail
     assert len(report.backups) == 1
     assert report.wal and "no WAL archived yet" not in report.wal[0]

@@ -229,7 +229,7 @@ def test_check_finds_an_archive_that_is_not_where_archive_command_writes(
     assert codes["archive_mismatch"] == "error"
     assert codes["backup_wal"] == "error"  # the DONE backup's WAL is not there
     (mismatch,) = [f for f in report["findings"] if f.endswith("[archive_mismatch]")]
-    assert f"the archive {elsewhere} is empty" in mismatch
+    assert f"the archive {elsewhere} lacks it" in mismatch
     assert str(env.server.archive_dir) in mismatch  # archive_command names where it writes
     assert any(record["id"] in f for f in report["findings"] if f.endswith("[backup_wal]"))
     # The real archive: all is well.

@@ -26,6 +26,8 @@ from pgsnap.model import Mount
 
 from ..conftest import postgres_required
 
+pytestmark = pytest.mark.xdist_group("loop")
+
 
 @pytest.fixture(autouse=True)
 def _root() -> None:
