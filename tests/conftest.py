@@ -144,12 +144,13 @@ def sshd_server() -> Iterator[Any]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lvm_vm() -> Iterator[Any]:
-    """The lvm2 test VM for the whole session (:class:`~pgsnap.testing.lvmvm.LvmVm`).
+    """The lvm2 test VM of a test module (:class:`~pgsnap.testing.lvmvm.LvmVm`).
 
-    Booted once (about 10 s under TCG) with ``/dev/vda`` as its disk; tests
-    make their own volume groups' content and remove it. Where the VM cannot
+    Booted once per module that uses it (about 10 s under TCG) with ``/dev/vda``
+    as its disk, and shut down after it: an idle VM still costs a core under
+    TCG. Tests make their own volume groups' content and remove it. Where the VM cannot
     run the test skips saying why (a failure under ``PGSNAP_NO_SKIPS=1``).
     """
     from pgsnap.testing.lvmvm import LvmVm, lvmvm_unavailable

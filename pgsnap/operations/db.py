@@ -160,6 +160,37 @@ class StartServer(Operation):
 
     timeout: float = 120.0
 
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        """On restored volumes, PostgreSQL starts only with the backup's label and the
+        recovery settings written after the last restore: without the label it would
+        replay from the snapshot's own checkpoint (a corrupt cluster), without the
+        settings it would not fetch WAL from the archive."""
+        from pgsnap.operations.storage import RestoreVolume  # noqa: PLC0415 - a cycle otherwise
+
+        here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
+        before = plan.steps[:here]
+        restored = [n for n, (_s, op, _u) in enumerate(before) if isinstance(op, RestoreVolume)]
+        labels = [n for n, (_s, op, _u) in enumerate(before) if isinstance(op, WriteBackupLabel)]
+        settings = [
+            n for n, (_s, op, _u) in enumerate(before) if isinstance(op, WriteRecoverySettings)
+        ]
+        if not (restored or labels or settings):
+            return  # a plain start: nothing was restored
+        last = max(restored, default=-1)
+        missing = [
+            what
+            for what, where in (("a backup label", labels), ("recovery settings", settings))
+            if not [n for n in where if n > last]
+        ]
+        if missing:
+            raise self.mismatch(
+                ctx,
+                f"it starts PostgreSQL on restored volumes without first writing "
+                f"{' and '.join(missing)} (after the last restore): the server would "
+                "replay from the wrong place or not at all",
+                "the plan was edited: make a new plan",
+            )
+
     def run(self, ctx: OperationContext) -> Outputs:
         if ctx.adapter.is_running():
             return {"already_running": True}

@@ -1,6 +1,6 @@
 """The conformance suite, and lvm's own promises, on real lvm2 inside the test VM.
 
-One VM serves the session (:func:`lvm_vm` in tests/conftest.py); its disk
+One VM serves this module (:func:`lvm_vm` in tests/conftest.py); its disk
 ``/dev/vda`` holds the volume group ``pgsnapvg`` with a thin pool ``pool``.
 After each test every other LV is removed, so nothing leaks from one test to
 the next. The suite runs twice: on thin volumes (thin snapshots, a copy is

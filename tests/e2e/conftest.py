@@ -38,6 +38,27 @@ from pgsnap.testing.sandbox import mock_cluster
 
 ROWS_PER_BATCH = 3
 
+# --------------------------------------------------------------------------- ordering
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """test_lvm_e2e's tests grouped by VM set-up (stable: file order within each), so
+    that each VM boots once and only one runs at a time."""
+    spots = [n for n, item in enumerate(items) if item.path.name == "test_lvm_e2e.py"]
+
+    def setup_of(item: pytest.Item) -> str:
+        callspec = getattr(item, "callspec", None)
+        which = None if callspec is None else callspec.params.get("which")
+        if isinstance(which, str):
+            return which
+        names = getattr(item, "fixturenames", ())
+        return next((n for n in ("thin_ext4", "classic_xfs") if n in names), "")
+
+    ordered = sorted((items[n] for n in spots), key=setup_of)
+    for n, item in zip(spots, ordered, strict=True):
+        items[n] = item
+
+
 # --------------------------------------------------------------------------- the env
 
 

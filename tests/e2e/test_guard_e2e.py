@@ -18,11 +18,12 @@ or failed after the point of no return before this issue. Real PostgreSQL
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +128,6 @@ def test_an_edited_plan_cannot_restore_another_backups_snapshot(e2e_env: Any) ->
     assert env.batches() == env.expect(1, 2, 3)
 
 
-_BLOCK: dict[str, Any] = {}
-
-
 @pytest.fixture(scope="module")
 def edit_world(pg_bindir: Path) -> Iterator[dict[str, Any]]:
     """One cluster on simulated block devices (unmount, detach, restore, attach, mount),
@@ -147,7 +145,11 @@ def edit_world(pg_bindir: Path) -> Iterator[dict[str, Any]]:
         factory.cleanup(show_logs=False)
 
 
-def _edits(world: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
+Edit = tuple[str, str, str, Any]
+"""(action, where, parameter, new value)"""
+
+
+def _edits(world: dict[str, Any]) -> list[Edit]:
     """(action, where, parameter, new value): every edit a hostile or careless hand
     could make to the storage and backup parameters of the plan."""
     env: Env = world["env"]
@@ -159,7 +161,7 @@ def _edits(world: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
     others = sorted(env.snapshot_ids() - {second.snapshots[env.data_vol]})
     points = [str(env.server.wal_dir), str(env.archive_dir), "/tmp/elsewhere"]
     sha = hashlib.sha256((first.labelfile or "").encode()).hexdigest()
-    edits: list[tuple[str, str, str, Any]] = []
+    edits: list[Edit] = []
     edits += [("storage.restore_volume", "params", "snapshot_id", s) for s in others]
     edits += [("storage.restore_volume", "params", "snapshot_id", "snap-9999")]
     edits += [("storage.restore_volume", "params", "volume_id", v)
@@ -180,11 +182,12 @@ def _edits(world: dict[str, Any]) -> list[tuple[str, str, str, Any]]:
               for v in ([env.wal_vol], [])]
     edits += [("db.verify", "params", "min_replay_lsn", "0/1")]
     edits += [("db.write_backup_label", "drop", "", None)]
+    edits += [("db.write_recovery_settings", "drop", "", None)]
     edits += [("storage.restore_volume", "drop", "", None)]
     return edits
 
 
-def _apply(data: dict[str, Any], edit: tuple[str, str, str, Any]) -> bool:
+def _apply(data: dict[str, Any], edit: Edit) -> bool:
     """Apply one edit to the first step of its action; False when it changes nothing."""
     action, where, param, value = edit
     for n, step in enumerate(data["steps"]):
@@ -200,8 +203,52 @@ def _apply(data: dict[str, Any], edit: tuple[str, str, str, Any]) -> bool:
     return False
 
 
+def _refused_unchanged(world: dict[str, Any], combo: Sequence[Edit]) -> bool:
+    """Run the plan with ``combo`` applied: it must be refused before its first step
+    with nothing changed. False when the edits change nothing or the plan is refused
+    as it is built."""
+    env: Env = world["env"]
+    if "digest" not in world:  # what every refused run must leave as it found it
+        world["digest"] = volume_digest(env)
+    data = world["plan"].to_dict()
+    if not [e for e in combo if _apply(data, e)]:
+        return False
+    try:
+        edited = unchecked(data)
+    except InvalidPlanError:
+        return False  # refused as it was built: nothing ran
+    events: list[Event] = []
+    with pytest.raises((InvariantError, StalePlanError, InvalidPlanError)) as refused:
+        env.cluster.execute(edited, on_event=events.append)
+    world.setdefault("refusals", set()).add(type(refused.value).__name__)
+    assert [e.step_id for e in events if e.kind is EventKind.STARTED] == [], combo
+    assert volume_digest(env) == world["digest"], combo
+    assert not [j for j in env.journals() if not j.startswith("backup-")], combo
+    return True
+
+
+def _place(edit: Edit) -> tuple[str, str, str]:
+    return edit[0], edit[1], edit[2]
+
+
+def test_every_edit_and_pair_of_edits_of_a_recovery_plan_is_refused_before_anything_changes(
+    edit_world: dict[str, Any],
+) -> None:
+    """Whatever is edited among snapshot ids, volume ids, the backup, its label, mount
+    points and the steps themselves, alone or two at a time, the run is refused before
+    its first step and nothing changes on the volumes or the storage. (Every pair, not
+    only a sample: a random sample found that dropping both the restore and the label
+    step reached the point of no return.)"""
+    edits = _edits(edit_world)
+    combos = [(e,) for e in edits] + [
+        pair for pair in itertools.combinations(edits, 2) if _place(pair[0]) != _place(pair[1])
+    ]
+    tried = sum(_refused_unchanged(edit_world, combo) for combo in combos)
+    assert tried > len(edits)
+
+
 @settings(
-    max_examples=40,
+    max_examples=30,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -209,40 +256,23 @@ def _apply(data: dict[str, Any], edit: tuple[str, str, str, Any]) -> bool:
 def test_random_edits_of_a_recovery_plan_are_refused_before_anything_changes(
     edit_world: dict[str, Any], choice: st.DataObject
 ) -> None:
-    """Whatever is edited among snapshot ids, volume ids, the backup, its label and
-    mount points, the run is refused before its first step and nothing changes on the
-    volumes or the storage; only the plan as made recovers."""
-    env: Env = edit_world["env"]
-    if "digest" not in _BLOCK:  # what every refused run must leave as it found it
-        _BLOCK["digest"] = volume_digest(env)
-        _BLOCK["edits"] = _edits(edit_world)
-    edits = choice.draw(
-        st.lists(st.sampled_from(_BLOCK["edits"]), min_size=1, max_size=3,
-                 unique_by=lambda e: (e[0], e[1], e[2])),
+    """Three to five edits at once, drawn at random: refused before the first step, with
+    nothing changed on the volumes or the storage."""
+    if "edits" not in edit_world:
+        edit_world["edits"] = _edits(edit_world)
+    combo = choice.draw(
+        st.lists(st.sampled_from(edit_world["edits"]), min_size=3, max_size=5,
+                 unique_by=_place),
         label="edits",
     )
-    data = edit_world["plan"].to_dict()
-    changed = [e for e in edits if _apply(data, e)]
-    if not changed:
-        return
-    events: list[Event] = []
-    try:
-        edited = unchecked(data)
-    except InvalidPlanError:
-        return  # refused as it was built: nothing ran
-    with pytest.raises((InvariantError, StalePlanError, InvalidPlanError)) as refused:
-        env.cluster.execute(edited, on_event=events.append)
-    _BLOCK.setdefault("refusals", set()).add(type(refused.value).__name__)
-    assert [e.step_id for e in events if e.kind is EventKind.STARTED] == []
-    assert volume_digest(env) == _BLOCK["digest"]
-    assert not [j for j in env.journals() if not j.startswith("backup-")]
+    _refused_unchanged(edit_world, combo)
 
 
 def test_the_unedited_plan_of_the_property_test_recovers(edit_world: dict[str, Any]) -> None:
     """The same plan, unedited, recovers every row (it ran after the edits were refused)."""
     env: Env = edit_world["env"]
     # The edits were refused by the steps' own checks, not only as stale plans.
-    assert "InvariantError" in _BLOCK.get("refusals", set()), _BLOCK.get("refusals")
+    assert "InvariantError" in edit_world.get("refusals", set()), edit_world.get("refusals")
     env.cluster.execute(edit_world["plan"])
     assert env.batches() == env.expect(1, 2, 3)
 

@@ -61,14 +61,51 @@ def boot(setup: VmPgSetup) -> Iterator[LvmPostgres]:
         yield pg
 
 
-@pytest.fixture(scope="module")
-def thin_ext4() -> Iterator[LvmPostgres]:
-    yield from boot(VmPgSetup(major=15, fs="ext4", thin=True))
+SETUPS = {
+    "thin_ext4": VmPgSetup(major=15, fs="ext4", thin=True),
+    "classic_xfs": VmPgSetup(major=17, fs="xfs", thin=False),
+}
+"""The VM set-ups; tests/e2e/conftest.py orders this module's tests by set-up."""
+
+
+class _OneVm:
+    """At most one VM at a time: an idle VM still costs a core under TCG, and the
+    tests run grouped by set-up (tests/e2e/conftest.py), so each boots once."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self._booted: Iterator[LvmPostgres] | None = None
+        self.env: LvmPostgres | None = None
+
+    def get(self, name: str) -> LvmPostgres:
+        if self.name != name or self.env is None:
+            self.close()
+            self._booted = boot(SETUPS[name])
+            self.env = next(self._booted)
+            self.name = name
+        return self.env
+
+    def close(self) -> None:
+        booted, self._booted, self.env, self.name = self._booted, None, None, None
+        if booted is not None:
+            booted.close()  # leaves the LvmPostgres.boot block: the VM is shut down
 
 
 @pytest.fixture(scope="module")
-def classic_xfs() -> Iterator[LvmPostgres]:
-    yield from boot(VmPgSetup(major=17, fs="xfs", thin=False))
+def vm_pool() -> Iterator[_OneVm]:
+    pool = _OneVm()
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def thin_ext4(vm_pool: _OneVm) -> LvmPostgres:
+    return vm_pool.get("thin_ext4")
+
+
+@pytest.fixture
+def classic_xfs(vm_pool: _OneVm) -> LvmPostgres:
+    return vm_pool.get("classic_xfs")
 
 
 def write(env: LvmPostgres, batch: int) -> None:

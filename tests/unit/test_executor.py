@@ -30,6 +30,7 @@ from pgsnap.model import (
     BackupStop,
     Layout,
     RecoveryAction,
+    RecoveryTarget,
     ServerFacts,
     Volume,
     VolumeRole,
@@ -852,3 +853,39 @@ def test_prechecks_run_before_the_first_step(world):
         default_operations().unregister(Picky.name)
     assert info.value.step_id == "b"
     assert world.events == [] and "a" not in RAN
+
+
+def test_the_server_starts_on_restored_volumes_only_after_label_and_settings():
+    """Issue 19: dropping both the restore and the label step of a recovery plan reached
+    the point of no return (PostgreSQL started on whatever the volumes held)."""
+    from types import SimpleNamespace
+
+    from pgsnap.operations.base import PlanView
+    from pgsnap.operations.db import (
+        StartServer,
+        WriteBackupLabel,
+        WriteRecoverySettings,
+    )
+    from pgsnap.operations.storage import RestoreVolume
+
+    restore = ("restore", RestoreVolume(volume_id="v", snapshot_id="s", backup_id="b"), None)
+    label = ("label", WriteBackupLabel(backup_id="b", label_sha256="0" * 64), None)
+    settings = ("settings", WriteRecoverySettings(recovery_target=RecoveryTarget.immediate()),
+                None)
+    start = ("start", StartServer(), None)
+    ctx: Any = SimpleNamespace(step_id="start")
+
+    def check(*steps: Any) -> None:
+        StartServer().precheck(ctx, PlanView(tuple(steps)))
+
+    check(start)  # a plain start
+    check(restore, label, settings, start)
+    for steps, missing in [
+        ((restore, start), "a backup label and recovery settings"),
+        ((settings, start), "a backup label"),
+        ((restore, settings, start), "a backup label"),
+        ((restore, label, start), "recovery settings"),
+        ((label, settings, restore, start), "a backup label and recovery settings"),
+    ]:
+        with pytest.raises(errors.InvariantError, match=f"without first writing {missing} "):
+            check(*steps)
