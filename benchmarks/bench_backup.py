@@ -226,7 +226,6 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     from pgsnap import Cluster, Layout, Volume, VolumeRole  # noqa: PLC0415
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
     from pgsnap.operations.catalog import required_wal_files  # noqa: PLC0415
@@ -236,6 +235,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         DatabaseAdapter,
         WalArchive,
     )
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     import_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -70,7 +70,7 @@ time, not the CPU time):
 5. the pieces: ``os.listdir`` of the archive (the floor),
    ``ArchiveIndex.build`` over those names (the listing not timed),
    ``DirectoryWalArchive.index(seg, check_sizes=False)`` (list + build), and
-   the reader alone: ``pgsnap.walindex.read_events`` over the newest 4
+   the reader alone: ``pgsnap.wal.contents.read_events`` over the newest 4
    segments with no WAL index (what a cold ``latest`` plan reads);
 6. a baseline process: the imports and the recovery Cluster, no plan (the
    memory planning starts from);
@@ -464,11 +464,11 @@ class _Counts:
 def _recovery_cluster(root: Path, shape: Shape) -> Any:
     """The Cluster a user builds for this fleet (no server running)."""
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     now = [T0]
     backend = MockBackend(clock=lambda: now[0])
@@ -543,7 +543,7 @@ def _measure_recovery(root: Path, shape: Shape, which: str) -> dict[str, Any]:
 def _become_the_fleets_cluster(server: Any, shape: Shape) -> None:
     """Give the stopped server the fleet's system identifier and put it on timeline 3 after
     the archive's newest segment (``pg_control`` patched, then ``pg_resetwal -l``)."""
-    from pgsnap._crc32c import crc32c  # noqa: PLC0415
+    from pgsnap.wal._crc32c import crc32c  # noqa: PLC0415
 
     control = server.data_dir / "global" / "pg_control"
     data = bytearray(control.read_bytes())
@@ -567,11 +567,11 @@ def _become_the_fleets_cluster(server: Any, shape: Shape) -> None:
 
 
 def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[str, Any]:
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.testing.pgserver import PgServer, find_postgres_bindir  # noqa: PLC0415
     from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     counts = _Counts()
     copied: Path | None = None
@@ -639,7 +639,7 @@ def _read_tail(root: Path, shape: Shape) -> dict[str, Any]:
     reads cold), no WAL index."""
     from pgsnap.model import LSN  # noqa: PLC0415
     from pgsnap.wal import TimelineSpan  # noqa: PLC0415
-    from pgsnap.walindex import read_events  # noqa: PLC0415
+    from pgsnap.wal.contents import read_events  # noqa: PLC0415
 
     spans = (TimelineSpan(3, LSN(shape.switch2), None),)
     sw = Stopwatch()
@@ -695,7 +695,7 @@ def _measure(method: str, root: Path, shape: Shape, bindir: str | None) -> dict[
         index = ArchiveIndex.build(names, SEG)
         return {**sw.stop(), "items": len(names), "index": repr(index)}
     if method == "archive-index":
-        from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
+        from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
         archive = DirectoryWalArchive(root / "archive")
         sw = Stopwatch()

@@ -127,9 +127,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         VolumeRole,
     )
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     t_import = time.perf_counter() - t0
 
@@ -712,7 +712,7 @@ def measure(
 ) -> None:
     import inspect  # noqa: PLC0415
 
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
 
     default_budget = inspect.signature(Cluster.__init__).parameters["max_scan_segments"].default
     limited = args.budget_row if args.budget_row is not None else default_budget

@@ -81,13 +81,13 @@ from _report import table
 
 from pgsnap import Cluster, Layout, RecoveryTarget, Volume, VolumeRole
 from pgsnap.adapters.postgres import PostgresAdapter
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.backends.mock import MockBackend
 from pgsnap.catalog import DirectoryCatalog
 from pgsnap.executor import Event, EventKind
 from pgsnap.protocols import STORAGE_BACKEND_METHODS
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
 from pgsnap.testing.sandbox import mock_cluster
+from pgsnap.wal.archive import DirectoryWalArchive
 
 TARGET_OVERHEAD_SECONDS = 1.0
 TARGET_LAG_SECONDS = 0.2

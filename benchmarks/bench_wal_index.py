@@ -71,9 +71,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _report import table
 
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.model import LSN
 from pgsnap.wal import ArchiveIndex, TimelineGraph, WalCheck, check, segment_name
+from pgsnap.wal.archive import DirectoryWalArchive
 
 SEGSZ = 16 * 1024 * 1024
 MB = 1000 * 1000

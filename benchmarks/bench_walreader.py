@@ -1,7 +1,7 @@
 """Benchmark: pgsnap's WAL reader against pg_waldump on the same segments.
 
 Run: ``python benchmarks/bench_walreader.py`` (see benchmarks/README.md). Target:
-the commit/restore-point extraction (:func:`pgsnap.walreader.scan_events`)
+the commit/restore-point extraction (:func:`pgsnap.wal.reader.scan_events`)
 within 3x of ``pg_waldump`` on one core, in MB of WAL per second. Prints the
 figures and the ratios; never asserts.
 
@@ -25,13 +25,13 @@ What it does:
 3. measures each stretch, ``--runs`` times each method, in turns (the order rotated per run), every
    process pinned to the same CPU:
 
-   - ``pgsnap``: :func:`~pgsnap.walreader.scan_events` in a fresh Python process
+   - ``pgsnap``: :func:`~pgsnap.wal.reader.scan_events` in a fresh Python process
      (``Verify.TAIL``, the default; also ``Verify.RECORDS`` and ``Verify.ALL``),
      timed inside the process (the scan, without the interpreter's start);
    - ``pg_waldump`` printing every record (to /dev/null), wall time;
    - ``pg_waldump -r Transaction -r XLOG``: printing only the resource
      managers of commits and restore points (to /dev/null), wall time;
-   - ``pgsnap.waldump.scan_wal``: today's pipeline (pg_waldump's whole text
+   - ``pgsnap.wal.dump.scan_wal``: today's pipeline (pg_waldump's whole text
      read and parsed in Python), timed inside its process;
 
 4. prints the times (median, min, max), MB/s (1 MB = 2**20 bytes of the
@@ -74,7 +74,8 @@ TARGET_RATIO = 3.0
 
 def child(args: argparse.Namespace) -> None:
     """Run one extraction in this (fresh) process and print JSON with its figures."""
-    from pgsnap import waldump, walreader  # noqa: PLC0415 - after the baseline
+    from pgsnap.wal import dump as waldump  # noqa: PLC0415 - after the baseline
+    from pgsnap.wal import reader as walreader  # noqa: PLC0415 - after the baseline
 
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     spans = [TimelineSpan(1, None, None)]

@@ -3,8 +3,8 @@
 Observe → plan (pure) → plan as data → execute. See the docs/ folder.
 
 The working set is offered here, imported lazily on first use (``import
-pgsnap`` itself imports only this module and :mod:`pgsnap.errors`; ``pgsnap.Cluster``
-imports the facade when first asked for)::
+pgsnap`` itself imports only this module, :mod:`pgsnap.errors` and the version;
+``pgsnap.Cluster`` imports the facade when first asked for)::
 
     import pgsnap
 
@@ -22,8 +22,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from pgsnap import errors as _errors  # small and dependency-free: its names are listed here
-
-__version__ = "0.1.0"
+from pgsnap._version import __version__
 
 _WHERE: Final[dict[str, str]] = {
     **dict.fromkeys(_errors.__all__, "pgsnap.errors"),  # every error
@@ -64,7 +63,7 @@ _WHERE: Final[dict[str, str]] = {
     "Step": "pgsnap.plan",
     "BackupRequest": "pgsnap.planner.backup",
     "RecoveryRequest": "pgsnap.planner.recovery",
-    "Cluster": "pgsnap.session",
+    "Cluster": "pgsnap.cluster",
     "Executor": "pgsnap.executor",
     "Host": "pgsnap.host",
     "LocalRunner": "pgsnap.host",
@@ -165,6 +164,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from pgsnap.backends import create_backend, register_backend
+    from pgsnap.cluster import Cluster
     from pgsnap.errors import (
         ArchiveError,
         AuthenticationError,
@@ -244,7 +244,6 @@ if TYPE_CHECKING:
         StorageHealth,
         WalArchive,
     )
-    from pgsnap.session import Cluster
 
 
 def __getattr__(name: str) -> Any:

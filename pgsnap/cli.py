@@ -434,20 +434,20 @@ def _takes_host(name: str) -> bool:
 
 
 def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
-    """Build a :class:`~pgsnap.session.Cluster` from a TOML configuration file.
+    """Build a :class:`~pgsnap.cluster.Cluster` from a TOML configuration file.
 
     Relative paths in the file are relative to the file's directory. Unknown
     sections and keys are refused, naming the nearest valid one.
     ``timeouts`` replaces the file's ``[timeouts]`` (the connection and
     catalog lock waits are the cluster's; :func:`load_timeouts` gives the
-    others, for :meth:`~pgsnap.session.Cluster.plan_recovery` and
-    :meth:`~pgsnap.session.Cluster.plan_backup`).
+    others, for :meth:`~pgsnap.cluster.Cluster.plan_recovery` and
+    :meth:`~pgsnap.cluster.Cluster.plan_backup`).
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     conf = _read(path)
     base = Path(path).resolve().parent

@@ -20,7 +20,13 @@ from typing import Final
 import attrs
 
 from pgsnap.catalog import catalog_system_identifiers, scan_catalog
-from pgsnap.errors import HostFileNotFound, PgsnapError, VolumeNotFound
+from pgsnap.errors import (
+    ArchiveError,
+    HostFileNotFound,
+    PgsnapError,
+    VolumeNotFound,
+    WalNameError,
+)
 from pgsnap.host import FileKind, Host, LocalRunner, mount_holding
 from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import (
@@ -57,9 +63,14 @@ from pgsnap.wal import (
     segment_start,
     segments_to_replay,
 )
-from pgsnap.waldump import scan_wal
-from pgsnap.walindex import WalIndex, WalQuery, read_events
-from pgsnap.walreader import read_segment_header, segment_problem, stat_segment_file
+from pgsnap.wal.contents import WalIndex, WalQuery, read_events
+from pgsnap.wal.dump import scan_wal
+from pgsnap.wal.reader import (
+    parse_page_header,
+    read_segment_header,
+    segment_problem,
+    stat_segment_file,
+)
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -74,7 +85,7 @@ _Scanner = Callable[
     [list[str], tuple[TimelineSpan, ...], LSN, LSN, WalQuery, int], tuple[WalEvents, int]
 ]
 """Reads the WAL of ``dirs`` along a timeline path from one LSN to another, answering a
-:class:`~pgsnap.walindex.WalQuery`, reading at most so many segments (the newest); returns
+:class:`~pgsnap.wal.contents.WalQuery`, reading at most so many segments (the newest); returns
 what it found and how many segments it read."""
 
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
@@ -97,20 +108,12 @@ def _is_hex(text: str) -> bool:
 
 
 def read_archive_system_identifier(path: str | os.PathLike[str]) -> str | None:
-    """The system identifier in a WAL segment's first page header (None if unreadable).
-
-    The long page header starts every segment: magic, info, timeline,
-    page address, remaining length (20 bytes, padded to 24), then the 64-bit
-    system identifier (little-endian on x86 and ARM).
-    """
+    """The system identifier in a WAL segment's first page header, plain or
+    compressed (None if unreadable: :func:`pgsnap.wal.read_segment_header`)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(32)
-    except OSError:
+        return str(read_segment_header(path).system_identifier)
+    except (ArchiveError, WalNameError):
         return None
-    if len(head) < 32:
-        return None
-    return str(int.from_bytes(head[24:32], "little"))
 
 
 def is_live_segment(name: str, head: bytes, segment_size: int) -> bool:
@@ -118,21 +121,19 @@ def is_live_segment(name: str, head: bytes, segment_size: int) -> bool:
 
     After a checkpoint PostgreSQL renames old segments to future names
     (``wal_recycle``) or creates zero-filled ones: such a file exists, but its
-    first page header (``head``: its first 16 bytes) still carries its old
-    address (or nothing). Its name must not count as WAL that replay can
-    reach. Other files (history, ``.partial``, ``.backup``) count as they are.
-    The header: ``xlp_magic`` (2 bytes), ``xlp_info`` (2), ``xlp_tli`` (4),
-    ``xlp_pageaddr`` (8, little-endian).
+    first page header (``head``: at least its first 16 bytes, read with
+    :func:`pgsnap.wal.parse_page_header`) still carries its old address (or
+    nothing). Its name must not count as WAL that replay can reach. Other
+    files (history, ``.partial``, ``.backup``) count as they are.
     """
     if len(name) != _SEGMENT_NAME_LEN or any(c not in "0123456789ABCDEF" for c in name):
         return True
-    if len(head) < 16:
+    page = parse_page_header(head)
+    if page is None:
         return False
     per_id = 0x100000000 // segment_size
     segno = int(name[8:16], 16) * per_id + int(name[16:], 16)
-    tli = int.from_bytes(head[4:8], "little")
-    pageaddr = int.from_bytes(head[8:16], "little")
-    return pageaddr == segno * segment_size and 0 < tli <= int(name[:8], 16)
+    return page.pageaddr == LSN(segno * segment_size) and 0 < page.timeline <= int(name[:8], 16)
 
 
 @attrs.define
@@ -141,9 +142,9 @@ class Observer:
 
     ``clock`` gives the (aware, UTC) time the facts are taken at;
     ``waldump`` is a ``pg_waldump`` to read the WAL with instead of
-    pgsnap's own reader (:mod:`pgsnap.walreader`); ``wal_index`` keeps what
+    pgsnap's own reader (:mod:`pgsnap.wal.reader`); ``wal_index`` keeps what
     that reader found in each archived segment, so planning reads each
-    segment once (:mod:`pgsnap.walindex`; None: no index);
+    segment once (:mod:`pgsnap.wal.contents`; None: no index);
     ``max_scan_segments`` bounds the segments read for commit times per
     plan (segments the index answers are not counted); ``journal_dir`` is
     the executor's journal directory (what unfinished runs still need from
@@ -232,7 +233,7 @@ class Observer:
         cluster's system identifier and version (the server's, else the
         newest archived segment's header). ``log_timezone`` resolves the zone
         abbreviations of START/STOP TIME (``CET``...)."""
-        from pgsnap import __version__  # noqa: PLC0415
+        from pgsnap._version import __version__  # noqa: PLC0415
 
         scan = scan_catalog(self.catalog)
         backups = scan.records
@@ -503,7 +504,7 @@ class Observer:
     ) -> dict[str, str]:
         """The archived segments a recovery from the best candidate backup would fetch
         (from its start to the end of the archive) that cannot be replayed, with why
-        (:func:`~pgsnap.walreader.segment_problem`). Each costs a stat and a 40-byte
+        (:func:`~pgsnap.wal.reader.segment_problem`). Each costs a stat and a 40-byte
         read; the executor checks them again before the point of no return."""
         first = next(_judged_lazily(iter_candidates(facts, request, [])), None)
         if first is None:

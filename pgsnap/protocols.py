@@ -24,8 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
+from pgsnap.host.runners import Runner
+
 if TYPE_CHECKING:
-    from pgsnap.host import CommandResult, Host
+    from pgsnap.host import Host
     from pgsnap.locks import ClusterLock
     from pgsnap.model import (
         ArchiverStatus,
@@ -493,37 +495,4 @@ class ClusterLockProvider(Protocol):
 
     def cluster_lock(self) -> ClusterLock:
         """The lock (the same one for every call on this catalog)."""
-        ...
-
-
-class Runner(Protocol):
-    """Runs commands on one machine: argument lists, never a shell string.
-
-    Implementations: :class:`pgsnap.host.LocalRunner` (subprocess) and
-    :class:`pgsnap.host.SshRunner` (the ``ssh`` binary). A runner returns a
-    :class:`~pgsnap.host.CommandResult` whatever the exit status; it raises
-    :class:`~pgsnap.errors.CommandTimeout` when the command outlives
-    ``timeout``, :class:`~pgsnap.errors.HostUnreachable` when the machine
-    cannot be reached, and :class:`~pgsnap.errors.HostError` when the command
-    cannot be started at all. ``user`` runs the command as that OS user (the
-    PostgreSQL server's owner); ``stdin`` is fed to its standard input.
-    """
-
-    @property
-    def description(self) -> str:
-        """Where commands run, for messages: ``"local"``, ``"ssh postgres@db1:22"``.
-
-        Never holds a secret.
-        """
-        ...
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float = 60.0,
-    ) -> CommandResult:
-        """Run ``argv`` and return its exit status and output."""
         ...

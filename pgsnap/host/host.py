@@ -24,9 +24,8 @@ from pgsnap.errors import (
     MountBusyError,
     MountError,
 )
-from pgsnap.host.runners import CommandResult, LocalRunner
+from pgsnap.host.runners import CommandResult, LocalRunner, Runner
 from pgsnap.model import Mount
-from pgsnap.protocols import Runner
 
 __all__ = ["FileInfo", "FileKind", "Host", "ProcessInfo", "mount_holding"]
 

@@ -17,12 +17,13 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import attrs
 
 from pgsnap.errors import CommandError, CommandTimeout, ConfigurationError, HostError
 
-__all__ = ["CommandResult", "LocalRunner"]
+__all__ = ["CommandResult", "LocalRunner", "Runner"]
 
 _log = logging.getLogger(__name__)
 
@@ -301,3 +302,36 @@ def _findable(program: str, path: str | None) -> bool:
     if "/" in program:
         return os.path.exists(program)
     return shutil.which(program, path=path) is not None
+
+
+class Runner(Protocol):
+    """Runs commands on one machine: argument lists, never a shell string.
+
+    Implementations: :class:`pgsnap.host.LocalRunner` (subprocess) and
+    :class:`pgsnap.host.SshRunner` (the ``ssh`` binary). A runner returns a
+    :class:`CommandResult` whatever the exit status; it raises
+    :class:`~pgsnap.errors.CommandTimeout` when the command outlives
+    ``timeout``, :class:`~pgsnap.errors.HostUnreachable` when the machine
+    cannot be reached, and :class:`~pgsnap.errors.HostError` when the command
+    cannot be started at all. ``user`` runs the command as that OS user (the
+    PostgreSQL server's owner); ``stdin`` is fed to its standard input.
+    """
+
+    @property
+    def description(self) -> str:
+        """Where commands run, for messages: ``"local"``, ``"ssh postgres@db1:22"``.
+
+        Never holds a secret.
+        """
+        ...
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        user: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float = 60.0,
+    ) -> CommandResult:
+        """Run ``argv`` and return its exit status and output."""
+        ...

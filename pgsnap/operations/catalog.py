@@ -37,7 +37,7 @@ from pgsnap.wal import (
     segments_to_replay,
     walfile_name,
 )
-from pgsnap.walreader import find_segment_file, segment_problem
+from pgsnap.wal.reader import find_segment_file, segment_problem
 
 __all__ = [
     "DeleteBackupRecord",
@@ -91,7 +91,7 @@ class RecordBackupStart(Operation):
     start: Ref
 
     def _record(self, ctx: OperationContext) -> BackupRecord:
-        from pgsnap import __version__  # noqa: PLC0415
+        from pgsnap._version import __version__  # noqa: PLC0415
 
         out = _outputs(ctx, self.start)
         return BackupRecord(
@@ -315,7 +315,7 @@ class DeleteSafetyRecord(Operation):
 class VerifyWal(Operation):
     """Before anything changes: every archived segment the recovery will replay can be
     replayed (its size, page magic, system identifier, its own address, compressed
-    segments too: :func:`~pgsnap.walreader.segment_problem`).
+    segments too: :func:`~pgsnap.wal.reader.segment_problem`).
 
     PostgreSQL checks the same only as it fetches each one, after the point of no
     return (a truncated copy is a FATAL ``archive file has wrong size``; another

@@ -27,6 +27,7 @@ from pgsnap.operations.base import (
     Resume,
     Target,
 )
+from pgsnap.operations.storage import RestoreVolume
 from pgsnap.protocols import BackupSession
 
 __all__ = [
@@ -165,8 +166,6 @@ class StartServer(Operation):
         recovery settings written after the last restore: without the label it would
         replay from the snapshot's own checkpoint (a corrupt cluster), without the
         settings it would not fetch WAL from the archive."""
-        from pgsnap.operations.storage import RestoreVolume  # noqa: PLC0415 - a cycle otherwise
-
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
         before = plan.steps[:here]
         restored = [n for n, (_s, op, _u) in enumerate(before) if isinstance(op, RestoreVolume)]
@@ -249,8 +248,6 @@ class WriteBackupLabel(Operation):
         return record
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
-        from pgsnap.operations.storage import RestoreVolume  # noqa: PLC0415 - a cycle otherwise
-
         self._record(ctx)
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
         restores = plan.of(RestoreVolume)

@@ -1,6 +1,6 @@
 """What the next expiry would do to each backup, for listings (pure).
 
-``pgsnap list`` and :meth:`Cluster.backups(policy=...) <pgsnap.session.Cluster.backups>`
+``pgsnap list`` and :meth:`Cluster.backups(policy=...) <pgsnap.cluster.Cluster.backups>`
 show, next to each backup, whether the next ``pgsnap expire`` with the
 policy removes it and why, or marks it unusable, and until when a secure
 snapshot or a pin holds it. The answer is the expiry plan itself

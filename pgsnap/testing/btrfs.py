@@ -18,7 +18,7 @@ image and the directory; it never raises, it logs what it could not undo.
 
 :func:`btrfs_server` creates a :class:`~pgsnap.testing.pgserver.PgServer`
 whose data directory and ``pg_wal`` are two subvolumes of such a file
-system, and :func:`btrfs_cluster` wires a :class:`~pgsnap.session.Cluster`
+system, and :func:`btrfs_cluster` wires a :class:`~pgsnap.cluster.Cluster`
 to it with a :class:`~pgsnap.backends.btrfs.BtrfsBackend`.
 
 Everything here needs root, btrfs in the kernel, ``losetup``, ``mount`` and
@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any, Final, Self
 from pgsnap.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from pgsnap.cluster import Cluster
     from pgsnap.executor import Event
     from pgsnap.host import Host
-    from pgsnap.session import Cluster
     from pgsnap.testing.pgserver import PgServer
 
 __all__ = [
@@ -332,12 +332,12 @@ def btrfs_cluster(
     Snapshots go to ``snapshot_dir`` (default ``<mount>/snapshots``).
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.btrfs import BtrfsBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.host import Host  # noqa: PLC0415
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     host = host or Host()
     backend = BtrfsBackend(snapshot_dir or str(fs.mount_point / "snapshots"), host=host)

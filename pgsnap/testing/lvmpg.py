@@ -6,7 +6,7 @@ PostgreSQL server of this machine (a Debian package's or the npm build
 volume group on the VM's disk with two logical volumes (``pgvg/data`` for
 the data directory, ``pgvg/wal`` for ``pg_wal``), thin or linear, with ext4
 or XFS, initialises and starts a cluster on them, and builds the
-:class:`~pgsnap.session.Cluster` a user would::
+:class:`~pgsnap.cluster.Cluster` a user would::
 
     from pgsnap.testing.lvmpg import LvmPostgres, VmPgSetup
 
@@ -17,7 +17,7 @@ or XFS, initialises and starts a cluster on them, and builds the
 One directory of this machine (:attr:`LvmPostgres.base`) is shared with the
 guest at the same path: the server's ``archive_command`` writes the WAL
 archive there (``<base>/archive``) and pgsnap reads it here as a
-:class:`~pgsnap.archive.DirectoryWalArchive`; the catalog and the journal
+:class:`~pgsnap.wal.archive.DirectoryWalArchive`; the catalog and the journal
 are beside it, on this machine only. Everything on the database host
 (lvm2, mounts, ``pg_ctl``, the data directory) goes through the VM's console
 :class:`~pgsnap.host.Host`; SQL goes through the forwarded port (psycopg as
@@ -145,7 +145,7 @@ class LvmPostgres:
 
     :meth:`boot` builds it; :meth:`close` (or the end of a ``with`` block) stops
     the VM and removes :attr:`base`. ``cluster`` is the pgsnap
-    :class:`~pgsnap.session.Cluster`; :meth:`make_cluster` builds another (on
+    :class:`~pgsnap.cluster.Cluster`; :meth:`make_cluster` builds another (on
     another Host, e.g. one that injects faults, or in another process).
     """
 
@@ -214,7 +214,7 @@ class LvmPostgres:
         return f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
 
     def make_cluster(self, backend: Any, **options: Any) -> Any:
-        """A :class:`~pgsnap.session.Cluster` for this server on ``backend`` (an
+        """A :class:`~pgsnap.cluster.Cluster` for this server on ``backend`` (an
         :class:`~pgsnap.backends.lvm.LvmBackend`; its Host is the adapter's too)."""
         return make_cluster(self.port, self.setup, self.base, self.bindir, backend, **options)
 
@@ -307,10 +307,10 @@ def make_cluster(
     """The Cluster of :class:`LvmPostgres` from plain values (usable in another
     process that attached to the VM's console)."""
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     layout = Layout(
         (

@@ -132,7 +132,7 @@ from pgsnap.host import Host
 from pgsnap.model import Mount
 
 if TYPE_CHECKING:
-    from pgsnap.session import Cluster
+    from pgsnap.cluster import Cluster
     from pgsnap.testing.pgserver import PgServer
 
 __all__ = [
@@ -1973,7 +1973,7 @@ def powerflex_cluster(
     backend_options: Mapping[str, Any] | None = None,
     **cluster_options: Any,
 ) -> Cluster:
-    """A :class:`~pgsnap.session.Cluster` for ``server`` on ``sim``'s volumes.
+    """A :class:`~pgsnap.cluster.Cluster` for ``server`` on ``sim``'s volumes.
 
     As :func:`pgsnap.testing.sandbox.mock_cluster` in block mode: the data
     directory, the WAL directory and the archive each move onto a new
@@ -1985,11 +1985,11 @@ def powerflex_cluster(
     stopped while its directories move, and started again.
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.powerflex import PowerFlexBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     user, password = sim.credentials
     backend = PowerFlexBackend(sim.url, user, password, **dict(backend_options or {}))

@@ -1,4 +1,4 @@
-"""A :class:`~pgsnap.session.Cluster` over a throwaway server, on mock volumes.
+"""A :class:`~pgsnap.cluster.Cluster` over a throwaway server, on mock volumes.
 
 Used by ``pgsnap demo``, the end-to-end tests and the benchmarks: the data
 directory, ``pg_wal`` and the archive of a :class:`~pgsnap.testing.pgserver.PgServer`
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 from pgsnap.model import Layout, Volume, VolumeRole
 
 if TYPE_CHECKING:
+    from pgsnap.cluster import Cluster
     from pgsnap.executor import Event
     from pgsnap.host import Host
-    from pgsnap.session import Cluster
     from pgsnap.testing.pgserver import PgServer
 
 __all__ = ["mock_cluster"]
@@ -49,14 +49,14 @@ def mock_cluster(
     docstring; a running server is stopped while its directories move, and
     started again). ``host`` is how pgsnap reaches the database host
     (default: this machine; in block mode it must be this machine). Extra
-    keyword arguments go to :class:`~pgsnap.session.Cluster`.
+    keyword arguments go to :class:`~pgsnap.cluster.Cluster`.
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.archive import DirectoryWalArchive  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.host import Host  # noqa: PLC0415
-    from pgsnap.session import Cluster  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     # A state file, so processes share the storage as they would an array (a run killed
     # in a child process leaves what it did for the next one to see).

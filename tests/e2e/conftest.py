@@ -1,4 +1,4 @@
-"""End-to-end fixtures: a whole :class:`~pgsnap.session.Cluster` over a real PostgreSQL.
+"""End-to-end fixtures: a whole :class:`~pgsnap.cluster.Cluster` over a real PostgreSQL.
 
 ``e2e_env(bindir=None)`` builds a :class:`PgServer` (1 MB WAL segments,
 ``pg_wal`` in its own directory, archiving into ``archive/``), starts it, and
@@ -7,7 +7,7 @@ wires pgsnap to it exactly as a user would:
 - a :class:`~pgsnap.backends.mock.MockBackend` whose directory-backed volumes
   are the server's data directory (DATA), its WAL directory (WAL) and the
   archive directory (ARCHIVE, never snapshotted);
-- a :class:`~pgsnap.archive.DirectoryWalArchive` on the archive directory;
+- a :class:`~pgsnap.wal.archive.DirectoryWalArchive` on the archive directory;
 - a :class:`~pgsnap.catalog.DirectoryCatalog` and the executor journal under
   the server's base directory;
 - a :class:`~pgsnap.adapters.postgres.PostgresAdapter` with the data
@@ -31,8 +31,8 @@ import attrs
 import pytest
 
 from pgsnap.backends.mock import MockBackend
+from pgsnap.cluster import Cluster
 from pgsnap.model import LSN, BackupRecord, BackupState, RecoveryTarget, VolumeRole
-from pgsnap.session import Cluster
 from pgsnap.testing.pgserver import PgServer
 from pgsnap.testing.sandbox import mock_cluster
 

@@ -5,7 +5,7 @@ subvolumes; the archive, catalog and journal are plain directories beside
 them); :class:`~pgsnap.backends.btrfs.BtrfsBackend` snapshots the two
 subvolumes in backup mode and restores by swapping subvolumes. Each test
 writes numbered batches of rows, breaks the cluster, recovers through
-:class:`~pgsnap.session.Cluster` and checks WHICH ROWS EXIST. Without root,
+:class:`~pgsnap.cluster.Cluster` and checks WHICH ROWS EXIST. Without root,
 btrfs, loop devices or PostgreSQL the tests skip saying why (and fail in CI).
 """
 

@@ -152,7 +152,7 @@ def test_a_lost_catalog_is_rebuilt_from_the_snapshots_and_the_archive_and_recove
     e2e_env: Any,
 ) -> None:
     from pgsnap.catalog import DirectoryCatalog
-    from pgsnap.walindex import WalIndex
+    from pgsnap.wal.contents import WalIndex
 
     env: Env = e2e_env()
     env.create_table()

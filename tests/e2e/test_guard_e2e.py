@@ -32,7 +32,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.errors import (
     DamagedSegmentError,
     ExecutionError,
@@ -48,6 +47,7 @@ from pgsnap.executor import Event, EventKind
 from pgsnap.model import LSN, BackupRecord, RecoveryTarget
 from pgsnap.plan import Plan, Step
 from pgsnap.wal import segment_name, segment_start
+from pgsnap.wal.archive import DirectoryWalArchive
 
 from .conftest import Env, backed_up, make_env
 

@@ -1,5 +1,5 @@
 """PostgreSQL on logical volumes inside the lvm2 test VM, backed up and recovered by
-:class:`~pgsnap.session.Cluster`.
+:class:`~pgsnap.cluster.Cluster`.
 
 :class:`~pgsnap.testing.lvmpg.LvmPostgres` boots the VM with a PostgreSQL
 server of this machine, two logical volumes (data, ``pg_wal``) and a WAL

@@ -2,7 +2,7 @@
 
 Each test writes numbered batches of rows around a snapshot backup (mock
 backend, directory volumes), breaks something, plans and executes a recovery
-through :class:`~pgsnap.session.Cluster`, and checks WHICH ROWS EXIST in the
+through :class:`~pgsnap.cluster.Cluster`, and checks WHICH ROWS EXIST in the
 recovered server. Refused plans are checked to touch nothing.
 """
 

@@ -17,9 +17,9 @@ import pytest
 
 from pgsnap import errors
 from pgsnap.backends.mock import MockBackend
+from pgsnap.cluster import Cluster
 from pgsnap.model import Severity
 from pgsnap.planner.expiry import RetentionPolicy
-from pgsnap.session import Cluster
 from tests.e2e.conftest import Env, assert_not_in_backup_mode
 
 pytestmark = pytest.mark.postgres

@@ -224,7 +224,7 @@ def test_real_timeline_histories(pg_bindir_for, pg_server, major):
     Then a backup taken on timeline 2 cannot be recovered into timeline 4:
     PostgreSQL refuses exactly when TimelineGraph.contains says no.
     """
-    from pgsnap.archive import DirectoryWalArchive
+    from pgsnap.wal.archive import DirectoryWalArchive
 
     bindir = pg_bindir_for(major)
     primary = pg_server(bindir)
@@ -291,7 +291,7 @@ def test_real_timeline_histories(pg_bindir_for, pg_server, major):
     c.stop()
 
     # A fork of timeline 1 at rp2: the next free timeline is 4.
-    # (This one restores with pgsnap.archive's restore_command.)
+    # (This one restores with pgsnap.wal.archive's restore_command.)
     restore_command = DirectoryWalArchive(archive).restore_command()
     assert (
         pitr(
@@ -380,7 +380,7 @@ def test_real_timeline_histories(pg_bindir_for, pg_server, major):
 
 
 def test_real_archive_gap(pg_server):
-    from pgsnap.archive import DirectoryWalArchive
+    from pgsnap.wal.archive import DirectoryWalArchive
 
     server = pg_server()
     server.start()

@@ -1,4 +1,4 @@
-"""pgsnap.walreader agrees with PostgreSQL itself, on every major version 12-18.
+"""pgsnap.wal.reader agrees with PostgreSQL itself, on every major version 12-18.
 
 Each test runs real servers (system PostgreSQL 15, npm builds of the others)
 with 1 MB WAL segments, ``track_commit_timestamp = on`` and prepared
@@ -46,12 +46,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgsnap import walreader
-from pgsnap.archive import DirectoryWalArchive
 from pgsnap.model import LSN
 from pgsnap.testing.pgserver import PgServer
 from pgsnap.wal import TimelineSpan, segment_name
-from pgsnap.walreader import (
+from pgsnap.wal import reader as walreader
+from pgsnap.wal.archive import DirectoryWalArchive
+from pgsnap.wal.reader import (
     CheckpointRecord,
     EndOfRecoveryRecord,
     EndOfWal,

@@ -384,7 +384,7 @@ def test_index_of_long_runs_and_odd_names_matches_a_name_by_name_reading(
 def test_the_listing_is_decoded_in_chunks_with_the_same_answer(monkeypatch):
     """Names are decoded as hex a chunk at a time (bounded memory): an odd name in
     any chunk, not only the first, sends the listing to the name-by-name path."""
-    import pgsnap.wal as wal
+    import pgsnap.wal.continuity as wal
 
     segsz = 1 << 30  # 4 segments per log: whole logs and partial ones
     names = [segment_name(t, s, segsz) for t in (1, 2) for s in range(90) if s % 17]

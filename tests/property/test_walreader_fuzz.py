@@ -32,7 +32,7 @@ from pgsnap.errors import PgsnapError
 from pgsnap.model import LSN
 from pgsnap.testing.pgserver import PgServer
 from pgsnap.wal import TimelineSpan, segment_name
-from pgsnap.walreader import (
+from pgsnap.wal.reader import (
     EndOfWal,
     RestorePointRecord,
     ScanEnd,

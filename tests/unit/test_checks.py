@@ -155,8 +155,8 @@ def test_empty_archive_stands_in_for_an_unreadable_one() -> None:
 
 def test_gathering_without_a_server(tmp_path: Any) -> None:
     """The archive and the catalog are read even when the server cannot be asked."""
-    from pgsnap.archive import DirectoryWalArchive
     from pgsnap.host import Host
+    from pgsnap.wal.archive import DirectoryWalArchive
 
     class Adapter:
         host = Host()

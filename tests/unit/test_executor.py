@@ -773,7 +773,7 @@ def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path
 
 
 def test_backup_list_renders_for_notebooks():
-    from pgsnap.session import BackupList
+    from pgsnap.cluster import BackupList
     from tests.unit.test_model import _record
 
     backups = BackupList([_record(id="b-1"), _record(id="b-<2>", state=BackupState.FAILED,

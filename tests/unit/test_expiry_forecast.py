@@ -6,11 +6,11 @@ import datetime as dt
 
 import attrs
 
+from pgsnap.cluster import BackupList
 from pgsnap.model import BackupState, Pin
 from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
 from pgsnap.planner.forecast import BackupOutlook, expiry_forecast, retention_notes
 from pgsnap.protocols import Capability
-from pgsnap.session import BackupList
 from pgsnap.wal import ArchiveIndex, TimelineGraph
 from tests.property.test_expiry_properties import END1, MB, T0, _backup, _names, _snapshots
 

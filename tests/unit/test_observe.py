@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from pgsnap.model import LSN
 from pgsnap.observe import Observer, is_live_segment
 from pgsnap.planner.facts import WalEvents
-from pgsnap.walindex import WalQuery
+from pgsnap.wal.contents import WalQuery
 
 MB = 1 << 20
 
@@ -106,9 +106,9 @@ def _segment(path, name, sysid):
 def _backup_observer(tmp_path, archiver, server_tli=1):
     import attrs
 
-    from pgsnap.archive import DirectoryWalArchive
     from pgsnap.backends.mock import MockBackend
     from pgsnap.catalog import DirectoryCatalog
+    from pgsnap.wal.archive import DirectoryWalArchive
     from tests.unit.test_planner_backup import ARCHIVER, LAYOUT, SERVER
 
     archive = tmp_path / "archive"

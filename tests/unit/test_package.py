@@ -8,13 +8,15 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import pgsnap
 
 PACKAGE = pathlib.Path(pgsnap.__file__).parent
 
 
 def test_import_does_not_load_drivers():
-    code = ("import sys, pgsnap, pgsnap.model, pgsnap.wal, pgsnap.backends, pgsnap.session, "
+    code = ("import sys, pgsnap, pgsnap.model, pgsnap.wal, pgsnap.backends, pgsnap.cluster, "
             "pgsnap.plan, pgsnap.executor, pgsnap.cli; "
             "print(sorted(m for m in ('psycopg', 'requests', 'pgsnap.backends.mock') "
             "if m in sys.modules))")
@@ -22,9 +24,31 @@ def test_import_does_not_load_drivers():
     assert out.stdout.strip() == "[]"
 
 
+MOVED = {
+    "pgsnap.walreader": "pgsnap.wal.reader",
+    "pgsnap.walindex": "pgsnap.wal.contents",
+    "pgsnap.waldump": "pgsnap.wal.dump",
+    "pgsnap.archive": "pgsnap.wal.archive",
+    "pgsnap.session": "pgsnap.cluster",
+}
+"""Old module paths that still import, with a DeprecationWarning, for one release."""
+
+
 def _modules():
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="pgsnap."):
-        yield importlib.import_module(info.name)
+        if info.name not in MOVED:
+            yield importlib.import_module(info.name)
+
+
+def test_moved_modules_still_import_with_a_deprecation_warning():
+    for old, new in MOVED.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+            alias = importlib.import_module(old)
+        moved = importlib.import_module(new)
+        assert alias.__all__ == moved.__all__
+        for name in moved.__all__:
+            assert getattr(alias, name) is getattr(moved, name), (old, name)
 
 
 def test_every_public_name_is_documented():
@@ -66,7 +90,7 @@ def test_readme_example_names_exist():
     for node in tree.body:
         if isinstance(node, ast.ImportFrom | ast.Import):
             exec(compile(ast.Module([node], []), "README", "exec"), namespace)
-    from pgsnap.session import Cluster
+    from pgsnap.cluster import Cluster
 
     for attr in ("check", "backup", "plan_recovery", "execute"):
         assert attr in code
@@ -82,10 +106,10 @@ def test_the_working_set_is_offered_lazily_by_import_pgsnap():
     code = (
         "import sys, pgsnap; before = sorted(m for m in sys.modules if m.startswith('pgsnap')); "
         "c = pgsnap.Cluster; e = pgsnap.WalGapError; p = pgsnap.Plan; h = pgsnap.SshRunner; "
-        "print(before, 'pgsnap.session' in sys.modules, 'psycopg' in sys.modules)"
+        "print(before, 'pgsnap.cluster' in sys.modules, 'psycopg' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['pgsnap', 'pgsnap.errors'] True False"
+    assert out.stdout.strip() == "['pgsnap', 'pgsnap._version', 'pgsnap.errors'] True False"
     assert set(pgsnap.__all__) == {*pgsnap._WHERE, "__version__"}
     assert set(pgsnap.errors.__all__) <= set(pgsnap.__all__)  # every error is offered
     for name in pgsnap.__all__:

@@ -122,8 +122,8 @@ def test_problems_become_findings_errors_first_with_their_hint() -> None:
 
 
 def test_check_facts_ask_the_backend_for_the_clusters_volumes(tmp_path: Path) -> None:
-    from pgsnap.archive import DirectoryWalArchive
     from pgsnap.host import Host
+    from pgsnap.wal.archive import DirectoryWalArchive
 
     class Adapter:
         host = Host()

@@ -1,4 +1,4 @@
-"""pgsnap.walindex: answers from the index equal a full read's, and each segment is read once.
+"""pgsnap.wal.contents: answers from the index equal a full read's, and each segment is read once.
 
 WAL is synthetic (:class:`tests.unit.test_walreader.WalWriter` lays it out as
 PostgreSQL does); the reader itself is tested there and against real servers.
@@ -21,8 +21,8 @@ from pgsnap.errors import InputError
 from pgsnap.model import LSN, RecoveryTarget
 from pgsnap.planner.facts import WalEvents
 from pgsnap.wal import TimelineSpan, segment_name
-from pgsnap.walindex import SegmentSummary, WalIndex, WalQuery, read_events
-from pgsnap.walreader import scan_events
+from pgsnap.wal.contents import SegmentSummary, WalIndex, WalQuery, read_events
+from pgsnap.wal.reader import scan_events
 
 from .test_walreader import MB, SYSID, T0, WalWriter
 
@@ -148,7 +148,7 @@ def test_a_damaged_index_is_reported_ignored_and_rebuilt(
     name = sorted(doc["entries"])[1]
     doc["entries"][name]["commits"] += 1  # the checksum no longer matches
     shard.write_text(json.dumps(doc))
-    caplog.set_level(logging.WARNING, logger="pgsnap.walindex")
+    caplog.set_level(logging.WARNING, logger="pgsnap.wal.contents")
     fresh = WalIndex(tmp_path / "idx")
     got = read(tmp_path / "a", hi, index=fresh)
     assert got.indexed == 0 and got.events == ref
@@ -313,7 +313,7 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
 def test_segments_verified_whole_are_remembered_by_size_and_time(tmp_path):
     """Issue 19: planning verifies every archived segment a recovery may fetch; what it
     found whole is kept (name -> size, mtime), so a warm plan only stats each file."""
-    from pgsnap.walindex import WalIndex
+    from pgsnap.wal.contents import WalIndex
 
     index = WalIndex(tmp_path / "idx")
     assert index.verified("42", 1 << 20) == {}

@@ -1,4 +1,4 @@
-"""Unit tests of pgsnap.walreader and its CRC-32C, on synthetic WAL.
+"""Unit tests of pgsnap.wal.reader and its CRC-32C, on synthetic WAL.
 
 :class:`WalWriter` lays records out as PostgreSQL does (page headers, long
 headers at segment starts, records aligned to 8 bytes, record headers split
@@ -22,13 +22,13 @@ from pathlib import Path
 import attrs
 import pytest
 
-from pgsnap import walreader
-from pgsnap._crc32c import crc32c, crc32c_python
 from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN
 from pgsnap.planner.facts import WalEvents
 from pgsnap.wal import TimelineSpan, segment_name
-from pgsnap.walreader import (
+from pgsnap.wal import reader as walreader
+from pgsnap.wal._crc32c import crc32c, crc32c_python
+from pgsnap.wal.reader import (
     PAGE_MAGIC,
     BackupEndRecord,
     CheckpointRecord,
@@ -334,7 +334,7 @@ def test_crc32c_agrees_with_the_bitwise_one_and_continues(crc):
 def test_the_c_crc32c_is_used_when_installed():
     """The test extra installs the optional ``crc32c`` package (pgsnap[fast]): the
     WAL reader must then use it, and it must agree with the pure-Python one."""
-    from pgsnap import _crc32c
+    from pgsnap.wal import _crc32c
 
     assert _crc32c.accelerated(), "crc32c (pip install 'pgsnap[fast]') is not installed"
     data = random.Random(5).randbytes(1 << 16)
@@ -984,7 +984,7 @@ def test_segment_problem_says_why_a_file_cannot_be_replayed(tmp_path):
     """What PostgreSQL would stop on after the point of no return, found before it."""
     import gzip as gz
 
-    from pgsnap.walreader import find_segment_file, segment_problem
+    from pgsnap.wal.reader import find_segment_file, segment_problem
 
     w = WalWriter(segno=3)
     w.record(1, 0, b"x" * 100)

@@ -1,0 +1,1028 @@
+"""The facade for scripts and notebooks: one object for one cluster.
+
+:class:`Cluster` holds the database adapter, the storage backend, the WAL
+archive, the catalog and the layout, and offers the whole job in a few calls::
+
+    cluster = Cluster(adapter=..., backend=..., archive=..., catalog=..., layout=...)
+    cluster.check()                      # preflight + archive report
+    plan = cluster.plan_backup()         # a Plan: look at it, then
+    cluster.execute(plan)                # run it
+    plan = cluster.plan_recovery(RecoveryTarget.time(when))
+    print(plan.explain()); cluster.execute(plan)
+
+Observation (gathering facts) happens here; planning is pure
+(:mod:`pgsnap.planner`); execution is the :class:`~pgsnap.executor.Executor`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from pgsnap.catalog import (
+    CatalogScan,
+    DirectoryCatalog,
+    UnreadableEntry,
+    is_valid_backup_id,
+    scan_catalog,
+)
+from pgsnap.checks import CheckFacts, EmptyArchive, check_findings, gather_check_facts
+from pgsnap.errors import (
+    ArchiveError,
+    BackendError,
+    BackupNotFound,
+    ConfigurationError,
+    DatabaseError,
+    HostError,
+    InputError,
+    PgsnapError,
+    PlanningError,
+    ServerRefusedError,
+    StalePlanError,
+    TargetError,
+)
+from pgsnap.executor import Event, ExecutionResult, Executor
+from pgsnap.locks import LockHolder
+from pgsnap.model import (
+    BackupRecord,
+    BackupState,
+    Layout,
+    Pin,
+    RecoveryAction,
+    RecoveryTarget,
+    SafetySnapshot,
+    StorageProblem,
+    VolumeRole,
+    from_dict,
+)
+from pgsnap.observe import Observer
+from pgsnap.operations.db import WriteBackupLabel
+from pgsnap.plan import Plan
+from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
+from pgsnap.planner.expiry import (
+    RetentionPolicy,
+    plan_delete,
+    plan_delete_safety,
+    plan_expiry,
+)
+from pgsnap.planner.facts import (
+    BackupFacts,
+    RecoveryFacts,
+)
+from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_notes
+from pgsnap.planner.reconcile import Orphan, RebuildReport, find_orphans, plan_rebuild
+from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
+from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
+from pgsnap.wal import ArchiverHealth, archiver_health, switch_gaps
+from pgsnap.wal.contents import WalIndex
+
+if TYPE_CHECKING:
+    from pgsnap.host import Host
+
+__all__ = ["BackupList", "CheckReport", "Cluster"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
+
+
+@attrs.frozen
+class CheckReport:
+    """What ``Cluster.check()`` found.
+
+    ``findings``: the backup preflight's and the check's own (a server that
+    cannot be asked, an unreadable archive or catalog record, WAL missing after
+    a backup, an archive that is not where ``archive_command`` writes, a wrong
+    OS user, the storage's own problems such as a snapshot limit near; see
+    :mod:`pgsnap.checks`); ``archiver``: archiving health (None
+    when the server could not be asked); ``wal``: the archive per timeline;
+    ``backups``: the readable catalog records; ``unreadable``: the catalog
+    entries that cannot be read (also findings); ``storage_problems``: what
+    the storage backend reported (also findings; see
+    :class:`~pgsnap.protocols.StorageHealth`), as data for scripts.
+    """
+
+    findings: tuple[Finding, ...]
+    archiver: ArchiverHealth | None
+    wal: tuple[str, ...]
+    backups: tuple[str, ...]
+    unreadable: tuple[UnreadableEntry, ...] = ()
+    storage_problems: tuple[StorageProblem, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when no finding is an error: nothing blocks a backup or puts a recovery at risk."""
+        return not any(f.severity is Severity.ERROR for f in self.findings)
+
+    def explain(self) -> str:
+        """The report as text."""
+        lines = [f"pgsnap check: {'OK' if self.ok else 'PROBLEMS FOUND'}"]
+        lines.append("Findings:" if self.findings else "Findings: none")
+        lines += [f"  {f}" for f in self.findings]
+        lines.append("WAL archive:")
+        lines += [f"  {w}" for w in self.wal]
+        if self.backups or self.unreadable:
+            lines.append("Backups:")
+        else:
+            lines.append("Backups: none")
+        lines += [f"  {b}" for b in self.backups]
+        lines += [f"  UNREADABLE {u}" for u in self.unreadable]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        return "<pre>" + e(self.explain()) + "</pre>"
+
+
+class BackupList(tuple[BackupRecord, ...]):
+    """Backup records, oldest first: a plain tuple that displays as a table.
+
+    ``unreadable`` are the catalog entries that could not be read (each with
+    its path and the error); they are not in the tuple. ``forecast`` is what
+    the next expiry with a retention policy does to each backup
+    (:class:`~pgsnap.planner.forecast.ExpiryForecast`; None: no policy was
+    given); ``now`` the time the list was made (pins are judged at it).
+    """
+
+    unreadable: tuple[UnreadableEntry, ...]
+    forecast: ExpiryForecast | None
+    now: dt.datetime
+
+    def __new__(
+        cls,
+        records: Iterable[BackupRecord] = (),
+        unreadable: Iterable[UnreadableEntry] = (),
+        *,
+        forecast: ExpiryForecast | None = None,
+        now: dt.datetime | None = None,
+    ) -> BackupList:
+        obj = super().__new__(cls, records)
+        obj.unreadable = tuple(unreadable)
+        obj.forecast = forecast
+        obj.now = now or (forecast.now if forecast else dt.datetime.now(dt.UTC))
+        return obj
+
+    def notes(self, record: BackupRecord) -> tuple[str, ...]:
+        """What keeps or removes ``record``: its pin, a secure snapshot's expiry and,
+        with a ``forecast``, what the next expiry does to it
+        (:func:`~pgsnap.planner.forecast.retention_notes`)."""
+        outlook = None if self.forecast is None else self.forecast.backups.get(record.id)
+        return retention_notes(record, outlook, self.now)
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of text per backup: id, state, timeline, start, stop, time, label,
+        retention (:meth:`notes`, ``-`` when none)."""
+        return [
+            (
+                b.id,
+                b.state.value + (f" ({b.failure_reason})" if b.failure_reason else ""),
+                str(b.start_timeline),
+                str(b.start_lsn),
+                str(b.stop_lsn or "-"),
+                b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-",
+                b.label,
+                "; ".join(self.notes(b)) or "-",
+            )
+            for b in self
+        ]
+
+    def __repr__(self) -> str:
+        more = f", {len(self.unreadable)} unreadable" if self.unreadable else ""
+        if self.forecast is not None:
+            more += f", next expire removes {len(self.forecast.removed)}"
+        return f"<BackupList {len(self)} backups{more}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
+        lines = ["  ".join(r) for r in self.rows()]
+        lines += [f"UNREADABLE {u}" for u in self.unreadable]
+        p.text("\n".join(lines) or "no backups")
+
+    def _repr_html_(self) -> str:
+        head = (
+            "id",
+            "state",
+            "timeline",
+            "start LSN",
+            "stop LSN",
+            "consistent at",
+            "label",
+            "retention",
+        )
+        e = html.escape
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
+        )
+        body += "".join(
+            f'<tr><td colspan="{len(head)}">unreadable: {e(str(u))}</td></tr>'
+            for u in self.unreadable
+        )
+        return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+_ROLES_HINT = (
+    "lost takes volume roles among: data, wal, tablespace (the data volume is always "
+    "restored; add 'wal' when the WAL volume is lost too)"
+)
+_MAX_TIMELINE = 0xFFFFFFFF
+
+
+def _seconds(name: str, value: object) -> float:
+    """A timeout argument: a positive, finite number of seconds."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InputError(
+            f"{name} must be a positive number of seconds, not {value!r}",
+            hint=f"give the seconds as a number greater than 0, e.g. {name}=300",
+            argument=name,
+        )
+    return float(value)
+
+
+def _flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InputError(
+            f"{name} must be True or False, not {value!r}",
+            hint=f"pass True or False, e.g. {name}=True",
+            argument=name,
+        )
+    return value
+
+
+def _backup_id(value: object, name: str = "backup_id") -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(
+            f"{name} must be a backup id (text), not {value!r}",
+            hint="see the backup ids with `pgsnap list` or Cluster.backups()",
+            argument=name,
+        )
+    if not is_valid_backup_id(value):
+        raise InputError(
+            f"invalid backup id {value!r}",
+            hint="backup ids are 1-128 letters, digits, '.', '_' or '-' "
+            "(see them with `pgsnap list`)",
+            argument=name,
+        )
+    return value
+
+
+_LABEL_MAX_BYTES = 1024
+"""PostgreSQL's limit for a backup label (MAXPGPATH bytes)."""
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` for an error message: at most ``limit`` characters, control characters
+    escaped (a label is never echoed whole or raw)."""
+    cut = text if len(text) <= limit else text[:limit] + "..."
+    return repr(cut) + (f" ({len(text)} characters)" if len(text) > limit else "")
+
+
+def _label(value: object) -> str | None:
+    """A backup label: text PostgreSQL writes into one line of ``backup_label``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InputError(
+            f"label must be text, not {type(value).__name__}",
+            hint="pass a label such as 'nightly', or None for 'pgsnap <id>'",
+            argument="label",
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise InputError(
+            f"label {_shown(value)} holds a line break or another control character",
+            hint="PostgreSQL writes the label into one line of backup_label: use printable "
+            "text, e.g. 'nightly 2026-12-01'",
+            argument="label",
+        )
+    size = len(value.encode("utf-8"))
+    if size > _LABEL_MAX_BYTES:
+        raise InputError(
+            f"label {_shown(value)} is {size} bytes long; PostgreSQL takes at most "
+            f"{_LABEL_MAX_BYTES}",
+            hint="use a shorter label",
+            argument="label",
+        )
+    if not value.strip():
+        raise InputError(
+            "label is empty", hint="pass a label such as 'nightly', or none", argument="label"
+        )
+    return value
+
+
+def _zone(value: object) -> dt.tzinfo | None:
+    """A time zone argument: None, a ``tzinfo`` or an IANA name (``Europe/Berlin``)."""
+    if value is None or isinstance(value, dt.tzinfo):
+        return value
+    if isinstance(value, str):
+        import zoneinfo  # noqa: PLC0415
+
+        try:
+            return zoneinfo.ZoneInfo(value)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            pass
+    raise InputError(
+        f"log_timezone must be a time zone, not {value!r}",
+        hint="give the server's log_timezone (SHOW log_timezone), e.g. 'Europe/Berlin'",
+        argument="log_timezone",
+    )
+
+
+def _target(value: object) -> RecoveryTarget:
+    if value is None:
+        return RecoveryTarget.latest()
+    if not isinstance(value, RecoveryTarget):
+        raise TargetError(
+            f"target must be a RecoveryTarget, not {value!r}",
+            hint="e.g. RecoveryTarget.latest(), RecoveryTarget.time('2026-11-30 12:00:00+00:00'),"
+            " RecoveryTarget.lsn('0/3000060'), RecoveryTarget.xid(735), "
+            "RecoveryTarget.name('before_upgrade'), RecoveryTarget.immediate()",
+        )
+    return value
+
+
+def _timeline(value: object) -> str:
+    """``latest``, ``current`` or a timeline number (1 to 4294967295), as text."""
+    if isinstance(value, str) and value in ("latest", "current"):
+        return value
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and value.isascii() and value.isdigit():
+        number = int(value)
+    if number is None or not 1 <= number <= _MAX_TIMELINE:
+        raise ConfigurationError(
+            f"invalid recovery timeline {value!r}",
+            hint="use 'latest', 'current' or a timeline number (1 to 4294967295)",
+            argument="timeline",
+        )
+    return str(number)
+
+
+def _action(value: object) -> RecoveryAction:
+    if isinstance(value, RecoveryAction):
+        return value
+    if isinstance(value, str):
+        try:
+            return RecoveryAction(value)
+        except ValueError:
+            pass
+    raise InputError(
+        f"{value!r} is not a recovery action",
+        hint=f"use one of: {', '.join(a.value for a in RecoveryAction)}",
+        argument="action",
+    )
+
+
+def _role(value: object) -> VolumeRole:
+    if isinstance(value, VolumeRole):
+        return value
+    if isinstance(value, str):
+        try:
+            return VolumeRole(value)
+        except ValueError:
+            pass
+    raise InputError(f"{value!r} is not a volume role", hint=_ROLES_HINT, argument="lost")
+
+
+def _lost(value: object) -> frozenset[VolumeRole]:
+    if isinstance(value, VolumeRole | str):
+        return frozenset({_role(value)})
+    if not isinstance(value, Iterable):
+        raise InputError(
+            f"lost must be volume roles, not {value!r}", hint=_ROLES_HINT, argument="lost"
+        )
+    return frozenset(_role(v) for v in value)
+
+
+def _wal_index(value: object, catalog: Catalog) -> WalIndex | None:
+    if isinstance(value, WalIndex):
+        return value
+    if value is False:
+        return None
+    if value is None or value is True:
+        if isinstance(catalog, DirectoryCatalog):
+            return WalIndex(catalog.path / "wal-index")
+        if value is True:
+            raise ConfigurationError(
+                f"wal_index=True needs a directory catalog, not {catalog!r}",
+                hint="pass the directory to keep the WAL index in: wal_index='/path'",
+            )
+        return None
+    if isinstance(value, str | os.PathLike):
+        return WalIndex(value)
+    raise ConfigurationError(
+        f"wal_index must be a directory, a WalIndex, True or False, not {value!r}",
+        hint="pass wal_index='/path/to/index', or False for no index",
+    )
+
+
+class Cluster:
+    """One PostgreSQL cluster under pgsnap's care. See the module docstring.
+
+    ``wal_index``: where to keep what planning learnt from each archived WAL
+    segment (:class:`~pgsnap.wal.contents.WalIndex`), so each is read once: a
+    directory or an index; True or None (the default) for ``wal-index`` in
+    a :class:`~pgsnap.catalog.DirectoryCatalog`'s directory (no index with
+    another catalog); False for none.
+    """
+
+    def __init__(
+        self,
+        *,
+        adapter: DatabaseAdapter,
+        backend: StorageBackend,
+        archive: WalArchive,
+        catalog: Catalog,
+        layout: Layout,
+        journal_dir: str | os.PathLike[str] | None = None,
+        waldump: str | os.PathLike[str] | None = None,
+        clock: Callable[[], dt.datetime] | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        max_scan_segments: int = 256,
+        wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.backend = backend
+        self.archive = archive
+        self.catalog = catalog
+        self.layout = layout
+        self.journal_dir = journal_dir
+        self._waldump = Path(waldump) if waldump is not None else None
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
+        self.on_event = on_event
+        self.max_scan_segments = max_scan_segments
+        self.wal_index = _wal_index(wal_index, catalog)
+
+    def __repr__(self) -> str:
+        return (
+            f"<pgsnap.Cluster backend={self.backend.name} archive={self.archive.location} "
+            f"volumes={len(self.layout.volumes)}>"
+        )
+
+    # ------------------------------------------------------------------ observe
+
+    @property
+    def host(self) -> Host:
+        """The database host (the adapter's)."""
+        return self.adapter.host
+
+    @property
+    def observer(self) -> Observer:
+        """What gathers this cluster's facts (:class:`~pgsnap.observe.Observer`)."""
+        return Observer(
+            adapter=self.adapter,
+            backend=self.backend,
+            archive=self.archive,
+            catalog=self.catalog,
+            layout=self.layout,
+            clock=self._now,
+            waldump=self._waldump,
+            max_scan_segments=self.max_scan_segments,
+            wal_index=self.wal_index,
+            journal_dir=None if self.journal_dir is None else Path(self.journal_dir),
+        )
+
+    def backup_facts(self) -> BackupFacts:
+        """Observe what the backup planner needs (server, archiver, volumes, catalog)."""
+        return self.observer.backup_facts()
+
+    def recovery_facts(self, request: RecoveryRequest | None = None) -> RecoveryFacts:
+        """Observe what the recovery planner needs; scans WAL commit times when it can."""
+        return self.observer.recovery_facts(request)
+
+    # ------------------------------------------------------------------ report
+
+    def check(self) -> CheckReport:
+        """Findings (preflight and recovery risks), archiver health, the archive, the backups.
+
+        Nothing is changed. A server that cannot be asked, an archive that
+        cannot be read, unreadable catalog records and a storage backend
+        that cannot report its health are findings, not exceptions, so the
+        rest is still reported. A backend with ``storage_problems``
+        (:class:`~pgsnap.protocols.StorageHealth`) is asked about the
+        layout's snapshotted volumes: each problem is a finding.
+        """
+        scan = scan_catalog(self.catalog)  # first: a later list() does not warn again
+        findings: list[Finding] = []
+        refused = storage_down = False
+        facts: BackupFacts | None = None
+        server_error: str | None = None
+        try:
+            try:
+                facts = self.backup_facts()
+            except ArchiveError:
+                # The check's own finding names the archive; observe the rest without it.
+                facts = attrs.evolve(
+                    self.observer, archive=EmptyArchive(self.archive.location)
+                ).backup_facts()
+        except (DatabaseError, HostError) as exc:
+            server_error = str(exc)
+            refused = isinstance(exc, ServerRefusedError)
+            log.debug("check: the server or its host cannot be asked: %s", exc)
+        except BackendError as exc:  # the storage is down: say so, report the rest
+            storage_down = True
+            log.debug("check: the storage cannot be asked: %s", exc)
+            findings.append(
+                Finding(
+                    "storage",
+                    Severity.ERROR,
+                    f"the storage cannot be asked for the cluster's volumes: {exc.message}; "
+                    "a backup would fail: "
+                    + (exc.hint or "fix the storage connection ([storage] options)"),
+                )
+            )
+        if facts is not None:
+            findings += preflight(facts)
+        data = gather_check_facts(
+            adapter=self.adapter,
+            archive=self.archive,
+            catalog=self.catalog,
+            scan=scan,
+            server_error=server_error,
+            archiver=None if facts is None else facts.archiver,
+            segment_size=None if facts is None else facts.server.wal_segment_size,
+            backend=self.backend,
+            volume_ids=[v.id for v in self.layout.snapshotted],
+            server_refused=refused,
+            journal_dir=self.journal_dir,
+        )
+        if storage_down:  # the error finding says it; the health query's warning would not
+            data = attrs.evolve(data, storage_error=None)
+        data = attrs.evolve(
+            data,
+            orphans=self._orphans(data.backups, [u.backup_id for u in data.unreadable]),
+            now=self._now(),
+            safety=self.catalog.list_safety(),
+        )
+        data = attrs.evolve(data, recovery_refusal=self._recovery_refusal(findings, data))
+        findings += check_findings(data)
+        seg = data.segment_size
+        index = data.index
+        wal_lines = []
+        if data.archive_error is not None:
+            wal_lines.append(f"cannot be read: {data.archive_error}")
+        for tli in index.timelines():
+            ranges = index.ranges(tli)
+            gaps = index.gaps(tli)
+            wal_lines.append(
+                f"timeline {tli}: {sum(r.count for r in ranges)} segments in {len(ranges)} "
+                f"range(s)"
+                + (
+                    f"; gaps: {', '.join(g.names(seg)[0] for g in gaps[:5])}"
+                    if gaps
+                    else "; no gaps"
+                )
+            )
+        for g in switch_gaps(index, data.timelines):
+            wal_lines.append(
+                f"timeline {g.parent}: missing {g.first} .. {g.last} before timeline "
+                f"{g.child} forks at {g.switchpoint} (replay along timeline {g.child} needs them)"
+            )
+        if not wal_lines:
+            wal_lines.append("no WAL archived yet")
+        backups = tuple(
+            f"{b.id} {b.state.value} start {b.start_lsn} stop {b.stop_lsn} "
+            f"({b.stop_time.isoformat() if b.stop_time else '-'})"
+            for b in data.backups
+        )
+        return CheckReport(
+            findings=tuple(findings),
+            archiver=None if facts is None else archiver_health(facts.archiver),
+            wal=tuple(wal_lines),
+            backups=backups,
+            unreadable=data.unreadable,
+            storage_problems=data.storage_problems,
+        )
+
+    def _recovery_refusal(
+        self, findings: Sequence[Finding], data: CheckFacts
+    ) -> tuple[str, str] | None:
+        """Why the recovery planner refuses to recover the newest backup to the end of
+        the archive (the archive alone: the WAL volume counted lost), unless another
+        finding already says it. The same continuity analysis a recovery runs."""
+        if data.archive_error is not None or not any(b.is_usable for b in data.backups):
+            return None
+        request = RecoveryRequest(lost=frozenset({VolumeRole.DATA, VolumeRole.WAL}))
+        try:
+            plan_recovery(self.observer.recovery_facts(request, read_wal=False), request)
+        except PlanningError as exc:
+            named = [f for f in findings if f.severity is Severity.ERROR]
+            missing = tuple(getattr(exc, "missing", ()) or ())
+            if missing and any(missing[0] in f.message for f in named):
+                return None  # a wal_gap / backup_wal finding names it already
+            return type(exc).__name__, f"{exc.message} (hint: {exc.hint})" if exc.hint else (
+                exc.message
+            )
+        except PgsnapError as exc:  # the facts cannot be gathered: other findings say why
+            log.debug("check: no recovery analysis: %s", exc)
+        return None
+
+    def backups(self, policy: RetentionPolicy | None = None) -> BackupList:
+        """The catalog's backups, oldest first (a tuple that renders as a table).
+
+        Catalog entries that cannot be read are in its ``unreadable``, each
+        with its path and the error. With a retention ``policy``, the list's
+        ``forecast`` says which backups the next :meth:`expire` with it
+        removes (and why), marks unusable, or keeps, and until when secure
+        snapshots hold (the storage and the archive are observed, as for
+        :meth:`plan_expiry`; nothing changes). Without one only the catalog
+        is read.
+        """
+        if policy is not None and not isinstance(policy, RetentionPolicy):
+            raise InputError(
+                f"policy must be a RetentionPolicy or None, not {policy!r}",
+                hint="e.g. RetentionPolicy(redundancy=7, window=timedelta(days=14))",
+                argument="policy",
+            )
+        now = self._now()
+        if policy is None:
+            scan: CatalogScan = scan_catalog(self.catalog)
+            return BackupList(scan.records, scan.unreadable, now=now)
+        facts = self.observer.expiry_facts()
+        scan = scan_catalog(self.catalog)
+        forecast = expiry_forecast(facts, policy)
+        return BackupList(scan.records, scan.unreadable, forecast=forecast, now=now)
+
+    # ------------------------------------------------------------------ plan
+
+    def plan_backup(
+        self,
+        label: str | None = None,
+        *,
+        backup_id: str | None = None,
+        fast: bool = True,
+        wal_timeout: float = 60.0,
+        secure_snapshots: bool = False,
+    ) -> Plan:
+        """Observe, run the preflight, and return the backup plan.
+
+        ``label`` (default ``pgsnap <id>``) and ``backup_id`` (default: the
+        time, e.g. ``20261130T120000123Z``) name the backup; ``fast`` asks for
+        an immediate checkpoint; ``wal_timeout`` is how long (seconds) the
+        backup waits for its WAL to reach the archive. A bad argument is an
+        :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
+        before anything is observed.
+        """
+        label = _label(label)
+        backup_id = _backup_id(backup_id)
+        fast = _flag("fast", fast)
+        wal_timeout = _seconds("wal_timeout", wal_timeout)
+        secure_snapshots = _flag("secure_snapshots", secure_snapshots)
+        now = self._now()
+        backup_id = backup_id or now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
+        request = BackupRequest(
+            backup_id=backup_id,
+            label=label or f"pgsnap {backup_id}",
+            fast_checkpoint=fast,
+            wal_timeout=wal_timeout,
+            secure_snapshots=secure_snapshots,
+        )
+        return plan_backup(self.backup_facts(), request)
+
+    def plan_recovery(
+        self,
+        target: RecoveryTarget | None = None,
+        *,
+        timeline: str | int = "latest",
+        action: RecoveryAction | str = RecoveryAction.PROMOTE,
+        lost: Iterable[VolumeRole | str] | VolumeRole | str = (VolumeRole.DATA,),
+        backup_id: str | None = None,
+        safety_snapshot: bool = True,
+        recovery_timeout: float = 600.0,
+        server_timeout: float = 120.0,
+        restore_timeout: float = 3600.0,
+        device_timeout: float = 120.0,
+    ) -> Plan:
+        """Observe and return the recovery plan (or raise a PlanningError saying why not).
+
+        ``target`` (default: latest); ``timeline``: ``"latest"``, ``"current"``
+        or a number; ``action``: promote, pause or shutdown; ``lost``: the
+        volume roles lost (``"data"``, ``"wal"``); ``backup_id``: use this
+        backup; ``safety_snapshot``: snapshot what is overwritten first. The
+        waits, in seconds: ``server_timeout`` for the server to stop (a
+        shutdown waits for the archiver, so a slow ``archive_command`` needs
+        more) and to start, ``recovery_timeout`` for replay to reach the
+        target, ``restore_timeout`` for a restore the storage completes in the
+        background, ``device_timeout`` for a re-attached volume's device.
+
+        A bad argument is an :class:`~pgsnap.errors.InputError` or
+        :class:`~pgsnap.errors.ConfigurationError` (both ``ValueError``) whose
+        hint lists the valid values, raised before anything is observed.
+        """
+        request = RecoveryRequest(
+            target=_target(target),
+            timeline=_timeline(timeline),
+            action=_action(action),
+            lost=_lost(lost),
+            backup_id=_backup_id(backup_id),
+            safety_snapshot=_flag("safety_snapshot", safety_snapshot),
+            recovery_timeout=_seconds("recovery_timeout", recovery_timeout),
+            server_timeout=_seconds("server_timeout", server_timeout),
+            restore_timeout=_seconds("restore_timeout", restore_timeout),
+            device_timeout=_seconds("device_timeout", device_timeout),
+        )
+        return self._plan_recovery(request)
+
+    def _plan_recovery(self, request: RecoveryRequest) -> Plan:
+        return plan_recovery(self.recovery_facts(request), request)
+
+    # ------------------------------------------------------------------ execute
+
+    def _check_fresh_retention(self, plan: Plan) -> None:
+        """Refuse an expiry or delete plan whose facts changed since it was made."""
+        facts = self.observer.expiry_facts()
+        try:
+            if plan.kind == "delete":
+                now = plan_delete(facts, str(plan.request.get("backup_id")))
+            elif plan.kind == "delete-safety":
+                now = plan_delete_safety(facts, str(plan.request.get("safety_name")))
+            else:
+                policy = RetentionPolicy.from_request(plan.request)
+                now = plan_expiry(facts, policy)
+        except PlanningError as exc:
+            raise StalePlanError(
+                f"the plan no longer holds: {exc.message}", hint="make a new plan"
+            ) from exc
+        if now.fingerprint != plan.fingerprint:
+            raise StalePlanError(
+                "the catalog, the snapshots or the archive changed since the plan was made",
+                hint="make a new plan and review it",
+                planned=plan.fingerprint,
+                current=now.fingerprint,
+            )
+
+    def _check_fresh(self, plan: Plan) -> None:
+        """Refuse a recovery plan whose facts changed since it was made.
+
+        Not a full re-plan: the facts its fingerprint covers are observed
+        again with the plan's backup pinned and without reading the WAL (the
+        target was verified when planning), and the digest compared. Only
+        when that does not confirm the plan (a target the planner can place
+        only with the WAL, such as a time just before a gap) is the WAL read
+        too (from the index) before the plan is refused.
+        """
+        if plan.kind in ("expiry", "delete", "delete-safety"):
+            self._check_fresh_retention(plan)
+            return
+        if plan.kind != "recovery" or not plan.request:
+            return
+        request = from_dict(RecoveryRequest, plan.request)
+        label = WriteBackupLabel.name
+        planned = [s.params.get("backup_id") for s in plan.steps if s.action == label]
+        if len(planned) == 1 and isinstance(planned[0], str) and request.backup_id is None:
+            request = attrs.evolve(request, backup_id=planned[0])
+        try:
+            try:
+                facts = self.observer.recovery_facts(request, read_wal=False)
+                now = plan_recovery(facts, request)
+            except PlanningError:
+                now = None
+            if now is None or now.fingerprint != plan.fingerprint:
+                # Without the WAL the planner cannot place every target (a time just
+                # before a gap needs the commit after it): ask again with the WAL.
+                now = plan_recovery(self.observer.recovery_facts(request), request)
+        except PlanningError as exc:
+            raise StalePlanError(
+                f"the plan no longer holds: {exc.message}", hint="make a new plan"
+            ) from exc
+        if now.fingerprint != plan.fingerprint:
+            raise StalePlanError(
+                "the facts changed since the plan was made (backups, snapshots, timelines or WAL)",
+                hint="make a new plan and review it",
+                planned=plan.fingerprint,
+                current=now.fingerprint,
+            )
+
+    # ------------------------------------------------------------------ retention
+
+    def plan_expiry(self, policy: RetentionPolicy) -> Plan:
+        """Observe and return the plan that applies the retention ``policy``: what
+        it deletes (each step with its reason), what it keeps and why (``kept``).
+        See :mod:`pgsnap.planner.expiry`."""
+        if not isinstance(policy, RetentionPolicy):
+            raise InputError(
+                f"policy must be a RetentionPolicy, not {policy!r}",
+                hint="e.g. RetentionPolicy(redundancy=7, window=timedelta(days=14))",
+                argument="policy",
+            )
+        return plan_expiry(self.observer.expiry_facts(), policy)
+
+    def expire(self, policy: RetentionPolicy, *, dry_run: bool = False) -> Plan:
+        """Apply the retention ``policy``: plan, then execute (journalled and
+        resumable like every plan). With ``dry_run`` nothing is deleted.
+        Returns the plan (its ``lost`` says what went, ``kept`` what stayed)."""
+        plan = self.plan_expiry(policy)
+        if not dry_run and plan.steps:
+            self.execute(plan)
+        return plan
+
+    def plan_delete(self, backup_id: str) -> Plan:
+        """The plan that deletes one backup: refused while it is pinned, secure or
+        unfinished (:func:`~pgsnap.planner.expiry.plan_delete`)."""
+        return plan_delete(self.observer.expiry_facts(), backup_id)
+
+    def safety_snapshots(self) -> tuple[SafetySnapshot, ...]:
+        """The safety snapshots recoveries took and recorded, oldest first: each holds
+        the state of the volumes a recovery overwrote, kept until deleted
+        (:meth:`delete_safety_snapshot`, or an expiry with ``safety_after``)."""
+        return self.catalog.list_safety()
+
+    def plan_delete_safety(self, name: str) -> Plan:
+        """The plan that deletes the safety snapshot ``name`` (its snapshot group, then
+        its record); refused while the run that took it has not ended."""
+        if not isinstance(name, str) or not name:
+            raise InputError(
+                f"a safety snapshot is named by text, not {name!r}",
+                hint="see the names with `pgsnap safety list`",
+                argument="name",
+            )
+        return plan_delete_safety(self.observer.expiry_facts(), name)
+
+    def delete_safety_snapshot(self, name: str, *, dry_run: bool = False) -> Plan:
+        """Delete the safety snapshot ``name`` (plan, then execute; with ``dry_run``
+        nothing is deleted). Returns the plan."""
+        plan = self.plan_delete_safety(name)
+        if not dry_run:
+            self.execute(plan)
+        return plan
+
+    def pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> BackupRecord:
+        """Keep ``backup_id`` whatever retention says, forever or ``until`` a time,
+        for ``reason`` (required: the next person needs to know why)."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InputError(
+                "a pin needs a reason",
+                hint="say why the backup is kept, e.g. --reason 'audit 2026'",
+                argument="reason",
+            )
+        if until is not None and (not isinstance(until, dt.datetime) or until.tzinfo is None):
+            raise InputError(
+                f"until must be an aware datetime, not {until!r}",
+                hint="give a time zone, e.g. 2027-01-01T00:00:00+00:00",
+                argument="until",
+            )
+        record = attrs.evolve(self.catalog.get(backup_id), pin=Pin(reason.strip(), until))
+        self.catalog.put(record)
+        return record
+
+    def unpin(self, backup_id: str) -> BackupRecord:
+        """Remove ``backup_id``'s pin (retention decides again)."""
+        record = attrs.evolve(self.catalog.get(backup_id), pin=None)
+        self.catalog.put(record)
+        return record
+
+    def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
+        """An :class:`~pgsnap.executor.Executor` wired to this cluster."""
+        return Executor(
+            adapter=self.adapter,
+            backend=self.backend,
+            catalog=self.catalog,
+            archive=self.archive,
+            layout=self.layout,
+            host=self.host,
+            journal_dir=self.journal_dir,
+            on_event=on_event or self.on_event,
+            check_fresh=self._check_fresh,
+            clock=self._now,
+        )
+
+    def execute(
+        self,
+        plan: Plan,
+        *,
+        dry_run: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> ExecutionResult:
+        """Run a plan (checking first that its facts still hold)."""
+        return self.executor(on_event).run(plan, dry_run=dry_run)
+
+    def interrupted(self) -> tuple[Plan, ...]:
+        """Plans whose execution stopped half way; :meth:`execute` one to resume it."""
+        return self.executor().interrupted()
+
+    def lock_holders(self) -> tuple[LockHolder, ...]:
+        """Who holds this cluster's lock now (plan kind and id, pid, host, since);
+        empty when nobody does (:mod:`pgsnap.locks`)."""
+        lock = self.executor().lock
+        return () if lock is None else lock.holders()
+
+    def check_not_busy(self, kind: str = "recovery") -> None:
+        """Raise :class:`~pgsnap.errors.ClusterLockedError` now when a new ``kind`` plan
+        would be refused: another run holds the cluster, or an interrupted run must
+        be finished first. Ask before planning (the CLI does), to fail at once."""
+        self.executor().check_not_busy(kind)
+
+    # ------------------------------------------------------------------ reconciliation
+
+    def _orphans(
+        self, backups: Iterable[BackupRecord], unreadable: Iterable[str]
+    ) -> tuple[Orphan, ...]:
+        """The orphan snapshot groups of this cluster's volumes (empty, and logged,
+        when the storage cannot be listed: the check reports the storage apart)."""
+        try:
+            snapshots = self.backend.list_snapshots()
+        except PgsnapError as exc:
+            log.debug("check: the snapshots cannot be listed: %s", exc)
+            return ()
+        return find_orphans(
+            backups,
+            snapshots,
+            volume_ids=[v.id for v in self.layout.volumes],
+            holds=self.observer.snapshot_holds(),
+            unreadable=unreadable,
+            safety=self.catalog.list_safety(),
+        )
+
+    def orphans(self) -> tuple[Orphan, ...]:
+        """Snapshots pgsnap made of this cluster's volumes that no catalog record
+        names, one :class:`~pgsnap.planner.reconcile.Orphan` per group, oldest first
+        (see :mod:`pgsnap.planner.reconcile`). Nothing is changed."""
+        facts = self.observer.expiry_facts()
+        return facts.orphans()
+
+    def rebuild_catalog(
+        self, *, dry_run: bool = False, log_timezone: dt.tzinfo | str | None = None
+    ) -> RebuildReport:
+        """Recreate the catalog records that are missing, from the storage's snapshot
+        groups (named by backup id) and the archive's ``.backup`` files.
+
+        A record already in the catalog is never overwritten (nor one whose
+        file cannot be read). The report says what was rebuilt and, for each
+        snapshot group or ``.backup`` file that could not become a record, why
+        (:func:`~pgsnap.planner.reconcile.plan_rebuild`). With ``dry_run``
+        nothing is written. ``log_timezone`` (a zone or its name, e.g.
+        ``"Europe/Berlin"``: the server's ``log_timezone``) resolves the zone
+        abbreviations PostgreSQL wrote in START/STOP TIME, such as ``CET``.
+        """
+        dry_run = _flag("dry_run", dry_run)
+        zone = _zone(log_timezone)
+        planned = plan_rebuild(self.observer.rebuild_facts(zone))
+        if dry_run:
+            return attrs.evolve(planned, dry_run=True)
+        written: list[BackupRecord] = []
+        skipped = list(planned.skipped)
+        for record in planned.rebuilt:
+            try:
+                existing: BackupRecord | None = self.catalog.get(record.id)
+            except BackupNotFound:
+                existing = None
+            except PgsnapError as exc:  # unreadable: a record is there, never overwritten
+                skipped.append((f"backup {record.id}", f"its catalog entry cannot be read: {exc}"))
+                continue
+            if existing is not None:
+                skipped.append((f"backup {record.id}", "recorded meanwhile; kept as it is"))
+                continue
+            self.catalog.put(record)
+            log.info(
+                "catalog rebuild: backup %s recorded from the storage and the archive", record.id
+            )
+            written.append(record)
+        return attrs.evolve(planned, rebuilt=tuple(written), skipped=tuple(skipped))
+
+    def backup(
+        self,
+        label: str | None = None,
+        *,
+        backup_id: str | None = None,
+        fast: bool = True,
+        wal_timeout: float = 60.0,
+        secure_snapshots: bool = False,
+    ) -> BackupRecord:
+        """Plan and execute a backup; return its DONE record (arguments as :meth:`plan_backup`)."""
+        plan = self.plan_backup(
+            label,
+            backup_id=backup_id,
+            fast=fast,
+            wal_timeout=wal_timeout,
+            secure_snapshots=secure_snapshots,
+        )
+        self.execute(plan)
+        record = self.catalog.get(str(plan.request["backup_id"]))
+        assert record.state is BackupState.DONE
+        return record
+
+    def _now(self) -> dt.datetime:
+        """The clock's time, in UTC; a naive clock is a ConfigurationError, not a TypeError."""
+        now = self.clock()
+        if not isinstance(now, dt.datetime) or now.tzinfo is None or now.utcoffset() is None:
+            raise ConfigurationError(
+                f"the Cluster's clock returned {now!r}, not an aware datetime",
+                hint="return aware times, e.g. datetime.now(timezone.utc)",
+            )
+        return now.astimezone(dt.UTC)

@@ -1,0 +1,134 @@
+"""WAL: names, timelines, the archive, and what the segments hold.
+
+A leaf package below the planner: it imports only :mod:`pgsnap.errors` and
+:mod:`pgsnap.model` (and :mod:`pgsnap.protocols` for the archive's protocol).
+Its modules, from pure to I/O:
+
+* :mod:`pgsnap.wal.names` - segment sizes, LSN → segment → file name and back,
+  what a file name in an archive is (:func:`segment_name`,
+  :func:`parse_archive_name`);
+* :mod:`pgsnap.wal.timelines` - ``.history`` files and the
+  :class:`TimelineGraph`;
+* :mod:`pgsnap.wal.backup_files` - ``.backup`` files and ``backup_label``;
+* :mod:`pgsnap.wal.continuity` - *which segments exist*: the
+  :class:`ArchiveIndex` of an archive listing and the continuity check
+  (:func:`check`, :func:`switch_gaps`);
+* :mod:`pgsnap.wal.health` - archiver health from ``pg_stat_archiver``;
+* :mod:`pgsnap.wal.events` - :class:`WalEvents`, what a read of the WAL found;
+* :mod:`pgsnap.wal.reader` - pgsnap's own WAL reader (page headers, records,
+  CRCs, damaged segments: :func:`read_wal`, :func:`segment_problem`);
+* :mod:`pgsnap.wal.contents` - *what each segment holds*: the
+  :class:`WalIndex` kept beside the archive, so each segment is read once;
+* :mod:`pgsnap.wal.dump` - the same questions answered by ``pg_waldump``;
+* :mod:`pgsnap.wal.archive` - :class:`DirectoryWalArchive`, the
+  :class:`~pgsnap.protocols.WalArchive` that is a directory.
+
+The names below are the package's face; the record types of the reader
+(:class:`~pgsnap.wal.reader.XactRecord` and its kin) are in their module.
+"""
+
+from __future__ import annotations
+
+from pgsnap.wal.archive import DirectoryWalArchive
+from pgsnap.wal.backup_files import BackupHistoryFile, parse_backup_file, parse_backup_label
+from pgsnap.wal.contents import WalIndex, WalQuery, read_events
+from pgsnap.wal.continuity import (
+    ArchiveIndex,
+    SegmentRange,
+    SwitchGap,
+    WalCheck,
+    check,
+    recoverable_window,
+    segments_to_replay,
+    switch_gaps,
+)
+from pgsnap.wal.dump import find_waldump, scan_wal
+from pgsnap.wal.events import WalEvents
+from pgsnap.wal.health import ArchiverHealth, archiver_health
+from pgsnap.wal.names import (
+    COMPRESSION_SUFFIXES,
+    DEFAULT_SEGMENT_SIZE,
+    VALID_SEGMENT_SIZES,
+    ArchiveEntry,
+    WalFileKind,
+    backup_file_name,
+    history_file_name,
+    parse_archive_name,
+    parse_segment_name,
+    segment_name,
+    segment_number,
+    segment_start,
+    segments_per_xlogid,
+    validate_segment_size,
+    walfile_name,
+    walfile_name_offset,
+)
+from pgsnap.wal.reader import (
+    PAGE_MAGIC,
+    PageHeader,
+    SegmentHeader,
+    parse_page_header,
+    read_segment_header,
+    read_wal,
+    scan_events,
+    segment_problem,
+)
+from pgsnap.wal.timelines import (
+    HistoryEntry,
+    TimelineGraph,
+    TimelineHistory,
+    TimelineSpan,
+    parse_history,
+)
+
+__all__ = [
+    "COMPRESSION_SUFFIXES",
+    "DEFAULT_SEGMENT_SIZE",
+    "PAGE_MAGIC",
+    "VALID_SEGMENT_SIZES",
+    "ArchiveEntry",
+    "ArchiveIndex",
+    "ArchiverHealth",
+    "BackupHistoryFile",
+    "DirectoryWalArchive",
+    "HistoryEntry",
+    "PageHeader",
+    "SegmentHeader",
+    "SegmentRange",
+    "SwitchGap",
+    "TimelineGraph",
+    "TimelineHistory",
+    "TimelineSpan",
+    "WalCheck",
+    "WalEvents",
+    "WalFileKind",
+    "WalIndex",
+    "WalQuery",
+    "archiver_health",
+    "backup_file_name",
+    "check",
+    "find_waldump",
+    "history_file_name",
+    "parse_archive_name",
+    "parse_backup_file",
+    "parse_backup_label",
+    "parse_history",
+    "parse_page_header",
+    "parse_segment_name",
+    "read_events",
+    "read_segment_header",
+    "read_wal",
+    "recoverable_window",
+    "scan_events",
+    "scan_wal",
+    "segment_name",
+    "segment_number",
+    "segment_problem",
+    "segment_start",
+    "segments_per_xlogid",
+    "segments_to_replay",
+    "switch_gaps",
+    "validate_segment_size",
+    "walfile_name",
+    "walfile_name_offset",
+]
