@@ -8,7 +8,7 @@ pgsnap`` itself imports only this module, :mod:`pgsnap.errors` and the version;
 
     import pgsnap
 
-    cluster = pgsnap.Cluster(adapter=..., backend=pgsnap.create_backend("mock"), ...)
+    cluster = pgsnap.Cluster.from_config("pgsnap.toml")   # or a dict of that shape
     plan = cluster.plan_recovery(pgsnap.RecoveryTarget.time("2026-11-30 12:00+00:00"))
 
 Neither psycopg nor requests is imported until a backend or adapter that

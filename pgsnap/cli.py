@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import difflib
 import json
 import logging
 import math
@@ -34,13 +33,19 @@ import os
 import signal
 import sys
 import threading
-import tomllib
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap.config import (
+    RETENTION_KEYS,
+    TIMEOUT_KEYS,
+    Source,
+    Timeouts,
+    load_retention,
+    load_timeouts,
+)
 from pgsnap.errors import (
     ClusterLockedError,
     ConfigurationError,
@@ -50,6 +55,9 @@ from pgsnap.errors import (
     PlanningError,
     StalePlanError,
 )
+
+if TYPE_CHECKING:
+    from pgsnap.cluster import Cluster
 
 __all__ = [
     "EXIT_BROKEN_PIPE",
@@ -97,450 +105,13 @@ def _err(text: str) -> None:
 # --------------------------------------------------------------------------- configuration
 
 
-def _read_password(db: dict[str, Any], base: Path) -> str | None:
-    if "password" in db:
-        raise ConfigurationError(
-            "the configuration file must not hold a password",
-            hint="use password_env = 'NAME' (an environment variable) or password_file = 'PATH'",
-        )
-    if db.get("password_env"):
-        name = str(db["password_env"])
-        if name not in os.environ:
-            raise ConfigurationError(
-                f"password_env names the environment variable {name}, which is not set",
-                hint=f"export {name}, or use password_file",
-            )
-        return os.environ[name]
-    if db.get("password_file"):
-        path = base / str(db["password_file"])
-        try:
-            mode = path.stat().st_mode
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise ConfigurationError(f"cannot read password_file {path}: {exc.strerror}") from None
-        if mode & 0o077:
-            raise ConfigurationError(
-                f"password_file {path} can be read by other users (mode {mode & 0o777:04o})",
-                hint=f"chmod 600 {path} (as libpq requires of .pgpass), then run again",
-                path=str(path),
-            )
-        return text
-    return None
+def load_cluster(source: Source, *, timeouts: Timeouts | None = None) -> Cluster:
+    """The :class:`~pgsnap.cluster.Cluster` of a configuration: the same as
+    :meth:`pgsnap.Cluster.from_config <pgsnap.cluster.Cluster.from_config>`
+    (kept for scripts that import it from here)."""
+    from pgsnap.cluster import Cluster  # noqa: PLC0415 - psycopg and the backends on use
 
-
-def _conninfo_without_password(conninfo: str) -> str:
-    if not _may_hold_password(conninfo):
-        return conninfo  # parsed (psycopg imported) only when the server is asked
-    import psycopg  # noqa: PLC0415 - only the CLI's configuration loading needs it here
-
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(conninfo)
-    except psycopg.Error:
-        # The driver's message quotes the string (and a password in it): never chain it.
-        raise ConfigurationError(
-            "cannot parse [database] conninfo",
-            hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
-        ) from None
-    if "password" in params:
-        raise ConfigurationError(
-            "[database] conninfo must not hold a password",
-            hint="use password_env = 'NAME' or password_file = 'PATH'",
-        )
-    return conninfo
-
-
-def _may_hold_password(conninfo: str) -> bool:
-    """False only when ``conninfo`` cannot hold a password: no ``password``
-    keyword (in any case), no percent-escape, and no user information in a
-    URI. Otherwise it is parsed to know."""
-    text = conninfo.lower()
-    if "password" in text or "%" in text:
-        return True
-    return text.startswith(("postgresql://", "postgres://")) and "@" in text
-
-
-def _need(section: dict[str, Any], key: str, where: str, hint: str | None = None) -> Any:
-    if key not in section:
-        raise ConfigurationError(
-            f"{where} lacks {key!r}", hint=hint or "see docs/cli.md for an example"
-        )
-    return section[key]
-
-
-def _text(section: dict[str, Any], key: str, where: str) -> str | None:
-    """An optional text value (None when absent); anything else is a ConfigurationError."""
-    value = section.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise ConfigurationError(
-        f"{where} {key} must be text, not {value!r}",
-        hint=f'write it in quotes: {key} = "..."',
-    )
-
-
-_SECTIONS = (
-    "database",
-    "storage",
-    "host",
-    "archive",
-    "catalog",
-    "timeouts",
-    "retention",
-    "volume",
-)
-_RETENTION_KEYS: Final = (
-    "redundancy",
-    "window",
-    "hourly",
-    "daily",
-    "weekly",
-    "monthly",
-    "orphans_after",
-    "safety_after",
-)
-_DATABASE_KEYS = (
-    "conninfo",
-    "password_env",
-    "password_file",
-    "data_directory",
-    "bindir",
-    "os_user",
-    "log_file",
-    "control",
-    "systemd_unit",
-)
-_STORAGE_KEYS = ("backend", "options")
-_HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
-_ARCHIVE_KEYS = ("path", "gzip")
-_CATALOG_KEYS = ("path", "journal", "wal_index")
-_VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
-
-TIMEOUT_KEYS: dict[str, str] = {
-    "connect": "to connect to PostgreSQL",
-    "wal": "for a backup's WAL to reach the archive",
-    "server": "for the server to stop (a shutdown waits for the archiver: a slow "
-    "archive_command needs more) and to start",
-    "recovery": "for replay to reach the target",
-    "restore": "for a restore the storage completes in the background",
-    "device": "for a re-attached volume's device to appear on the host",
-    "catalog_lock": "for another pgsnap process to finish writing the catalog",
-}
-"""The keys of the ``[timeouts]`` section (seconds) and the wait each one bounds.
-
-Each is also a flag, ``--<key>-timeout`` (``_`` written ``-``)."""
-
-
-@attrs.frozen
-class Timeouts:
-    """Every wait of the ``pgsnap`` command, in seconds (the ``[timeouts]`` section).
-
-    ``connect``: PostgresAdapter ``connect_timeout``; ``wal``: a backup's
-    ``wal_timeout``; ``server``, ``recovery``, ``restore``, ``device``: a
-    recovery's ``server_timeout``, ``recovery_timeout``, ``restore_timeout``,
-    ``device_timeout``; ``catalog_lock``: DirectoryCatalog ``lock_timeout``.
-    """
-
-    connect: float = 10.0
-    wal: float = 60.0
-    server: float = 120.0
-    recovery: float = 600.0
-    restore: float = 3600.0
-    device: float = 120.0
-    catalog_lock: float = 10.0
-
-
-def _seconds_value(value: Any, where: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigurationError(
-            f"{where} must be a positive number of seconds, not {value!r}",
-            hint="write a number greater than 0, without quotes, e.g. 300",
-        )
-    return float(value)
-
-
-def _check_keys(section: dict[str, Any], allowed: Sequence[str], where: str) -> None:
-    """Refuse a key that is not in ``allowed``, naming the nearest valid one."""
-    for key in section:
-        if key in allowed:
-            continue
-        near = difflib.get_close_matches(str(key), allowed, n=1)
-        takes = f"{where} takes: {', '.join(allowed)}"
-        raise ConfigurationError(
-            f"{where} has an unknown key {key!r}",
-            hint=f"did you mean {near[0]!r}? {takes}" if near else takes,
-            key=key,
-        )
-
-
-def _table(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """The section ``[name]`` (None when absent); a value that is not a table is refused."""
-    if name not in conf:
-        return None
-    value = conf[name]
-    if not isinstance(value, dict):
-        raise ConfigurationError(
-            f"{name} must be a section ([{name}]), not {value!r}",
-            hint="see docs/cli.md for a complete example",
-        )
-    return dict(value)
-
-
-def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The configuration file as TOML, its sections checked against the known ones."""
-    try:
-        conf = tomllib.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read configuration {path}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigurationError(f"configuration {path} is not valid TOML: {exc}") from None
-    for name in conf:
-        if name in _SECTIONS:
-            continue
-        shown = [f"[[{s}]]" if s == "volume" else f"[{s}]" for s in _SECTIONS]
-        near = difflib.get_close_matches(name, _SECTIONS, n=1)
-        suggestion = f"did you mean {shown[_SECTIONS.index(near[0])]}? " if near else ""
-        raise ConfigurationError(
-            f"configuration {path} has an unknown section [{name}]",
-            hint=f"{suggestion}the sections are: {', '.join(shown)}",
-            key=name,
-        )
-    return conf
-
-
-def _timeouts(conf: dict[str, Any]) -> Timeouts:
-    section = _table(conf, "timeouts") or {}
-    _check_keys(section, tuple(TIMEOUT_KEYS), "[timeouts]")
-    return Timeouts(
-        **{key: _seconds_value(value, f"[timeouts] {key}") for key, value in section.items()}
-    )
-
-
-def load_timeouts(path: str | os.PathLike[str]) -> Timeouts:
-    """The ``[timeouts]`` section of a configuration file (defaults for what it omits)."""
-    return _timeouts(_read(path))
-
-
-def _host(section: dict[str, Any], rel: Any) -> Any:
-    """The database host of the ``[host]`` section: this machine, or one over ssh."""
-    from pgsnap.host import Host, SshRunner  # noqa: PLC0415
-
-    _check_keys(section, _HOST_KEYS, "[host]")
-    name = _text(section, "name", "[host]")
-    if "ssh" not in section:
-        extra = sorted(set(section) - {"name"})
-        if extra:
-            raise ConfigurationError(
-                f"[host] sets {', '.join(extra)} but no ssh destination",
-                hint='add ssh = "db1.example.com", or remove them to use this machine',
-            )
-        return Host(name=name)
-    port = section.get("port")
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
-        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
-    identity_file = _text(section, "identity_file", "[host]")
-    known_hosts_file = _text(section, "known_hosts_file", "[host]")
-    runner = SshRunner(
-        str(_text(section, "ssh", "[host]")),
-        user=_text(section, "user", "[host]"),
-        port=port,
-        identity_file=None if identity_file is None else rel(identity_file),
-        known_hosts_file=None if known_hosts_file is None else rel(known_hosts_file),
-    )
-    return Host(runner, name=name)
-
-
-def _volumes(conf: dict[str, Any], rel: Any) -> Any:
-    """The layout of the ``[[volume]]`` tables."""
-    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-
-    volumes = conf["volume"]
-    if isinstance(volumes, dict):
-        raise ConfigurationError(
-            "write each volume as a [[volume]] table (double brackets), not [volume]",
-            hint="see docs/cli.md for a complete example",
-        )
-    if not isinstance(volumes, list):
-        raise ConfigurationError(
-            f"volume must be [[volume]] tables, not {volumes!r}",
-            hint="see docs/cli.md for a complete example",
-        )
-    roles = ", ".join(r.value for r in VolumeRole)
-    vols = []
-    for n, v in enumerate(volumes, 1):
-        where = f"[[volume]] #{n}"
-        if not isinstance(v, dict):
-            raise ConfigurationError(
-                f"{where} must be a table (id, role, mount_point), not {v!r}",
-                hint="see docs/cli.md for a complete example",
-            )
-        _check_keys(v, _VOLUME_KEYS, where)
-        role_name = _need(v, "role", where, hint=f"give role = one of: {roles}")
-        try:
-            role = VolumeRole(role_name)
-        except ValueError:
-            raise ConfigurationError(
-                f"{where} has role {role_name!r}", hint=f"use one of: {roles}"
-            ) from None
-        vid = _need(v, "id", where)
-        mount_point = _need(v, "mount_point", where)
-        name = v.get("name", vid)
-        oid = v.get("tablespace_oid")
-        if oid is not None and (isinstance(oid, bool) or not isinstance(oid, int)):
-            raise ConfigurationError(
-                f"{where} tablespace_oid must be a number (the tablespace's oid), not {oid!r}",
-                hint="SELECT oid, spcname FROM pg_tablespace gives it",
-            )
-        for key, value in (("id", vid), ("name", name), ("mount_point", mount_point)):
-            if isinstance(value, bool) or not isinstance(value, str | int):
-                raise ConfigurationError(
-                    f"{where} {key} must be text, not {value!r}",
-                    hint=f'write it in quotes: {key} = "..."',
-                )
-        vols.append(
-            Volume(
-                id=str(vid),
-                name=str(name),
-                role=role,
-                mount_point=rel(mount_point),
-                tablespace_oid=oid,
-            )
-        )
-    return Layout(tuple(vols))
-
-
-def _flag(section: dict[str, Any], key: str, where: str) -> bool:
-    value = section.get(key, False)
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{where} {key} must be true or false, not {value!r}")
-    return value
-
-
-def _takes_host(name: str) -> bool:
-    """True when the backend ``name`` takes a ``host`` (it runs commands on the database
-    host, as btrfs does): it is then given the ``[host]`` section's host."""
-    import inspect  # noqa: PLC0415
-
-    from pgsnap.backends import backend_class  # noqa: PLC0415
-
-    try:
-        return "host" in inspect.signature(backend_class(name)).parameters
-    except (TypeError, ValueError):  # pragma: no cover - a class without a signature
-        return False
-
-
-def load_cluster(path: str | os.PathLike[str], *, timeouts: Timeouts | None = None) -> Any:
-    """Build a :class:`~pgsnap.cluster.Cluster` from a TOML configuration file.
-
-    Relative paths in the file are relative to the file's directory. Unknown
-    sections and keys are refused, naming the nearest valid one.
-    ``timeouts`` replaces the file's ``[timeouts]`` (the connection and
-    catalog lock waits are the cluster's; :func:`load_timeouts` gives the
-    others, for :meth:`~pgsnap.cluster.Cluster.plan_recovery` and
-    :meth:`~pgsnap.cluster.Cluster.plan_backup`).
-    """
-    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
-    from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.cluster import Cluster  # noqa: PLC0415
-    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
-
-    conf = _read(path)
-    base = Path(path).resolve().parent
-
-    def rel(value: Any) -> str:
-        return str(base / str(value))
-
-    def opt_rel(value: Any) -> str | None:
-        return None if value is None else rel(value)
-
-    sections = {}
-    for name in ("database", "storage", "archive", "catalog", "volume"):
-        if name not in conf:
-            raise ConfigurationError(
-                f"configuration {path} lacks the [{name}] section",
-                hint="see docs/cli.md for a complete example",
-            )
-        if name != "volume":
-            sections[name] = _table(conf, name) or {}
-    db, storage = sections["database"], sections["storage"]
-    archive, catalog = sections["archive"], sections["catalog"]
-    if "password" in db:  # refused with its own message: never a "did you mean"
-        _read_password(db, base)
-    _check_keys(db, _DATABASE_KEYS, "[database]")
-    _check_keys(storage, _STORAGE_KEYS, "[storage]")
-    _check_keys(archive, _ARCHIVE_KEYS, "[archive]")
-    _check_keys(catalog, _CATALOG_KEYS, "[catalog]")
-    file_timeouts = _timeouts(conf)
-    timeouts = timeouts or file_timeouts
-    layout = _volumes(conf, rel)
-    host = _host(_table(conf, "host") or {}, rel)
-    control = _text(db, "control", "[database]") or "pg_ctl"
-    if control not in ("pg_ctl", "systemd"):
-        raise ConfigurationError(
-            f"[database] control is {control!r}", hint="use control = 'pg_ctl' or 'systemd'"
-        )
-    adapter = PostgresAdapter(
-        _conninfo_without_password(_text(db, "conninfo", "[database]") or ""),
-        password=_read_password(db, base),
-        data_directory=opt_rel(_text(db, "data_directory", "[database]")),
-        bindir=opt_rel(_text(db, "bindir", "[database]")),
-        os_user=_text(db, "os_user", "[database]"),
-        log_file=opt_rel(_text(db, "log_file", "[database]")),
-        control="systemd" if control == "systemd" else "pg_ctl",
-        systemd_unit=_text(db, "systemd_unit", "[database]"),
-        connect_timeout=timeouts.connect,
-        host=host,
-    )
-    if "backend" not in storage:
-        raise ConfigurationError(
-            "[storage] lacks 'backend'",
-            hint=f"name one of: {', '.join(sorted(registered_backends()))}",
-        )
-    options = _table(storage, "options") or {}
-    if "password" in options:  # refused with its own message, as [database] password is
-        raise ConfigurationError(
-            "the configuration file must not hold a password ([storage.options] password)",
-            hint="put it in an environment variable and name that with password_env = 'NAME' "
-            "(the powerflex backend reads $PGSNAP_POWERFLEX_PASSWORD when none is named)",
-        )
-    for key in ("state_file", "root", "snapshot_dir"):
-        if key in options:
-            options[key] = rel(options[key])
-    if isinstance(options.get("verify"), str):  # a CA bundle (PowerFlex): relative to the file
-        options["verify"] = rel(options["verify"])
-    if isinstance(options.get("volumes"), list):
-        options["volumes"] = [
-            {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
-            for v in options["volumes"]
-        ]
-    if "host" not in options and _takes_host(str(storage["backend"])):
-        options["host"] = host  # a backend that works on the database host (btrfs)
-    backend = create_backend(str(storage["backend"]), **options)
-    catalog_path = rel(_need(catalog, "path", "[catalog]"))
-    journal = catalog.get("journal", Path(catalog_path) / "journal")
-    wal_index = catalog.get("wal_index", True)
-    if not isinstance(wal_index, bool | str) or wal_index == "":
-        raise ConfigurationError(
-            f"[catalog] wal_index is {wal_index!r}",
-            hint="give a directory for the WAL index, or false for none "
-            "(default: wal-index in the catalog directory)",
-        )
-    return Cluster(
-        adapter=adapter,
-        backend=backend,
-        archive=DirectoryWalArchive(
-            rel(_need(archive, "path", "[archive]")), gzip=_flag(archive, "gzip", "[archive]")
-        ),
-        catalog=DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
-        layout=layout,
-        journal_dir=rel(journal),
-        wal_index=rel(wal_index) if isinstance(wal_index, str) else wal_index,
-    )
+    return Cluster.from_config(source, timeouts=timeouts)
 
 
 # --------------------------------------------------------------------------- commands
@@ -681,7 +252,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         _out(plan.to_json() if args.json else plan.explain())
         return EXIT_OK
     _execute(cluster, plan)
-    record = cluster.catalog.get(str(plan.request["backup_id"]))
+    record = cluster.backup_of(plan)
     if args.json:
         from pgsnap.model import to_json  # noqa: PLC0415
 
@@ -817,22 +388,9 @@ def _has_policy(args: argparse.Namespace) -> bool:
     conf = load_retention(args.config)
     return any(
         getattr(args, k, None) is not None or conf.get(k)
-        for k in _RETENTION_KEYS
+        for k in RETENTION_KEYS
         if k not in ("orphans_after", "safety_after")
     )
-
-
-def load_retention(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``[retention]`` section of a configuration file (empty when absent)."""
-    try:
-        conf = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}  # load_cluster reports what is wrong with the file
-    section = conf.get("retention", {})
-    if not isinstance(section, dict):
-        return {}
-    _check_keys(section, _RETENTION_KEYS, "[retention]")
-    return section
 
 
 def cmd_expire(args: argparse.Namespace) -> int:
@@ -1006,31 +564,6 @@ def _recovered(result: Any) -> str:
     return "\n".join(lines)
 
 
-def _archive_segment_size(cluster: Any) -> int:
-    """The segment size: from the server, else from an archived segment's file size."""
-    try:
-        size: int = cluster.adapter.describe().wal_segment_size
-        return size
-    except PgsnapError:
-        pass
-    from pgsnap.wal import VALID_SEGMENT_SIZES, WalFileKind, parse_archive_name  # noqa: PLC0415
-
-    for name in cluster.archive.list_names():
-        entry = parse_archive_name(name)
-        if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
-            try:
-                size = (Path(cluster.archive.location) / name).stat().st_size
-            except OSError:
-                continue
-            if size in VALID_SEGMENT_SIZES:
-                return size
-    raise ConfigurationError(
-        "cannot tell the WAL segment size: no backup, the server is down and the archive "
-        "holds no plain segment",
-        hint="start the server or take a backup first",
-    )
-
-
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resume (or clean up) plans whose execution stopped half way."""
     cluster = _load(args)[0]
@@ -1054,51 +587,8 @@ def cmd_wal(args: argparse.Namespace) -> int:
     cluster = _load(args)[0]
     backups = cluster.backups()
     _warn_unreadable_entries(backups.unreadable)
-    seg = backups[-1].wal_segment_size if backups else _archive_segment_size(cluster)
-    index = cluster.archive.index(seg)
-    graph = cluster.archive.histories(index.history_names)  # no second listing
-    report: dict[str, Any] = {
-        "archive": cluster.archive.location,
-        "segment_size": seg,
-        "timelines": [],
-    }
-    from pgsnap.wal import switch_gaps  # noqa: PLC0415
-
-    before_switch = switch_gaps(index, graph)
-    for tli in sorted(set(index.timelines()) | set(graph.timelines())):
-        report["timelines"].append(
-            {
-                "missing_before_switch": [
-                    {"child": g.child, "switchpoint": str(g.switchpoint), "first": g.first,
-                     "last": g.last, "count": g.count}
-                    for g in before_switch
-                    if g.parent == tli
-                ],
-                "timeline": tli,
-                "parent": graph.parent_of(tli) if tli in graph else None,
-                "switchpoint": str(graph.switchpoint_of(tli))
-                if tli in graph and graph.switchpoint_of(tli)
-                else None,
-                "ranges": [list(r.names(seg)) for r in index.ranges(tli)],
-                "gaps": [list(g.names(seg)) for g in index.gaps(tli)],
-            }
-        )
-    if args.json:
-        _out(json.dumps(report, indent=2))
-        return EXIT_OK
-    _out(f"WAL archive {report['archive']} ({seg // (1024 * 1024)} MB segments)")
-    for t in report["timelines"]:
-        parent = f" (from {t['parent']} at {t['switchpoint']})" if t["parent"] else ""
-        _out(f"timeline {t['timeline']}{parent}")
-        for first, last in t["ranges"]:
-            _out(f"  present  {first} .. {last}")
-        for first, last in t["gaps"]:
-            _out(f"  MISSING  {first} .. {last}")
-        for g in t["missing_before_switch"]:
-            _out(
-                f"  MISSING  {g['first']} .. {g['last']}  (before timeline {g['child']} "
-                f"forks at {g['switchpoint']}: replay along timeline {g['child']} needs them)"
-            )
+    report = cluster.wal_report()
+    _out(json.dumps(report.to_dict(), indent=2) if args.json else report.explain())
     return EXIT_OK
 
 

@@ -3,7 +3,7 @@
 :class:`Cluster` holds the database adapter, the storage backend, the WAL
 archive, the catalog and the layout, and offers the whole job in a few calls::
 
-    cluster = Cluster(adapter=..., backend=..., archive=..., catalog=..., layout=...)
+    cluster = Cluster.from_config("pgsnap.toml")   # or Cluster(adapter=..., backend=..., ...)
     cluster.check()                      # preflight + archive report
     plan = cluster.plan_backup()         # a Plan: look at it, then
     cluster.execute(plan)                # run it
@@ -21,7 +21,7 @@ import html
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.checks import CheckFacts, EmptyArchive, check_findings, gather_check_facts
+from pgsnap.config import Timeouts, cluster_arguments
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -53,7 +54,6 @@ from pgsnap.executor import Event, ExecutionResult, Executor
 from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
-    BackupState,
     Layout,
     Pin,
     RecoveryAction,
@@ -81,7 +81,16 @@ from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_n
 from pgsnap.planner.reconcile import Orphan, RebuildReport, find_orphans, plan_rebuild
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
-from pgsnap.wal import ArchiverHealth, archiver_health, switch_gaps
+from pgsnap.wal import (
+    VALID_SEGMENT_SIZES,
+    ArchiveReport,
+    ArchiverHealth,
+    WalFileKind,
+    archive_report,
+    archiver_health,
+    parse_archive_name,
+    switch_gaps,
+)
 from pgsnap.wal.contents import WalIndex
 
 if TYPE_CHECKING:
@@ -469,6 +478,30 @@ class Cluster:
         self.max_scan_segments = max_scan_segments
         self.wal_index = _wal_index(wal_index, catalog)
 
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any],
+        *,
+        timeouts: Timeouts | None = None,
+        base: str | os.PathLike[str] | None = None,
+    ) -> Cluster:
+        """The cluster a configuration describes: a TOML file (what ``pgsnap -c``
+        reads) or a mapping of the same shape.
+
+        ::
+
+            cluster = pgsnap.Cluster.from_config("/etc/pgsnap/main.toml")
+            cluster = pgsnap.Cluster.from_config({"database": {...}, "volume": [...], ...})
+
+        Relative paths are relative to ``base``, else to the file's directory
+        (the working directory for a mapping). The schema and its checks are
+        :mod:`pgsnap.config` (every key in docs/cli.md); a configuration that is
+        wrong raises :class:`~pgsnap.errors.ConfigurationError` saying what to
+        write instead. ``timeouts`` replaces the ``[timeouts]`` section.
+        """
+        return cls(**cluster_arguments(source, timeouts=timeouts, base=base))
+
     def __repr__(self) -> str:
         return (
             f"<pgsnap.Cluster backend={self.backend.name} archive={self.archive.location} "
@@ -658,6 +691,45 @@ class Cluster:
         scan = scan_catalog(self.catalog)
         forecast = expiry_forecast(facts, policy)
         return BackupList(scan.records, scan.unreadable, forecast=forecast, now=now)
+
+    def wal_report(self, segment_size: int | None = None) -> ArchiveReport:
+        """The WAL archive per timeline (``pgsnap wal``): present runs of segments,
+        gaps, and segments missing before a timeline switch.
+
+        ``segment_size`` (None: the newest backup's, else the server's, else
+        the size of a plain segment file in the archive; a
+        :class:`~pgsnap.errors.ConfigurationError` when none says) tells
+        segment numbers from names. The archive is listed once.
+        """
+        seg = segment_size if segment_size is not None else self._archive_segment_size()
+        index = self.archive.index(seg)
+        graph = self.archive.histories(index.history_names)  # no second listing
+        return archive_report(self.archive.location, index, graph, seg)
+
+    def _archive_segment_size(self) -> int:
+        backups = scan_catalog(self.catalog).records
+        if backups:
+            return backups[-1].wal_segment_size
+        try:
+            return self.adapter.describe().wal_segment_size
+        except PgsnapError as exc:
+            log.debug("segment size: the server cannot say (%s)", exc)
+        # A directory archive: a plain segment's file size (the WalArchive protocol has
+        # no stat yet; an archive elsewhere needs a backup or the server).
+        for name in self.archive.list_names():
+            entry = parse_archive_name(name)
+            if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
+                try:
+                    size = os.stat(os.path.join(self.archive.location, name)).st_size
+                except OSError:
+                    continue
+                if size in VALID_SEGMENT_SIZES:
+                    return size
+        raise ConfigurationError(
+            "cannot tell the WAL segment size: no backup, the server is down and the archive "
+            "holds no plain segment",
+            hint="start the server or take a backup first",
+        )
 
     # ------------------------------------------------------------------ plan
 
@@ -1003,8 +1075,11 @@ class Cluster:
         fast: bool = True,
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
+        on_event: Callable[[Event], None] | None = None,
     ) -> BackupRecord:
-        """Plan and execute a backup; return its DONE record (arguments as :meth:`plan_backup`)."""
+        """Plan and execute a backup; return its DONE record (arguments as
+        :meth:`plan_backup`; ``on_event`` receives the run's events, as for
+        :meth:`execute`)."""
         plan = self.plan_backup(
             label,
             backup_id=backup_id,
@@ -1012,10 +1087,25 @@ class Cluster:
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
         )
-        self.execute(plan)
-        record = self.catalog.get(str(plan.request["backup_id"]))
-        assert record.state is BackupState.DONE
-        return record
+        self.execute(plan, on_event=on_event)
+        return self.backup_of(plan)
+
+    def backup_of(self, plan: Plan) -> BackupRecord:
+        """The catalog's record of the backup a backup ``plan`` takes (or took)."""
+        if plan.kind != "backup":
+            raise InputError(
+                f"plan {plan.id} is a {plan.kind} plan, not a backup",
+                hint="pass the plan plan_backup() returned",
+                argument="plan",
+            )
+        backup_id = plan.request.get("backup_id")
+        if not isinstance(backup_id, str):
+            raise InputError(
+                f"backup plan {plan.id} names no backup (request {sorted(plan.request)})",
+                hint="pass the plan plan_backup() returned",
+                argument="plan",
+            )
+        return self.catalog.get(backup_id)
 
     def _now(self) -> dt.datetime:
         """The clock's time, in UTC; a naive clock is a ConfigurationError, not a TypeError."""

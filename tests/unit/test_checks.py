@@ -206,3 +206,39 @@ def test_segments_missing_just_before_a_timeline_switch_are_named() -> None:
     # A backup on timeline 1 before the gap: check names the segment.
     found = check_findings(facts(names, backups=(BACKUP,), timelines=graph))
     assert any(seg(6) in f.message and f.severity is Severity.ERROR for f in found)
+
+
+def test_the_archive_report_is_what_pgsnap_wal_prints() -> None:
+    """Issue 20: `pgsnap wal` is Cluster.wal_report(), built by the pure archive_report:
+    runs present, gaps, and segments missing before a switch, as text and as JSON."""
+    from pgsnap.wal import archive_report, parse_history
+
+    graph = TimelineGraph.from_histories(
+        [parse_history("1\t0/7000100\tno recovery target specified\n", 2)]
+    )
+    names = (seg(4), seg(5), seg(7, 2), seg(9, 2), "00000002.history")
+    report = archive_report("/srv/wal", ArchiveIndex.build(names, SEG), graph, SEG)
+    assert not report.complete
+    one, two = report.timelines
+    assert (one.parent, one.switchpoint, one.ranges, one.gaps) == (None, None, ((seg(4), seg(5)),), ())
+    assert [(g.first, g.last) for g in one.missing_before_switch] == [(seg(6), seg(6))]
+    assert (two.parent, str(two.switchpoint)) == (1, "0/7000100")
+    assert two.gaps == ((seg(8, 2), seg(8, 2)),)
+    text = report.explain().splitlines()
+    assert text[0] == f"WAL archive /srv/wal ({SEG // (1024 * 1024)} MB segments)"
+    assert f"  MISSING  {seg(6)} .. {seg(6)}  (before timeline 2 forks at 0/7000100: " in text[3]
+    assert text[4:] == [
+        "timeline 2 (from 1 at 0/7000100)",
+        f"  present  {seg(7, 2)} .. {seg(7, 2)}",
+        f"  present  {seg(9, 2)} .. {seg(9, 2)}",
+        f"  MISSING  {seg(8, 2)} .. {seg(8, 2)}",
+    ]
+    doc = report.to_dict()
+    assert doc["timelines"][1] == {
+        "missing_before_switch": [],
+        "timeline": 2,
+        "parent": 1,
+        "switchpoint": "0/7000100",
+        "ranges": [[seg(7, 2), seg(7, 2)], [seg(9, 2), seg(9, 2)]],
+        "gaps": [[seg(8, 2), seg(8, 2)]],
+    }

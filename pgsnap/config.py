@@ -1,0 +1,537 @@
+"""The configuration of a cluster: one schema, validated in one place.
+
+A configuration is a TOML file (``pgsnap -c pgsnap.toml``) or a mapping of
+the same shape (a notebook's dict). Its sections: ``[database]`` (how to
+reach PostgreSQL; a password only by ``password_env`` or ``password_file``),
+``[storage]`` (the backend and its options), ``[host]`` (the database host:
+this machine or one over ssh), ``[archive]``, ``[catalog]``, ``[timeouts]``,
+``[retention]`` and one ``[[volume]]`` table per volume. docs/cli.md has a
+complete example and every key.
+
+:meth:`pgsnap.Cluster.from_config <pgsnap.cluster.Cluster.from_config>` is the
+way in; :func:`cluster_arguments` gives what it builds with,
+:func:`load_timeouts` and :func:`load_retention` the other sections.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from pgsnap.catalog import DirectoryCatalog
+from pgsnap.errors import ConfigurationError
+from pgsnap.host import Host, SshRunner
+from pgsnap.model import Layout, Volume, VolumeRole
+from pgsnap.wal.archive import DirectoryWalArchive
+
+__all__ = [
+    "RETENTION_KEYS",
+    "TIMEOUT_KEYS",
+    "Source",
+    "Timeouts",
+    "cluster_arguments",
+    "load_retention",
+    "load_timeouts",
+]
+
+def _read_password(db: dict[str, Any], base: Path) -> str | None:
+    if "password" in db:
+        raise ConfigurationError(
+            "the configuration file must not hold a password",
+            hint="use password_env = 'NAME' (an environment variable) or password_file = 'PATH'",
+        )
+    if db.get("password_env"):
+        name = str(db["password_env"])
+        if name not in os.environ:
+            raise ConfigurationError(
+                f"password_env names the environment variable {name}, which is not set",
+                hint=f"export {name}, or use password_file",
+            )
+        return os.environ[name]
+    if db.get("password_file"):
+        path = base / str(db["password_file"])
+        try:
+            mode = path.stat().st_mode
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read password_file {path}: {exc.strerror}") from None
+        if mode & 0o077:
+            raise ConfigurationError(
+                f"password_file {path} can be read by other users (mode {mode & 0o777:04o})",
+                hint=f"chmod 600 {path} (as libpq requires of .pgpass), then run again",
+                path=str(path),
+            )
+        return text
+    return None
+
+
+def _conninfo_without_password(conninfo: str) -> str:
+    if not _may_hold_password(conninfo):
+        return conninfo  # parsed (psycopg imported) only when the server is asked
+    import psycopg  # noqa: PLC0415 - only the CLI's configuration loading needs it here
+
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        # The driver's message quotes the string (and a password in it): never chain it.
+        raise ConfigurationError(
+            "cannot parse [database] conninfo",
+            hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
+        ) from None
+    if "password" in params:
+        raise ConfigurationError(
+            "[database] conninfo must not hold a password",
+            hint="use password_env = 'NAME' or password_file = 'PATH'",
+        )
+    return conninfo
+
+
+def _may_hold_password(conninfo: str) -> bool:
+    """False only when ``conninfo`` cannot hold a password: no ``password``
+    keyword (in any case), no percent-escape, and no user information in a
+    URI. Otherwise it is parsed to know."""
+    text = conninfo.lower()
+    if "password" in text or "%" in text:
+        return True
+    return text.startswith(("postgresql://", "postgres://")) and "@" in text
+
+
+def _need(section: dict[str, Any], key: str, where: str, hint: str | None = None) -> Any:
+    if key not in section:
+        raise ConfigurationError(
+            f"{where} lacks {key!r}", hint=hint or "see docs/cli.md for an example"
+        )
+    return section[key]
+
+
+def _text(section: dict[str, Any], key: str, where: str) -> str | None:
+    """An optional text value (None when absent); anything else is a ConfigurationError."""
+    value = section.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise ConfigurationError(
+        f"{where} {key} must be text, not {value!r}",
+        hint=f'write it in quotes: {key} = "..."',
+    )
+
+
+_SECTIONS = (
+    "database",
+    "storage",
+    "host",
+    "archive",
+    "catalog",
+    "timeouts",
+    "retention",
+    "volume",
+)
+RETENTION_KEYS: Final = (
+    "redundancy",
+    "window",
+    "hourly",
+    "daily",
+    "weekly",
+    "monthly",
+    "orphans_after",
+    "safety_after",
+)
+_DATABASE_KEYS = (
+    "conninfo",
+    "password_env",
+    "password_file",
+    "data_directory",
+    "bindir",
+    "os_user",
+    "log_file",
+    "control",
+    "systemd_unit",
+)
+_STORAGE_KEYS = ("backend", "options")
+_HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
+_ARCHIVE_KEYS = ("path", "gzip")
+_CATALOG_KEYS = ("path", "journal", "wal_index")
+_VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
+
+TIMEOUT_KEYS: dict[str, str] = {
+    "connect": "to connect to PostgreSQL",
+    "wal": "for a backup's WAL to reach the archive",
+    "server": "for the server to stop (a shutdown waits for the archiver: a slow "
+    "archive_command needs more) and to start",
+    "recovery": "for replay to reach the target",
+    "restore": "for a restore the storage completes in the background",
+    "device": "for a re-attached volume's device to appear on the host",
+    "catalog_lock": "for another pgsnap process to finish writing the catalog",
+}
+"""The keys of the ``[timeouts]`` section (seconds) and the wait each one bounds.
+
+Each is also a flag, ``--<key>-timeout`` (``_`` written ``-``)."""
+
+
+@attrs.frozen
+class Timeouts:
+    """Every wait of the ``pgsnap`` command, in seconds (the ``[timeouts]`` section).
+
+    ``connect``: PostgresAdapter ``connect_timeout``; ``wal``: a backup's
+    ``wal_timeout``; ``server``, ``recovery``, ``restore``, ``device``: a
+    recovery's ``server_timeout``, ``recovery_timeout``, ``restore_timeout``,
+    ``device_timeout``; ``catalog_lock``: DirectoryCatalog ``lock_timeout``.
+    """
+
+    connect: float = 10.0
+    wal: float = 60.0
+    server: float = 120.0
+    recovery: float = 600.0
+    restore: float = 3600.0
+    device: float = 120.0
+    catalog_lock: float = 10.0
+
+
+def _seconds_value(value: Any, where: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigurationError(
+            f"{where} must be a positive number of seconds, not {value!r}",
+            hint="write a number greater than 0, without quotes, e.g. 300",
+        )
+    return float(value)
+
+
+def _check_keys(section: dict[str, Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse a key that is not in ``allowed``, naming the nearest valid one."""
+    for key in section:
+        if key in allowed:
+            continue
+        near = difflib.get_close_matches(str(key), allowed, n=1)
+        takes = f"{where} takes: {', '.join(allowed)}"
+        raise ConfigurationError(
+            f"{where} has an unknown key {key!r}",
+            hint=f"did you mean {near[0]!r}? {takes}" if near else takes,
+            key=key,
+        )
+
+
+def _table(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The section ``[name]`` (None when absent); a value that is not a table is refused."""
+    if name not in conf:
+        return None
+    value = conf[name]
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"{name} must be a section ([{name}]), not {value!r}",
+            hint="see docs/cli.md for a complete example",
+        )
+    return dict(value)
+
+
+Source = str | os.PathLike[str] | Mapping[str, Any]
+"""A configuration: the path of a TOML file, or its content as a mapping (a dict
+shaped like the file: ``{"database": {...}, "volume": [{...}, ...]}``)."""
+
+
+def _describe(source: Source) -> str:
+    return "mapping" if isinstance(source, Mapping) else str(source)
+
+
+def _read(source: Source) -> dict[str, Any]:
+    """The configuration (a TOML file, or a mapping), its sections checked against the
+    known ones."""
+    where = _describe(source)
+    if isinstance(source, Mapping):
+        conf = {str(k): v for k, v in source.items()}
+    else:
+        try:
+            conf = tomllib.loads(Path(source).read_text())
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read configuration {source}: {exc.strerror}"
+            ) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"configuration {source} is not valid TOML: {exc}") from None
+    for name in conf:
+        if name in _SECTIONS:
+            continue
+        shown = [f"[[{s}]]" if s == "volume" else f"[{s}]" for s in _SECTIONS]
+        near = difflib.get_close_matches(name, _SECTIONS, n=1)
+        suggestion = f"did you mean {shown[_SECTIONS.index(near[0])]}? " if near else ""
+        raise ConfigurationError(
+            f"configuration {where} has an unknown section [{name}]",
+            hint=f"{suggestion}the sections are: {', '.join(shown)}",
+            key=name,
+        )
+    return conf
+
+
+def _base(source: Source, base: str | os.PathLike[str] | None) -> Path:
+    """What relative paths are relative to: ``base``; else the file's directory (the
+    working directory for a mapping)."""
+    if base is not None:
+        return Path(base).resolve()
+    if isinstance(source, Mapping):
+        return Path.cwd()
+    return Path(source).resolve().parent
+
+
+def _timeouts(conf: dict[str, Any]) -> Timeouts:
+    section = _table(conf, "timeouts") or {}
+    _check_keys(section, tuple(TIMEOUT_KEYS), "[timeouts]")
+    return Timeouts(
+        **{key: _seconds_value(value, f"[timeouts] {key}") for key, value in section.items()}
+    )
+
+
+def load_timeouts(source: Source) -> Timeouts:
+    """The ``[timeouts]`` section of a configuration (defaults for what it omits)."""
+    return _timeouts(_read(source))
+
+
+def _host(section: dict[str, Any], rel: Callable[[Any], str]) -> Host:
+    """The database host of the ``[host]`` section: this machine, or one over ssh."""
+
+    _check_keys(section, _HOST_KEYS, "[host]")
+    name = _text(section, "name", "[host]")
+    if "ssh" not in section:
+        extra = sorted(set(section) - {"name"})
+        if extra:
+            raise ConfigurationError(
+                f"[host] sets {', '.join(extra)} but no ssh destination",
+                hint='add ssh = "db1.example.com", or remove them to use this machine',
+            )
+        return Host(name=name)
+    port = section.get("port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
+    identity_file = _text(section, "identity_file", "[host]")
+    known_hosts_file = _text(section, "known_hosts_file", "[host]")
+    runner = SshRunner(
+        str(_text(section, "ssh", "[host]")),
+        user=_text(section, "user", "[host]"),
+        port=port,
+        identity_file=None if identity_file is None else rel(identity_file),
+        known_hosts_file=None if known_hosts_file is None else rel(known_hosts_file),
+    )
+    return Host(runner, name=name)
+
+
+def _volumes(conf: dict[str, Any], rel: Callable[[Any], str]) -> Layout:
+    """The layout of the ``[[volume]]`` tables."""
+
+    volumes = conf["volume"]
+    if isinstance(volumes, dict):
+        raise ConfigurationError(
+            "write each volume as a [[volume]] table (double brackets), not [volume]",
+            hint="see docs/cli.md for a complete example",
+        )
+    if not isinstance(volumes, list):
+        raise ConfigurationError(
+            f"volume must be [[volume]] tables, not {volumes!r}",
+            hint="see docs/cli.md for a complete example",
+        )
+    roles = ", ".join(r.value for r in VolumeRole)
+    vols = []
+    for n, v in enumerate(volumes, 1):
+        where = f"[[volume]] #{n}"
+        if not isinstance(v, dict):
+            raise ConfigurationError(
+                f"{where} must be a table (id, role, mount_point), not {v!r}",
+                hint="see docs/cli.md for a complete example",
+            )
+        _check_keys(v, _VOLUME_KEYS, where)
+        role_name = _need(v, "role", where, hint=f"give role = one of: {roles}")
+        try:
+            role = VolumeRole(role_name)
+        except ValueError:
+            raise ConfigurationError(
+                f"{where} has role {role_name!r}", hint=f"use one of: {roles}"
+            ) from None
+        vid = _need(v, "id", where)
+        mount_point = _need(v, "mount_point", where)
+        name = v.get("name", vid)
+        oid = v.get("tablespace_oid")
+        if oid is not None and (isinstance(oid, bool) or not isinstance(oid, int)):
+            raise ConfigurationError(
+                f"{where} tablespace_oid must be a number (the tablespace's oid), not {oid!r}",
+                hint="SELECT oid, spcname FROM pg_tablespace gives it",
+            )
+        for key, value in (("id", vid), ("name", name), ("mount_point", mount_point)):
+            if isinstance(value, bool) or not isinstance(value, str | int):
+                raise ConfigurationError(
+                    f"{where} {key} must be text, not {value!r}",
+                    hint=f'write it in quotes: {key} = "..."',
+                )
+        vols.append(
+            Volume(
+                id=str(vid),
+                name=str(name),
+                role=role,
+                mount_point=rel(mount_point),
+                tablespace_oid=oid,
+            )
+        )
+    return Layout(tuple(vols))
+
+
+def _flag(section: dict[str, Any], key: str, where: str) -> bool:
+    value = section.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{where} {key} must be true or false, not {value!r}")
+    return value
+
+
+def _takes_host(name: str) -> bool:
+    """True when the backend ``name`` takes a ``host`` (it runs commands on the database
+    host, as btrfs does): it is then given the ``[host]`` section's host."""
+    import inspect  # noqa: PLC0415
+
+    from pgsnap.backends import backend_class  # noqa: PLC0415
+
+    try:
+        return "host" in inspect.signature(backend_class(name)).parameters
+    except (TypeError, ValueError):  # pragma: no cover - a class without a signature
+        return False
+
+
+def cluster_arguments(
+    source: Source,
+    *,
+    timeouts: Timeouts | None = None,
+    base: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of :class:`~pgsnap.cluster.Cluster` that a configuration
+    describes (what :meth:`Cluster.from_config <pgsnap.cluster.Cluster.from_config>`
+    builds with): the adapter, backend, archive, catalog, layout, journal
+    directory and WAL index.
+
+    ``source`` is a TOML file or a mapping of the same shape. Relative paths
+    are relative to ``base``, else to the file's directory (the working
+    directory for a mapping). Unknown sections and keys are refused, naming
+    the nearest valid one. ``timeouts`` replaces the configuration's
+    ``[timeouts]`` (the connection and catalog lock waits are the cluster's;
+    :func:`load_timeouts` gives the others, for
+    :meth:`~pgsnap.cluster.Cluster.plan_recovery` and
+    :meth:`~pgsnap.cluster.Cluster.plan_backup`). Raises
+    :class:`~pgsnap.errors.ConfigurationError` saying what is wrong and what
+    to write instead; a password is never read from the configuration itself.
+    """
+    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415 - psycopg on use
+    from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
+
+    path = _describe(source)
+    conf = _read(source)
+    base_dir = _base(source, base)
+
+    def rel(value: Any) -> str:
+        return str(base_dir / str(value))
+
+    def opt_rel(value: Any) -> str | None:
+        return None if value is None else rel(value)
+
+    sections = {}
+    for name in ("database", "storage", "archive", "catalog", "volume"):
+        if name not in conf:
+            raise ConfigurationError(
+                f"configuration {path} lacks the [{name}] section",
+                hint="see docs/cli.md for a complete example",
+            )
+        if name != "volume":
+            sections[name] = _table(conf, name) or {}
+    db, storage = sections["database"], sections["storage"]
+    archive, catalog = sections["archive"], sections["catalog"]
+    if "password" in db:  # refused with its own message: never a "did you mean"
+        _read_password(db, base_dir)
+    _check_keys(db, _DATABASE_KEYS, "[database]")
+    _check_keys(storage, _STORAGE_KEYS, "[storage]")
+    _check_keys(archive, _ARCHIVE_KEYS, "[archive]")
+    _check_keys(catalog, _CATALOG_KEYS, "[catalog]")
+    file_timeouts = _timeouts(conf)
+    timeouts = timeouts or file_timeouts
+    layout = _volumes(conf, rel)
+    host = _host(_table(conf, "host") or {}, rel)
+    control = _text(db, "control", "[database]") or "pg_ctl"
+    if control not in ("pg_ctl", "systemd"):
+        raise ConfigurationError(
+            f"[database] control is {control!r}", hint="use control = 'pg_ctl' or 'systemd'"
+        )
+    adapter = PostgresAdapter(
+        _conninfo_without_password(_text(db, "conninfo", "[database]") or ""),
+        password=_read_password(db, base_dir),
+        data_directory=opt_rel(_text(db, "data_directory", "[database]")),
+        bindir=opt_rel(_text(db, "bindir", "[database]")),
+        os_user=_text(db, "os_user", "[database]"),
+        log_file=opt_rel(_text(db, "log_file", "[database]")),
+        control="systemd" if control == "systemd" else "pg_ctl",
+        systemd_unit=_text(db, "systemd_unit", "[database]"),
+        connect_timeout=timeouts.connect,
+        host=host,
+    )
+    if "backend" not in storage:
+        raise ConfigurationError(
+            "[storage] lacks 'backend'",
+            hint=f"name one of: {', '.join(sorted(registered_backends()))}",
+        )
+    options = _table(storage, "options") or {}
+    if "password" in options:  # refused with its own message, as [database] password is
+        raise ConfigurationError(
+            "the configuration file must not hold a password ([storage.options] password)",
+            hint="put it in an environment variable and name that with password_env = 'NAME' "
+            "(the powerflex backend reads $PGSNAP_POWERFLEX_PASSWORD when none is named)",
+        )
+    for key in ("state_file", "root", "snapshot_dir"):
+        if key in options:
+            options[key] = rel(options[key])
+    if isinstance(options.get("verify"), str):  # a CA bundle (PowerFlex): relative to the file
+        options["verify"] = rel(options["verify"])
+    if isinstance(options.get("volumes"), list):
+        options["volumes"] = [
+            {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
+            for v in options["volumes"]
+        ]
+    if "host" not in options and _takes_host(str(storage["backend"])):
+        options["host"] = host  # a backend that works on the database host (btrfs)
+    backend = create_backend(str(storage["backend"]), **options)
+    catalog_path = rel(_need(catalog, "path", "[catalog]"))
+    journal = catalog.get("journal", Path(catalog_path) / "journal")
+    wal_index = catalog.get("wal_index", True)
+    if not isinstance(wal_index, bool | str) or wal_index == "":
+        raise ConfigurationError(
+            f"[catalog] wal_index is {wal_index!r}",
+            hint="give a directory for the WAL index, or false for none "
+            "(default: wal-index in the catalog directory)",
+        )
+    return {
+        "adapter": adapter,
+        "backend": backend,
+        "archive": DirectoryWalArchive(
+            rel(_need(archive, "path", "[archive]")), gzip=_flag(archive, "gzip", "[archive]")
+        ),
+        "catalog": DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
+        "layout": layout,
+        "journal_dir": rel(journal),
+        "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
+    }
+
+
+def load_retention(source: Source) -> dict[str, Any]:
+    """The ``[retention]`` section of a configuration (empty when absent)."""
+    if isinstance(source, Mapping):
+        conf: dict[str, Any] = dict(source)
+    else:
+        try:
+            conf = tomllib.loads(Path(source).read_text())
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return {}  # cluster_arguments reports what is wrong with the file
+    section = conf.get("retention", {})
+    if not isinstance(section, dict):
+        return {}
+    _check_keys(section, RETENTION_KEYS, "[retention]")
+    return section

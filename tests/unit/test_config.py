@@ -1,0 +1,91 @@
+"""pgsnap.Cluster.from_config: one typed way from a configuration to a Cluster.
+
+A TOML file and a mapping of the same shape build the same cluster; relative
+paths follow the file (or ``base``); what is wrong is a ConfigurationError that
+says what to write instead. (The command's own use of it is tested with the
+CLI; a real server behind it in tests/integration/test_cli.py.)
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import pgsnap
+from pgsnap.config import cluster_arguments, load_retention, load_timeouts
+from pgsnap.errors import ConfigurationError
+
+from .test_cli_unit import write_config
+
+
+def _mapping(config: Path) -> dict[str, object]:
+    return tomllib.loads(config.read_text())
+
+
+def test_a_file_and_a_mapping_build_the_same_cluster(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    from_file = pgsnap.Cluster.from_config(config)
+    from_mapping = pgsnap.Cluster.from_config(_mapping(config))
+    assert isinstance(from_file, pgsnap.Cluster)
+    assert repr(from_file).startswith("<pgsnap.Cluster backend=mock ")
+    assert from_file.layout == from_mapping.layout
+    assert from_file.archive.location == from_mapping.archive.location == str(tmp_path / "archive")
+    assert from_file.backend.name == from_mapping.backend.name == "mock"
+    assert tuple(from_file.backups()) == tuple(from_mapping.backups()) == ()
+
+
+def test_relative_paths_follow_the_file_or_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "site" / "archive").mkdir(parents=True)
+    conf = _mapping(write_config(tmp_path))
+    conf["archive"] = {"path": "archive"}
+    conf["catalog"] = {"path": "catalog"}
+    file = tmp_path / "site" / "pgsnap.toml"
+    file.write_text(
+        (tmp_path / "pgsnap.toml").read_text()
+        .replace(f'path = "{tmp_path / "archive"}"', 'path = "archive"')
+        .replace(f'path = "{tmp_path / "catalog"}"', 'path = "catalog"')
+    )
+    assert pgsnap.Cluster.from_config(file).archive.location == str(tmp_path / "site" / "archive")
+    based = pgsnap.Cluster.from_config(conf, base=tmp_path / "site")
+    assert based.archive.location == str(tmp_path / "site" / "archive")
+    monkeypatch.chdir(tmp_path / "site")
+    assert pgsnap.Cluster.from_config(conf).archive.location == str(tmp_path / "site" / "archive")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message", "hint"),
+    [
+        (lambda c: c.update(databse={}), "configuration mapping has an unknown section [databse]",
+         "did you mean [database]?"),
+        (lambda c: c["archive"].update(gzipped=True), "[archive] has an unknown key 'gzipped'",
+         "did you mean 'gzip'?"),
+        (lambda c: c["database"].update(password="hunter2"),
+         "the configuration file must not hold a password", "password_env"),
+        (lambda c: c.pop("catalog"), "configuration mapping lacks the [catalog] section",
+         "docs/cli.md"),
+        (lambda c: c.update(volume={"id": "v"}), "[[volume]] table (double brackets)", "docs/cli.md"),
+    ],
+)
+def test_what_is_wrong_is_said_with_what_to_write(tmp_path: Path, edit, message: str, hint: str) -> None:
+    conf = _mapping(write_config(tmp_path))
+    edit(conf)
+    with pytest.raises(ConfigurationError) as info:
+        pgsnap.Cluster.from_config(conf)
+    assert message in info.value.message
+    assert hint in (info.value.hint or "")
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value)
+
+
+def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
+    conf = _mapping(write_config(tmp_path))
+    conf["timeouts"] = {"recovery": 42}
+    conf["retention"] = {"redundancy": 3}
+    assert load_timeouts(conf).recovery == 42.0
+    assert load_retention(conf) == {"redundancy": 3}
+    assert pgsnap.Cluster.from_config(conf).adapter is not None
+    args = cluster_arguments(conf)
+    assert sorted(args) == [
+        "adapter", "archive", "backend", "catalog", "journal_dir", "layout", "wal_index",
+    ]
