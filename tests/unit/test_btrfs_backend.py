@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import logging
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -44,6 +44,7 @@ from pgsnap.errors import (
 from pgsnap.host import CommandResult, Host
 from pgsnap.model import LocationKind, RestorePreparation
 from pgsnap.protocols import Capability
+from pgsnap.testing.runners import ScriptedRunner
 
 # --------------------------------------------------------------------------- captured output
 
@@ -230,10 +231,7 @@ SELF_MOUNT = {
 DATA, WAL = "/mnt/root/srv/pg/data", "/mnt/root/srv/pg/wal"
 SNAPDIR = "/mnt/root/srv/pg/snapshots"
 
-Handler = Callable[[list[str], bytes | None], CommandResult | None]
-
-
-class FakeRunner:
+class FakeRunner(ScriptedRunner):
     """Answers the commands the backend (and the Host it uses) runs; records them all.
 
     ``handlers`` are tried newest first; the first that returns a result wins.
@@ -243,9 +241,7 @@ class FakeRunner:
     description = "fake"
 
     def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-        self.stdin: dict[int, bytes] = {}
-        self.handlers: list[Handler] = []
+        super().__init__()
         self.mounts = json.loads(json.dumps(MOUNTS))
         self.listing = LIST_VIA_AT
         self.readonly = LIST_VIA_AT_RO
@@ -253,31 +249,6 @@ class FakeRunner:
         self.incomplete: list[str] = []
         self.users: list[str] = []
         """``/proc/<pid>/...`` links the process scan finds."""
-
-    def on(self, handler: Handler) -> None:
-        self.handlers.insert(0, handler)
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float = 60.0,
-    ) -> CommandResult:
-        args = list(argv)
-        assert all(isinstance(a, str) for a in args), args
-        self.calls.append(args)
-        if stdin is not None:
-            self.stdin[len(self.calls) - 1] = stdin
-        for handler in self.handlers:
-            result = handler(args, stdin)
-            if result is not None:
-                return result
-        return self.default(args)
-
-    def ok(self, args: list[str], out: bytes = b"") -> CommandResult:
-        return CommandResult(tuple(args), 0, out, b"")
 
     def default(self, args: list[str]) -> CommandResult:
         if args[:2] == ["realpath", "-m"]:
