@@ -6,6 +6,8 @@ import hashlib
 import logging
 import time
 import typing
+import warnings
+from typing import Final
 
 import attrs
 
@@ -31,14 +33,14 @@ from pgsnap.operations.storage import RestoreVolume
 from pgsnap.protocols import BackupSession
 
 __all__ = [
-    "BackupAbort",
-    "BackupStart",
-    "BackupStop",
+    "AbortBackup",
     "ClearRecoverySettings",
     "PrepareDataDirectory",
+    "StartBackup",
     "StartServer",
+    "StopBackup",
     "StopServer",
-    "Verify",
+    "VerifyRecovery",
     "WaitRecovery",
     "WriteBackupLabel",
     "WriteRecoverySettings",
@@ -66,7 +68,7 @@ def _session(ctx: OperationContext) -> BackupSession:
 
 
 @attrs.frozen
-class BackupStart(Operation):
+class StartBackup(Operation):
     """Enter backup mode on a dedicated session, kept open in this process."""
 
     name = "db.backup_start"
@@ -95,7 +97,7 @@ class BackupStart(Operation):
 
 
 @attrs.frozen
-class BackupAbort(Operation):
+class AbortBackup(Operation):
     """Close the backup session: the server aborts a backup whose session ends."""
 
     name = "db.backup_abort"
@@ -109,7 +111,7 @@ class BackupAbort(Operation):
 
 
 @attrs.frozen
-class BackupStop(Operation):
+class StopBackup(Operation):
     """Leave backup mode without waiting for the archive; return the label and map."""
 
     name = "db.backup_stop"
@@ -403,7 +405,7 @@ class WaitRecovery(Operation):
 
 
 @attrs.frozen
-class Verify(Operation):
+class VerifyRecovery(Operation):
     """Check the server is where the plan said: state, timeline, replayed far enough.
 
     ``min_replay_lsn`` is the backup's consistency point: recovery must have
@@ -483,3 +485,27 @@ class Verify(Operation):
                 step_id=ctx.step_id,
                 hint="see the server log; the WAL between the backup's start and stop is needed",
             )
+
+
+_RENAMED: Final = {
+    "BackupStart": "StartBackup",
+    "BackupAbort": "AbortBackup",
+    "BackupStop": "StopBackup",
+    "Verify": "VerifyRecovery",
+}
+"""Old names of operations (they were named like the records they make), kept for one
+release with a DeprecationWarning."""
+
+
+def __getattr__(name: str) -> type[Operation]:
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} is now {new} (operations are named as operations); "
+        "the old name is removed after the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    cls: type[Operation] = globals()[new]
+    return cls

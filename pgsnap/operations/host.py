@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import posixpath
+import warnings
 from collections.abc import Iterable
+from typing import Final
 
 import attrs
 
 from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Target
 
-__all__ = ["Mount", "Unmount", "WaitForDevice"]
+__all__ = ["MountVolume", "UnmountVolume", "WaitForDevice"]
 
 
 def _options(values: Iterable[str]) -> tuple[str, ...]:
@@ -50,7 +52,7 @@ def _check_mount_point(
 
 
 @attrs.frozen
-class Unmount(Operation):
+class UnmountVolume(Operation):
     """Unmount a volume's file system; a busy file system names the processes holding it."""
 
     name = "host.unmount"
@@ -68,7 +70,7 @@ class Unmount(Operation):
         wanted = posixpath.normpath(self.mount_point)
         again = [
             sid
-            for sid, op in plan.of(Mount)
+            for sid, op in plan.of(MountVolume)
             if posixpath.normpath(op.mount_point) == wanted and plan.index(sid) > here
         ]
         if not again:
@@ -85,7 +87,7 @@ class Unmount(Operation):
 
 
 @attrs.frozen
-class Mount(Operation):
+class MountVolume(Operation):
     """Mount a device on a mount point (no-op when exactly that is mounted)."""
 
     name = "host.mount"
@@ -118,3 +120,25 @@ class WaitForDevice(Operation):
 
     def run(self, ctx: OperationContext) -> Outputs:
         return {"resolved": ctx.host.wait_for_device(self.device, timeout=self.timeout)}
+
+
+_RENAMED: Final = {
+    "Unmount": "UnmountVolume",
+    "Mount": "MountVolume",
+}
+"""Old names of operations (they were named like the records they make), kept for one
+release with a DeprecationWarning."""
+
+
+def __getattr__(name: str) -> type[Operation]:
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} is now {new} (operations are named as operations); "
+        "the old name is removed after the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    cls: type[Operation] = globals()[new]
+    return cls

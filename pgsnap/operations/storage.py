@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable, Mapping
+from typing import Final
 
 import attrs
 
@@ -21,14 +23,14 @@ from pgsnap.operations.base import (
 from pgsnap.operations.base import Target as _Target
 
 __all__ = [
-    "Attach",
+    "AttachVolume",
     "DeleteSnapshotGroup",
     "DeleteSnapshots",
-    "Detach",
+    "DetachVolume",
     "PausePolicies",
     "RestoreVolume",
     "ResumePolicies",
-    "SnapshotGroup",
+    "TakeSnapshotGroup",
     "WaitForRestore",
 ]
 
@@ -63,7 +65,7 @@ def _group_outputs(group: SnapshotGroupRecord) -> Outputs:
 
 
 @attrs.frozen
-class SnapshotGroup(Operation):
+class TakeSnapshotGroup(Operation):
     """Snapshot volumes together (one consistency group where the storage can).
 
     After an interruption the group is looked for by its name (taken since
@@ -201,7 +203,7 @@ class RestoreVolume(Operation):
                 taken = None
         if (
             not isinstance(ref, Ref)
-            or not isinstance(taken, SnapshotGroup)
+            or not isinstance(taken, TakeSnapshotGroup)
             or ref.path[2] != self.volume_id
             or self.volume_id not in taken.volume_ids
         ):
@@ -287,7 +289,7 @@ def _check_host(op: Operation, ctx: OperationContext, volume_id: str, host: str)
 
 
 @attrs.frozen
-class Attach(Operation):
+class AttachVolume(Operation):
     """Attach (map) a volume to the database host."""
 
     name = "storage.attach"
@@ -306,7 +308,7 @@ class Attach(Operation):
 
 
 @attrs.frozen
-class Detach(Operation):
+class DetachVolume(Operation):
     """Detach (unmap) a volume from the database host."""
 
     name = "storage.detach"
@@ -323,7 +325,7 @@ class Detach(Operation):
         here = plan.index(ctx.step_id) if ctx.step_id else -1
         again = [
             sid
-            for sid, op in plan.of(Attach)
+            for sid, op in plan.of(AttachVolume)
             if op.volume_id == self.volume_id and op.host == self.host and plan.index(sid) > here
         ]
         if not again:
@@ -368,3 +370,26 @@ class ResumePolicies(Operation):
         for pid in self.policy_ids:
             ctx.backend.resume_policy(pid)
         return {}
+
+
+_RENAMED: Final = {
+    "SnapshotGroup": "TakeSnapshotGroup",
+    "Attach": "AttachVolume",
+    "Detach": "DetachVolume",
+}
+"""Old names of operations (they were named like the records they make), kept for one
+release with a DeprecationWarning."""
+
+
+def __getattr__(name: str) -> type[Operation]:
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.{name} is now {new} (operations are named as operations); "
+        "the old name is removed after the next release",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    cls: type[Operation] = globals()[new]
+    return cls

@@ -22,8 +22,8 @@ from pgsnap.operations.catalog import (
     RecordBackupStop,
     WaitForWal,
 )
-from pgsnap.operations.db import BackupAbort, BackupStart, BackupStop
-from pgsnap.operations.storage import DeleteSnapshotGroup, SnapshotGroup
+from pgsnap.operations.db import AbortBackup, StartBackup, StopBackup
+from pgsnap.operations.storage import DeleteSnapshotGroup, TakeSnapshotGroup
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import BackupFacts, PathFacts, fingerprint
 from pgsnap.protocols import Capability
@@ -342,12 +342,12 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
     steps = (
         Step.of(
             "backup-start",
-            BackupStart(label=request.label, fast=request.fast_checkpoint),
+            StartBackup(label=request.label, fast=request.fast_checkpoint),
             description=f"enter backup mode (label {request.label!r}, "
             f"{'fast' if request.fast_checkpoint else 'spread'} checkpoint)",
             reason="backup mode makes a snapshot of a running server restorable "
             "(immune to changes during the snapshot)",
-            undo=BackupAbort(),
+            undo=AbortBackup(),
         ),
         Step.of(
             "record-start",
@@ -359,7 +359,7 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         ),
         Step.of(
             "snapshot",
-            SnapshotGroup(
+            TakeSnapshotGroup(
                 volume_ids=tuple(vol_ids), group_name=bid, secure=request.secure_snapshots
             ),
             description=(
@@ -378,7 +378,7 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         ),
         Step.of(
             "backup-stop",
-            BackupStop(),
+            StopBackup(),
             description="leave backup mode without waiting for the archive",
             reason="the server leaves backup mode as soon as the snapshot exists",
         ),

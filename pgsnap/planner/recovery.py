@@ -53,19 +53,19 @@ from pgsnap.operations.db import (
     PrepareDataDirectory,
     StartServer,
     StopServer,
-    Verify,
+    VerifyRecovery,
     WaitRecovery,
     WriteBackupLabel,
     WriteRecoverySettings,
 )
-from pgsnap.operations.host import Mount, Unmount, WaitForDevice
+from pgsnap.operations.host import MountVolume, UnmountVolume, WaitForDevice
 from pgsnap.operations.storage import (
-    Attach,
-    Detach,
+    AttachVolume,
+    DetachVolume,
     PausePolicies,
     RestoreVolume,
     ResumePolicies,
-    SnapshotGroup,
+    TakeSnapshotGroup,
     WaitForRestore,
 )
 from pgsnap.plan import Plan, Step
@@ -686,11 +686,11 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"unmount-{vol.id}",
-                Unmount(mount_point=vol.mount_point, volume_id=vol.id),
+                UnmountVolume(mount_point=vol.mount_point, volume_id=vol.id),
                 description=f"unmount {vol.mount_point} ({mounted.source})",
                 reason=f"the storage restores volume {vol.id} only once its file system is "
                 "unmounted; a busy file system names the processes holding it",
-                undo=Mount(
+                undo=MountVolume(
                     device=mounted.source,
                     mount_point=vol.mount_point,
                     fstype=fstype,
@@ -703,10 +703,10 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"detach-{vol.id}",
-                Detach(volume_id=vol.id, host=facts.host),
+                DetachVolume(volume_id=vol.id, host=facts.host),
                 description=f"detach volume {vol.id} from host {facts.host}",
                 reason="the storage refuses to overwrite a volume a host still sees",
-                undo=Attach(volume_id=vol.id, host=facts.host),
+                undo=AttachVolume(volume_id=vol.id, host=facts.host),
             )
         )
     snap = backup.snapshots[vol.id]
@@ -738,10 +738,10 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"attach-{vol.id}",
-                Attach(volume_id=vol.id, host=facts.host),
+                AttachVolume(volume_id=vol.id, host=facts.host),
                 description=f"attach volume {vol.id} to host {facts.host} again",
                 reason="the host needs the restored volume back",
-                undo=Detach(volume_id=vol.id, host=facts.host),
+                undo=DetachVolume(volume_id=vol.id, host=facts.host),
             )
         )
     if profile.unmounts:
@@ -758,7 +758,7 @@ def _restore_steps(
         steps.append(
             Step.of(
                 f"mount-{vol.id}",
-                Mount(
+                MountVolume(
                     device=device,
                     mount_point=vol.mount_point,
                     fstype=fstype,
@@ -767,7 +767,7 @@ def _restore_steps(
                 ),
                 description=f"mount {device} on {vol.mount_point}",
                 reason="PostgreSQL finds its files where they were",
-                undo=Unmount(mount_point=vol.mount_point, volume_id=vol.id),
+                undo=UnmountVolume(mount_point=vol.mount_point, volume_id=vol.id),
             )
         )
     return steps
@@ -864,7 +864,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         steps.append(
             Step.of(
                 SAFETY_STEP,
-                SnapshotGroup(volume_ids=tuple(sorted(restore_ids)), group_name=safety_name),
+                TakeSnapshotGroup(volume_ids=tuple(sorted(restore_ids)), group_name=safety_name),
                 description=f"snapshot the current state of {', '.join(sorted(restore_ids))} "
                 f"first (group {safety_name})",
                 reason="nothing is lost: the state being replaced stays available until "
@@ -960,7 +960,9 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     steps.append(
         Step.of(
             "verify",
-            Verify(action=request.action, min_replay_lsn=backup.stop_lsn, min_timeline=min_tli),
+            VerifyRecovery(
+                action=request.action, min_replay_lsn=backup.stop_lsn, min_timeline=min_tli
+            ),
             description=f"verify: {_expected_state(request.action)}"
             + (f", on a new timeline (>= {min_tli})" if min_tli is not None else "")
             + f", replayed at least to the backup's consistency point {backup.stop_lsn}",

@@ -45,7 +45,7 @@ from pgsnap.operations import (
     default_operations,
 )
 from pgsnap.operations.catalog import required_wal_files
-from pgsnap.operations.db import Verify
+from pgsnap.operations.db import VerifyRecovery
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
@@ -554,7 +554,7 @@ def test_old_and_edited_plans_are_refused_when_loaded():
 def test_verify_checks_how_far_recovery_replayed(world):
     """Defect: verify's description promised a min_replay_lsn check it never made."""
     world.db.in_recovery, world.db.timeline = False, 2
-    verify = Verify(action=RecoveryAction.PROMOTE, min_replay_lsn=STOP_LSN, min_timeline=2)
+    verify = VerifyRecovery(action=RecoveryAction.PROMOTE, min_replay_lsn=STOP_LSN, min_timeline=2)
     plan = Plan("recovery", (Step.of("verify", verify, description="v", reason="r"),), "fp")
     world.db.replay_lsn = STOP_LSN - 8
     with pytest.raises(errors.ExecutionError, match="replayed only to") as info:
@@ -565,7 +565,7 @@ def test_verify_checks_how_far_recovery_replayed(world):
     assert result.outputs["verify"]["replay_checked"] is True
     # After a shutdown the wait step's outcome says how far replay went.
     world.db.running = False
-    shutdown = Verify(action=RecoveryAction.SHUTDOWN, min_replay_lsn=STOP_LSN, wait_step="w")
+    shutdown = VerifyRecovery(action=RecoveryAction.SHUTDOWN, min_replay_lsn=STOP_LSN, wait_step="w")
     steps = (Step.of("w", Count("w"), description="w", reason="r"),
              Step.of("v", shutdown, description="v", reason="r"))
     SCRIPT["w"] = lambda ctx: None
@@ -733,19 +733,19 @@ def test_backup_interrupted_while_waiting_for_wal_resumes(jworld):
 
 def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path, monkeypatch):
     """The process dies right after the storage made the group, before the journal knew."""
-    from pgsnap.operations.storage import SnapshotGroup
+    from pgsnap.operations.storage import TakeSnapshotGroup
 
     state = tmp_path / "mock.json"
     backend = MockBackend(state_file=state, root=tmp_path / "snaps")
     world = make_world(tmp_path, catalog=DirectoryCatalog(tmp_path / "catalog"), backend=backend)
     plan = backup_plan(world)
-    real_run = SnapshotGroup.run
+    real_run = TakeSnapshotGroup.run
 
     def snapshot_then_die(self, ctx):
         real_run(self, ctx)
         os._exit(0)  # killed: no journal entry, no catalog update
 
-    monkeypatch.setattr(SnapshotGroup, "run", snapshot_then_die)
+    monkeypatch.setattr(TakeSnapshotGroup, "run", snapshot_then_die)
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child dies inside
         try:
@@ -753,7 +753,7 @@ def test_a_killed_backup_is_cleaned_up_including_unjournalled_snapshots(tmp_path
         finally:
             os._exit(1)
     os.waitpid(pid, 0)
-    monkeypatch.setattr(SnapshotGroup, "run", real_run)
+    monkeypatch.setattr(TakeSnapshotGroup, "run", real_run)
 
     survivor = MockBackend(state_file=state)  # a new process's view of the storage
     assert len(survivor.list_snapshots()) == 2

@@ -142,3 +142,20 @@ def test_runtime_dependencies_are_what_the_runtime_imports():
                 for d in project["optional-dependencies"][extra]}
     assert third_party - optional == declared
     assert optional <= third_party  # an extra nothing uses is a stale extra
+
+
+def test_operations_renamed_as_operations_keep_their_old_names_for_a_release():
+    """Issue 20: operation classes were named like the records they make
+    (``SnapshotGroup``, ``Mount``, ``BackupStart``; ``Verify`` twice). The old names
+    still work, with a DeprecationWarning; plans and journals name actions, not
+    classes, so they are unchanged."""
+    from pgsnap.operations import BUILTIN_OPERATIONS, db, host, storage
+
+    for module in (db, host, storage):
+        for old, new in module._RENAMED.items():
+            with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
+                assert getattr(module, old) is getattr(module, new)
+            assert old not in module.__all__ and new in module.__all__
+            assert f"{module.__name__}:{new}" in BUILTIN_OPERATIONS.values()
+    with pytest.raises(AttributeError):
+        db.NoSuchOperation  # noqa: B018
