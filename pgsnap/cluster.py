@@ -61,6 +61,7 @@ from pgsnap.model import (
     SafetySnapshot,
     StorageProblem,
     VolumeRole,
+    decode_value,
     from_dict,
 )
 from pgsnap.observe import Observer
@@ -72,6 +73,7 @@ from pgsnap.planner.expiry import (
     plan_delete,
     plan_delete_safety,
     plan_expiry,
+    plan_pin,
 )
 from pgsnap.planner.facts import (
     BackupFacts,
@@ -839,6 +841,22 @@ class Cluster:
                 current=now.fingerprint,
             )
 
+    def _check_fresh_pin(self, plan: Plan) -> None:
+        """Refuse a pin plan made before the backup's pin changed (or it went)."""
+        backup_id = str(plan.request.get("backup_id"))
+        try:
+            record = self.catalog.get(backup_id)
+        except BackupNotFound as exc:
+            raise StalePlanError(
+                f"the plan no longer holds: {exc.message}", hint="make a new plan"
+            ) from exc
+        wanted = decode_value(Pin | None, plan.request.get("pin"), "the plan's pin")
+        if plan_pin(record, wanted).fingerprint != plan.fingerprint:
+            raise StalePlanError(
+                f"the pin of backup {backup_id} changed since the plan was made",
+                hint="make a new plan and review it",
+            )
+
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
 
@@ -851,6 +869,9 @@ class Cluster:
         """
         if plan.kind in ("expiry", "delete", "delete-safety"):
             self._check_fresh_retention(plan)
+            return
+        if plan.kind in ("pin", "unpin"):
+            self._check_fresh_pin(plan)
             return
         if plan.kind != "recovery" or not plan.request:
             return
@@ -934,9 +955,12 @@ class Cluster:
             self.execute(plan)
         return plan
 
-    def pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> BackupRecord:
-        """Keep ``backup_id`` whatever retention says, forever or ``until`` a time,
-        for ``reason`` (required: the next person needs to know why)."""
+    def plan_pin(
+        self, backup_id: str, reason: str, *, until: dt.datetime | None = None
+    ) -> Plan:
+        """The plan that keeps ``backup_id`` whatever retention says, forever or
+        ``until`` a time, for ``reason`` (required: the next person needs to know
+        why). See :func:`~pgsnap.planner.expiry.plan_pin`."""
         if not isinstance(reason, str) or not reason.strip():
             raise InputError(
                 "a pin needs a reason",
@@ -949,15 +973,21 @@ class Cluster:
                 hint="give a time zone, e.g. 2027-01-01T00:00:00+00:00",
                 argument="until",
             )
-        record = attrs.evolve(self.catalog.get(backup_id), pin=Pin(reason.strip(), until))
-        self.catalog.put(record)
-        return record
+        return plan_pin(self.catalog.get(backup_id), Pin(reason.strip(), until))
+
+    def plan_unpin(self, backup_id: str) -> Plan:
+        """The plan that removes ``backup_id``'s pin (retention decides again)."""
+        return plan_pin(self.catalog.get(backup_id), None)
+
+    def pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> BackupRecord:
+        """Plan and execute a pin (:meth:`plan_pin`); return the pinned record."""
+        self.execute(self.plan_pin(backup_id, reason, until=until))
+        return self.catalog.get(backup_id)
 
     def unpin(self, backup_id: str) -> BackupRecord:
-        """Remove ``backup_id``'s pin (retention decides again)."""
-        record = attrs.evolve(self.catalog.get(backup_id), pin=None)
-        self.catalog.put(record)
-        return record
+        """Plan and execute an unpin (:meth:`plan_unpin`); return the record."""
+        self.execute(self.plan_unpin(backup_id))
+        return self.catalog.get(backup_id)
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

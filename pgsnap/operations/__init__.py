@@ -98,6 +98,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "catalog.mark_unusable": f"{_OPS}.catalog:MarkUnusable",
         "catalog.record_safety_snapshot": f"{_OPS}.catalog:RecordSafetySnapshot",
         "catalog.delete_safety": f"{_OPS}.catalog:DeleteSafetyRecord",
+        "catalog.set_pin": f"{_OPS}.catalog:SetPin",
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
         "archive.verify_wal": f"{_OPS}.catalog:VerifyWal",
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",

@@ -25,8 +25,16 @@ from pgsnap.errors import (
     PgsnapError,
     UnsupportedCapability,
 )
-from pgsnap.model import LSN, BackupRecord, BackupState, SafetySnapshot
-from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, Ref, Resume
+from pgsnap.model import LSN, BackupRecord, BackupState, Pin, SafetySnapshot
+from pgsnap.operations.base import (
+    JSONValue,
+    Operation,
+    OperationContext,
+    Outputs,
+    PlanView,
+    Ref,
+    Resume,
+)
 from pgsnap.operations.base import Target as _Target
 from pgsnap.protocols import WalArchive
 from pgsnap.wal import (
@@ -49,6 +57,7 @@ __all__ = [
     "RecordBackupStart",
     "RecordBackupStop",
     "RecordSafetySnapshot",
+    "SetPin",
     "VerifyWal",
     "WaitForWal",
     "missing_backup_segments",
@@ -291,6 +300,35 @@ class RecordSafetySnapshot(Operation):
         )
         ctx.catalog.put_safety(record)
         return {"name": record.name}
+
+
+@attrs.frozen
+class SetPin(Operation):
+    """Set a backup's pin: retention keeps a pinned backup (forever, or until a time)
+    for the reason a person gave; ``pin`` None unpins it. Planned by
+    :func:`~pgsnap.planner.expiry.plan_pin`, whose undo sets the pin it found."""
+
+    name = "catalog.set_pin"
+    target = _Target.CATALOG
+    compensation = "catalog.set_pin"
+
+    backup_id: str
+    pin: Pin | None = None
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        try:
+            ctx.catalog.get(self.backup_id)
+        except BackupNotFound:
+            raise self.mismatch(
+                ctx,
+                f"backup {self.backup_id} is not in the catalog",
+                "list the backups with `pgsnap list`, then make a new plan",
+            ) from None
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        record = ctx.catalog.get(self.backup_id)
+        ctx.catalog.put(attrs.evolve(record, pin=self.pin))
+        return {"pinned": self.pin is not None}
 
 
 @attrs.frozen

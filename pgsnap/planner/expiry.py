@@ -59,12 +59,13 @@ from typing import Final
 import attrs
 
 from pgsnap.errors import BackupNotFound, ConfigurationError, PgsnapError, PlanningError
-from pgsnap.model import BackupRecord, BackupState, SafetySnapshot, Snapshot
+from pgsnap.model import BackupRecord, BackupState, Pin, SafetySnapshot, Snapshot, encode_value
 from pgsnap.operations.catalog import (
     DeleteBackupRecord,
     DeleteSafetyRecord,
     DeleteWal,
     MarkUnusable,
+    SetPin,
 )
 from pgsnap.operations.storage import DeleteSnapshotGroup, DeleteSnapshots
 from pgsnap.plan import Plan, Step
@@ -81,6 +82,7 @@ __all__ = [
     "plan_delete",
     "plan_delete_safety",
     "plan_expiry",
+    "plan_pin",
     "safety_delete_steps",
     "safety_hold",
 ]
@@ -802,6 +804,34 @@ def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
         summary={"backup": b.id, "label": b.label},
         request={"backup_id": b.id},
         lost=(f"backup {b.id} ({b.label}, {_when(b).isoformat()})",),
+    )
+
+
+def _shown_pin(pin: Pin | None) -> str:
+    if pin is None:
+        return "no pin"
+    until = "forever" if pin.until is None else f"until {pin.until.isoformat()}"
+    return f"pinned {until} ({pin.reason})"
+
+
+def plan_pin(record: BackupRecord, pin: Pin | None) -> Plan:
+    """The plan that pins ``record`` (retention keeps it, ``pin``'s way) or, with
+    ``pin`` None, unpins it: one catalog step, undone by setting the pin it found.
+    Its fingerprint is the record's pin now, so a plan made before someone else
+    changed the pin is stale."""
+    step = Step.of(
+        "set-pin",
+        SetPin(backup_id=record.id, pin=pin),
+        description=f"backup {record.id}: {_shown_pin(record.pin)} -> {_shown_pin(pin)}",
+        reason="asked for (pgsnap pin)" if pin is not None else "asked for (pgsnap unpin)",
+        undo=SetPin(backup_id=record.id, pin=record.pin),
+    )
+    return Plan(
+        kind="pin" if pin is not None else "unpin",
+        steps=(step,),
+        fingerprint=fingerprint({"backup": record.id, "pin": encode_value(record.pin)}),
+        summary={"backup": record.id, "label": record.label},
+        request={"backup_id": record.id, "pin": encode_value(pin)},
     )
 
 

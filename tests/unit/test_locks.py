@@ -96,9 +96,10 @@ def test_the_lock_table_across_processes(tmp_path: Path, running: str, new: str)
 
 
 def test_modes_come_from_the_plan_kind() -> None:
-    assert dict(LOCK_MODES) == {"backup": LockMode.SHARED}
+    shared = {"backup", "pin", "unpin"}  # pins: one record each, like a backup's own
+    assert dict(LOCK_MODES) == dict.fromkeys(shared, LockMode.SHARED)
     assert lock_mode("backup") is LockMode.SHARED
-    assert all(lock_mode(k) is LockMode.EXCLUSIVE for k in KINDS if k != "backup")
+    assert all(lock_mode(k) is LockMode.EXCLUSIVE for k in KINDS if k not in shared)
 
 
 def test_a_holder_that_died_is_reported_and_its_record_removed(tmp_path: Path) -> None:

@@ -74,3 +74,38 @@ def test_wal_archived_while_the_plan_waits_does_not_make_it_stale():
     assert plan_expiry(trimmed, policy).fingerprint != before.fingerprint
     newer = _backup(3, 50, BackupState.DONE, False)
     assert plan_expiry(_facts([*backups, newer]), policy).fingerprint != before.fingerprint
+
+
+def test_a_pin_is_a_plan_undone_by_the_pin_it_found(tmp_path):
+    """Issue 20: pins and unpins are plans the executor runs (journalled, under the
+    cluster lock), not catalog writes beside it; a plan made before the pin changed
+    is stale."""
+    import pytest
+
+    import pgsnap
+    from pgsnap.errors import ClusterLockedError, StalePlanError
+    from pgsnap.locks import LockHolder
+    from pgsnap.model import Pin
+    from pgsnap.planner.expiry import plan_pin
+    from tests.unit.test_cli_unit import write_config
+
+    (record,) = (_backup(0, 5, BackupState.DONE, False),)
+    keep = Pin("audit 2026", T0 + dt.timedelta(days=30))
+    plan = plan_pin(record, keep)
+    assert (plan.kind, [s.action for s in plan.steps]) == ("pin", ["catalog.set_pin"])
+    assert plan.steps[0].compensation_params == {"backup_id": record.id, "pin": None}
+    assert "no pin -> pinned until" in plan.steps[0].description
+    assert plan_pin(attrs.evolve(record, pin=keep), None).kind == "unpin"
+
+    cluster = pgsnap.Cluster.from_config(write_config(tmp_path))
+    cluster.catalog.put(record)
+    stale = cluster.plan_pin(record.id, "first")
+    assert cluster.pin(record.id, "audit 2026").pin == Pin("audit 2026")
+    assert [p.name for p in (tmp_path / "catalog" / "journal").glob("pin-*.journal")]
+    with pytest.raises(StalePlanError, match=f"the pin of backup {record.id} changed"):
+        cluster.execute(stale)
+    lock = cluster.catalog.cluster_lock()
+    with lock.acquire(LockHolder("recovery", "e" * 64, 4242, "db9", T0)), \
+            pytest.raises(ClusterLockedError):
+        cluster.unpin(record.id)
+    assert cluster.unpin(record.id).pin is None
