@@ -80,7 +80,13 @@ from pgsnap.planner.facts import (
     RecoveryFacts,
 )
 from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_notes
-from pgsnap.planner.reconcile import Orphan, RebuildReport, find_orphans, plan_rebuild
+from pgsnap.planner.reconcile import (
+    Orphan,
+    RebuildReport,
+    find_orphans,
+    plan_rebuild,
+    rebuild_plan,
+)
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import (
@@ -1077,24 +1083,17 @@ class Cluster:
         planned = plan_rebuild(self.observer.rebuild_facts(zone))
         if dry_run:
             return attrs.evolve(planned, dry_run=True)
+        if not planned.rebuilt:
+            return planned
+        result = self.execute(rebuild_plan(planned))
         written: list[BackupRecord] = []
         skipped = list(planned.skipped)
         for record in planned.rebuilt:
-            try:
-                existing: BackupRecord | None = self.catalog.get(record.id)
-            except BackupNotFound:
-                existing = None
-            except PgsnapError as exc:  # unreadable: a record is there, never overwritten
-                skipped.append((f"backup {record.id}", f"its catalog entry cannot be read: {exc}"))
-                continue
-            if existing is not None:
-                skipped.append((f"backup {record.id}", "recorded meanwhile; kept as it is"))
-                continue
-            self.catalog.put(record)
-            log.info(
-                "catalog rebuild: backup %s recorded from the storage and the archive", record.id
-            )
-            written.append(record)
+            out = result.outputs.get(f"record-{record.id}", {})
+            if out.get("written"):
+                written.append(record)
+            else:
+                skipped.append((f"backup {record.id}", str(out.get("why", "not written"))))
         return attrs.evolve(planned, rebuilt=tuple(written), skipped=tuple(skipped))
 
     def backup(

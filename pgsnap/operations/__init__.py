@@ -99,6 +99,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "catalog.record_safety_snapshot": f"{_OPS}.catalog:RecordSafetySnapshot",
         "catalog.delete_safety": f"{_OPS}.catalog:DeleteSafetyRecord",
         "catalog.set_pin": f"{_OPS}.catalog:SetPin",
+        "catalog.put_rebuilt_record": f"{_OPS}.catalog:PutRebuiltRecord",
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
         "archive.verify_wal": f"{_OPS}.catalog:VerifyWal",
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",

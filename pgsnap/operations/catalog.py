@@ -54,6 +54,7 @@ __all__ = [
     "FailBackup",
     "MarkBackupDone",
     "MarkUnusable",
+    "PutRebuiltRecord",
     "RecordBackupStart",
     "RecordBackupStop",
     "RecordSafetySnapshot",
@@ -300,6 +301,33 @@ class RecordSafetySnapshot(Operation):
         )
         ctx.catalog.put_safety(record)
         return {"name": record.name}
+
+
+@attrs.frozen
+class PutRebuiltRecord(Operation):
+    """Write a backup record a catalog rebuild made from the storage and the archive
+    (:func:`~pgsnap.planner.reconcile.plan_rebuild`), unless the catalog has one of
+    that id by now: a record in the catalog is never overwritten, nor one whose
+    file cannot be read."""
+
+    name = "catalog.put_rebuilt_record"
+    target = _Target.CATALOG
+
+    record: BackupRecord
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        try:
+            ctx.catalog.get(self.record.id)
+        except BackupNotFound:
+            ctx.catalog.put(self.record)
+            log.info(
+                "catalog rebuild: backup %s recorded from the storage and the archive",
+                self.record.id,
+            )
+            return {"written": True}
+        except PgsnapError as exc:  # unreadable: a record is there, never overwritten
+            return {"written": False, "why": f"its catalog entry cannot be read: {exc}"}
+        return {"written": False, "why": "recorded meanwhile; kept as it is"}
 
 
 @attrs.frozen

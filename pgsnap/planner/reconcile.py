@@ -57,6 +57,9 @@ from pgsnap.model import (
     Snapshot,
     VolumeRole,
 )
+from pgsnap.operations.catalog import PutRebuiltRecord
+from pgsnap.plan import Plan, Step
+from pgsnap.planner.facts import fingerprint
 from pgsnap.wal import ArchiveIndex, BackupHistoryFile, TimelineGraph, check
 
 __all__ = [
@@ -72,6 +75,7 @@ __all__ = [
     "hold_of_journal",
     "labelfile_from_history",
     "plan_rebuild",
+    "rebuild_plan",
 ]
 
 BACKUP_ID_RE: Final = re.compile(r"\d{8}T\d{9}Z")
@@ -660,4 +664,26 @@ def plan_rebuild(facts: RebuildFacts) -> RebuildReport:
         rebuilt=tuple(rebuilt),
         skipped=tuple(skipped),
         existing=tuple(sorted(existing)),
+    )
+
+
+def rebuild_plan(report: RebuildReport) -> Plan:
+    """The plan that writes the records a rebuild made (:func:`plan_rebuild`): one
+    ``catalog.put_rebuilt_record`` step per record, which never overwrites a record
+    the catalog has by the time it runs. Nothing to undo: each record stands alone."""
+    steps = tuple(
+        Step.of(
+            f"record-{r.id}",
+            PutRebuiltRecord(record=r),
+            description=f"record backup {r.id} ({r.label!r}, timeline {r.start_timeline}, "
+            f"{r.start_lsn} .. {r.stop_lsn}) in the catalog",
+            reason="its snapshot group and .backup file are there, its record is not",
+        )
+        for r in report.rebuilt
+    )
+    return Plan(
+        kind="rebuild",
+        steps=steps,
+        fingerprint=fingerprint({"records": [r.id for r in report.rebuilt]}),
+        summary={"records": str(len(steps))},
     )

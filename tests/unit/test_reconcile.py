@@ -315,3 +315,32 @@ def test_a_file_labelled_for_another_backup_is_never_matched_by_time():
         "20260101T050000000Z": ("nightly", LSN(0x5000028)),  # by time: the only one left
         "20260101T050000999Z": ("pgsnap 20260101T050000999Z", LSN(0x5100028)),  # by label
     }, report.explain()
+
+
+def test_a_rebuild_is_a_plan_that_never_overwrites_a_record(tmp_path):
+    """Issue 20: the rebuild's records are written by the executor (one step each,
+    journalled, under the lock), and a record the catalog has by then stays as it is."""
+    import attrs
+
+    import pgsnap
+    from pgsnap.model import BackupState
+    from pgsnap.planner.reconcile import RebuildReport, rebuild_plan
+    from tests.property.test_expiry_properties import _backup
+    from tests.unit.test_cli_unit import write_config
+
+    a, b = (_backup(i, seg, BackupState.DONE, False) for i, seg in enumerate((5, 20)))
+    plan = rebuild_plan(RebuildReport(rebuilt=(a, b)))
+    assert plan.kind == "rebuild"
+    assert [(s.action, s.id) for s in plan.steps] == [
+        ("catalog.put_rebuilt_record", f"record-{a.id}"),
+        ("catalog.put_rebuilt_record", f"record-{b.id}"),
+    ]
+    cluster = pgsnap.Cluster.from_config(write_config(tmp_path))
+    mine = attrs.evolve(b, label="written meanwhile")
+    cluster.catalog.put(mine)
+    result = cluster.execute(pgsnap.Plan.from_json(plan.to_json()))
+    assert result.outputs[f"record-{a.id}"] == {"written": True}
+    assert result.outputs[f"record-{b.id}"]["written"] is False
+    assert "recorded meanwhile" in result.outputs[f"record-{b.id}"]["why"]
+    assert cluster.catalog.get(a.id) == a
+    assert cluster.catalog.get(b.id).label == "written meanwhile"
