@@ -34,7 +34,6 @@ from pgsnap.catalog import (
     is_valid_backup_id,
     scan_catalog,
 )
-from pgsnap.checks import CheckFacts, EmptyArchive, check_findings, gather_check_facts
 from pgsnap.config import Timeouts, cluster_arguments
 from pgsnap.errors import (
     ArchiveError,
@@ -64,10 +63,11 @@ from pgsnap.model import (
     decode_value,
     from_dict,
 )
-from pgsnap.observe import Observer
+from pgsnap.observe import EmptyArchive, Observer
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
+from pgsnap.planner.checks import CheckFacts, check_findings
 from pgsnap.planner.expiry import (
     RetentionPolicy,
     plan_delete,
@@ -119,7 +119,7 @@ class CheckReport:
     cannot be asked, an unreadable archive or catalog record, WAL missing after
     a backup, an archive that is not where ``archive_command`` writes, a wrong
     OS user, the storage's own problems such as a snapshot limit near; see
-    :mod:`pgsnap.checks`); ``archiver``: archiving health (None
+    :mod:`pgsnap.planner.checks`); ``archiver``: archiving health (None
     when the server could not be asked); ``wal``: the archive per timeline;
     ``backups``: the readable catalog records; ``unreadable``: the catalog
     entries that cannot be read (also findings); ``storage_problems``: what
@@ -590,18 +590,12 @@ class Cluster:
             )
         if facts is not None:
             findings += preflight(facts)
-        data = gather_check_facts(
-            adapter=self.adapter,
-            archive=self.archive,
-            catalog=self.catalog,
+        data = self.observer.check_facts(
             scan=scan,
             server_error=server_error,
             archiver=None if facts is None else facts.archiver,
             segment_size=None if facts is None else facts.server.wal_segment_size,
-            backend=self.backend,
-            volume_ids=[v.id for v in self.layout.snapshotted],
             server_refused=refused,
-            journal_dir=self.journal_dir,
         )
         if storage_down:  # the error finding says it; the health query's warning would not
             data = attrs.evolve(data, storage_error=None)

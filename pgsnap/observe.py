@@ -13,15 +13,17 @@ import logging
 import os
 import posixpath
 import subprocess
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
 import attrs
 
-from pgsnap.catalog import catalog_system_identifiers, scan_catalog
+from pgsnap.catalog import CatalogScan, catalog_system_identifiers, scan_catalog
 from pgsnap.errors import (
     ArchiveError,
+    CommandError,
+    HostError,
     HostFileNotFound,
     PgsnapError,
     VolumeNotFound,
@@ -31,15 +33,18 @@ from pgsnap.host import FileKind, Host, LocalRunner, mount_holding
 from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import (
     LSN,
+    ArchiverStatus,
     BackupRecord,
     Layout,
     LocationKind,
     Mount,
     RecoveryTarget,
     ServerFacts,
+    StorageProblem,
     TargetKind,
     VolumeRole,
 )
+from pgsnap.planner.checks import DEFAULT_SEGMENT_SIZE, CheckFacts
 from pgsnap.planner.expiry import ExpiryFacts
 from pgsnap.planner.facts import (
     BackupFacts,
@@ -51,13 +56,23 @@ from pgsnap.planner.facts import (
 )
 from pgsnap.planner.reconcile import RebuildFacts, RebuildSource, SnapshotHold, hold_of_journal
 from pgsnap.planner.recovery import Candidate, RecoveryRequest, iter_candidates
-from pgsnap.protocols import Capability, Catalog, DatabaseAdapter, StorageBackend, WalArchive
+from pgsnap.protocols import (
+    Capability,
+    Catalog,
+    DatabaseAdapter,
+    StorageBackend,
+    StorageHealth,
+    WalArchive,
+)
 from pgsnap.wal import (
+    VALID_SEGMENT_SIZES,
     ArchiveIndex,
     TimelineGraph,
     TimelineSpan,
+    WalFileKind,
     backup_file_name,
     check,
+    parse_archive_name,
     parse_backup_file,
     segment_name,
     segment_start,
@@ -74,7 +89,10 @@ from pgsnap.wal.reader import (
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
+    "EmptyArchive",
     "Observer",
+    "gather_check_facts",
+    "gather_storage_problems",
     "is_live_segment",
     "read_archive_system_identifier",
 ]
@@ -87,9 +105,6 @@ _Scanner = Callable[
 """Reads the WAL of ``dirs`` along a timeline path from one LSN to another, answering a
 :class:`~pgsnap.wal.contents.WalQuery`, reading at most so many segments (the newest); returns
 what it found and how many segments it read."""
-
-DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
-"""The segment size assumed when no backup, server or archive says (16 MiB)."""
 
 _SEGMENT_NAME_LEN = 24
 
@@ -134,6 +149,249 @@ def is_live_segment(name: str, head: bytes, segment_size: int) -> bool:
     per_id = 0x100000000 // segment_size
     segno = int(name[8:16], 16) * per_id + int(name[16:], 16)
     return page.pageaddr == LSN(segno * segment_size) and 0 < page.timeline <= int(name[:8], 16)
+
+
+# --------------------------------------------------------------------------- check's facts
+
+
+
+class EmptyArchive:
+    """Stands in for an archive that cannot be read, so the other facts can be observed.
+
+    It has the real archive's ``location`` and holds nothing. A check uses it
+    to run the backup preflight when the archive directory is missing: the
+    ``archive`` finding reports the archive itself.
+    """
+
+    def __init__(self, location: str) -> None:
+        self._location = location
+
+    @property
+    def location(self) -> str:
+        """Where the (unreadable) archive is."""
+        return self._location
+
+    def list_names(
+        self, segment_size: int | None = None, *, check_sizes: bool = True
+    ) -> tuple[str, ...]:
+        """Nothing."""
+        return ()
+
+    def exists(self, name: str) -> bool:
+        """Nothing exists."""
+        return False
+
+    def read_text(self, name: str) -> str:
+        """Nothing can be read."""
+        raise ArchiveError(f"{name} cannot be read: the archive {self._location} is unreadable")
+
+    def index(self, segment_size: int, *, check_sizes: bool = True) -> ArchiveIndex:
+        """An empty index."""
+        return ArchiveIndex.build((), segment_size)
+
+    def histories(self, names: Sequence[str] | None = None) -> TimelineGraph:
+        """No history."""
+        return TimelineGraph()
+
+    def restore_command(self) -> str:
+        """None can work."""
+        raise ArchiveError(f"the archive {self._location} is unreadable")
+
+
+def gather_storage_problems(
+    backend: StorageBackend, volume_ids: Sequence[str] | None = None
+) -> tuple[tuple[StorageProblem, ...], str | None]:
+    """Ask ``backend`` for its problems with ``volume_ids`` (reads only).
+
+    Returns the problems and None, or no problem and why the backend could
+    not be asked: any exception it raises is caught (a check reports it as
+    the ``storage`` finding and goes on). A backend without
+    :class:`~pgsnap.protocols.StorageHealth` has no problem to report.
+    """
+    if not isinstance(backend, StorageHealth):
+        return (), None
+    ids = None if volume_ids is None else tuple(volume_ids)
+    try:
+        found = backend.storage_problems(ids)
+    except PgsnapError as exc:
+        log.debug("storage problems of %s not known: %s", backend.name, exc)
+        return (), str(exc)
+    except Exception as exc:  # a third-party backend's own exception: still a finding
+        log.debug("storage problems of %s not known", backend.name, exc_info=True)
+        return (), f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    problems = tuple(found)
+    bad = [p for p in problems if not isinstance(p, StorageProblem)]
+    if bad:
+        return (), (
+            f"the {backend.name} backend's storage_problems() returned "
+            f"{type(bad[0]).__name__}, not StorageProblem"
+        )
+    return problems, None
+
+
+def _segment_size(
+    server_size: int | None, backups: tuple[BackupRecord, ...], archive: WalArchive
+) -> int:
+    """The server's segment size, else the newest backup's, else an archived segment's."""
+    if server_size is not None:
+        return server_size
+    if backups:
+        return backups[-1].wal_segment_size
+    location = getattr(archive, "path", None)
+    if isinstance(location, str):
+        try:
+            names = archive.list_names()
+        except PgsnapError:
+            names = ()
+        for name in names:
+            entry = parse_archive_name(name)
+            if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
+                try:
+                    size = os.stat(os.path.join(location, name)).st_size
+                except OSError:
+                    continue
+                if size in VALID_SEGMENT_SIZES:
+                    return size
+    return DEFAULT_SEGMENT_SIZE
+
+
+def gather_check_facts(
+    *,
+    adapter: DatabaseAdapter,
+    archive: WalArchive,
+    catalog: Catalog,
+    scan: CatalogScan | None = None,
+    server_error: str | None = None,
+    archiver: ArchiverStatus | None = None,
+    segment_size: int | None = None,
+    backend: StorageBackend | None = None,
+    volume_ids: Sequence[str] | None = None,
+    server_refused: bool = False,
+    journal_dir: str | os.PathLike[str] | None = None,
+) -> CheckFacts:
+    """Observe what :func:`check_findings` needs (reads only).
+
+    ``scan`` is the catalog's content when the caller has read it already;
+    ``server_error`` is why describing the server failed (the caller tried);
+    ``archiver`` and ``segment_size`` are what the server said, when it did;
+    ``backend`` is asked for its problems with ``volume_ids``
+    (:func:`gather_storage_problems`; None: the storage is not checked).
+    ``server_refused``: the server answered and refused the connection.
+    ``journal_dir``: the executor's journal directory, checked writable (as the
+    catalog is, when it can say: ``check_writable``).
+    """
+    if scan is None:
+        scan = scan_catalog(catalog)
+    seg = _segment_size(segment_size, scan.records, archive)
+    archive_error = None
+    names: tuple[str, ...] = ()
+    index = ArchiveIndex.build((), seg)
+    graph = TimelineGraph()
+    try:
+        names = archive.list_names()
+        index = archive.index(seg)
+        graph = archive.histories(index.history_names)
+    except ArchiveError as exc:
+        archive_error = exc.message
+    except PgsnapError as exc:  # a malformed history file: the WAL report shows the rest
+        log.warning("the archive's timeline histories cannot be read: %s", exc)
+    host = adapter.host
+    running: bool | None = None
+    if server_error is not None:
+        try:
+            running = adapter.is_running()
+        except PgsnapError as exc:
+            log.debug("is the server running? %s", exc)
+    data_directory = getattr(adapter, "data_directory", None)
+    data_directory = data_directory if isinstance(data_directory, str) else None
+    owner: str | None = None
+    uid: int | None = None
+    if data_directory is not None:
+        try:
+            info = host.stat(data_directory)
+        except HostError as exc:
+            log.debug("data directory %s not described: %s", data_directory, exc)
+            info = None
+        if info is not None:
+            owner, uid = info.owner, info.uid
+    os_user = _configured_os_user(adapter)
+    storage_problems: tuple[StorageProblem, ...] = ()
+    storage_error: str | None = None
+    if backend is not None:
+        storage_problems, storage_error = gather_storage_problems(backend, volume_ids)
+    exists: bool | None = None
+    if os_user is not None and os_user != owner:
+        try:
+            exists = host.run(["id", "-u", "--", os_user], check=False, timeout=30).ok
+        except (CommandError, HostError) as exc:
+            log.debug("id -u %s: %s", os_user, exc)
+    port = None
+    if server_error is not None and running:
+        listening = getattr(adapter, "listening_port", None)
+        port = listening() if callable(listening) else None
+    return CheckFacts(
+        server_refused=server_refused,
+        server_port=port if isinstance(port, int) else None,
+        not_writable=_not_writable(catalog, journal_dir),
+        archive_location=archive.location,
+        segment_size=seg,
+        index=index,
+        timelines=graph,
+        archive_names=names,
+        archive_error=archive_error,
+        server_error=server_error,
+        server_running=running,
+        archiver=archiver,
+        backups=scan.records,
+        unreadable=scan.unreadable,
+        host=host.description,
+        data_directory=data_directory,
+        data_directory_owner=owner,
+        data_directory_uid=uid,
+        os_user=os_user,
+        os_user_exists=exists,
+        storage_problems=storage_problems,
+        storage_error=storage_error,
+    )
+
+
+def _not_writable(
+    catalog: object, journal_dir: str | os.PathLike[str] | None
+) -> tuple[tuple[str, str], ...]:
+    """(what, why) for the catalog and journal directories that cannot be written now:
+    a file is created in each and removed (the journal directory's nearest existing
+    ancestor when it does not exist yet: a run creates it)."""
+    out: list[tuple[str, str]] = []
+    probe = getattr(catalog, "check_writable", None)
+    if callable(probe):
+        try:
+            probe()
+        except PgsnapError as exc:
+            out.append((f"the catalog {getattr(catalog, 'path', catalog)}", exc.message))
+    if journal_dir is not None:
+        where = os.path.abspath(os.fspath(journal_dir))
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        name = os.path.join(where, f".pgsnap-write-check-{os.getpid()}")
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.close(fd)
+            os.unlink(name)
+        except OSError as exc:
+            out.append((f"the journal directory {journal_dir}", exc.strerror or str(exc)))
+    return tuple(out)
+
+
+def _configured_os_user(adapter: object) -> str | None:
+    """The OS user the adapter was told runs the server (None: the data directory's owner).
+
+    Read from the adapter's public ``os_user`` (adapters without one have
+    no configured user).
+    """
+    value = getattr(adapter, "os_user", None)
+    if isinstance(value, str) and value:
+        return value
+    return None
 
 
 @attrs.define
@@ -224,6 +482,31 @@ class Observer:
             holds=self.snapshot_holds(),
             unreadable=tuple(u.backup_id for u in scan.unreadable),
             safety=self.catalog.list_safety(),
+        )
+
+    def check_facts(
+        self,
+        *,
+        scan: CatalogScan | None = None,
+        server_error: str | None = None,
+        archiver: ArchiverStatus | None = None,
+        segment_size: int | None = None,
+        server_refused: bool = False,
+    ) -> CheckFacts:
+        """What ``check``'s own findings need (:func:`gather_check_facts` on this
+        cluster's collaborators, its snapshotted volumes and journal directory)."""
+        return gather_check_facts(
+            adapter=self.adapter,
+            archive=self.archive,
+            catalog=self.catalog,
+            scan=scan,
+            server_error=server_error,
+            archiver=archiver,
+            segment_size=segment_size,
+            backend=self.backend,
+            volume_ids=[v.id for v in self.layout.snapshotted],
+            server_refused=server_refused,
+            journal_dir=self.journal_dir,
         )
 
     def rebuild_facts(self, log_timezone: dt.tzinfo | None = None) -> RebuildFacts:

@@ -9,10 +9,11 @@ import attrs
 import pytest
 
 from pgsnap.catalog import MemoryCatalog, UnreadableEntry
-from pgsnap.checks import CheckFacts, EmptyArchive, check_findings, gather_check_facts
 from pgsnap.errors import ArchiveError
 from pgsnap.model import ArchiverStatus, BackupState
+from pgsnap.observe import EmptyArchive, gather_check_facts
 from pgsnap.planner.backup import Severity
+from pgsnap.planner.checks import CheckFacts, check_findings
 from pgsnap.wal import ArchiveIndex, TimelineGraph
 from tests.unit.test_model import _record
 

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
     ("pgsnap",),  # the lazy face: its imports of the layers below are type-only
     ("pgsnap.cluster",),  # Cluster: observe, plan, execute
-    ("pgsnap.observe", "pgsnap.checks", "pgsnap.config"),
+    ("pgsnap.observe", "pgsnap.config"),
     ("pgsnap.planner", "pgsnap.executor"),
     ("pgsnap.plan",),
     ("pgsnap.operations", "pgsnap.adapters", "pgsnap.backends", "pgsnap.catalog"),
@@ -43,6 +43,7 @@ MOVED = (
     "pgsnap.waldump",
     "pgsnap.archive",
     "pgsnap.session",
+    "pgsnap.checks",
 )
 """Deprecated aliases of moved modules (tests/unit/test_package.py): outside the layers."""
 

@@ -8,8 +8,8 @@ import attrs
 import pytest
 
 from pgsnap import errors
-from pgsnap.checks import CheckFacts, check_findings
 from pgsnap.model import LSN, BackupState, Layout, Snapshot, Volume, VolumeRole
+from pgsnap.planner.checks import CheckFacts, check_findings
 from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
 from pgsnap.planner.reconcile import (
     RebuildFacts,

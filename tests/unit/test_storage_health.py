@@ -21,7 +21,6 @@ from pgsnap.backends.lvm import LvmBackend
 from pgsnap.backends.mock import MockBackend
 from pgsnap.backends.powerflex import PowerFlexBackend, PowerFlexSnapshotLimit
 from pgsnap.catalog import MemoryCatalog
-from pgsnap.checks import check_findings, gather_check_facts, gather_storage_problems
 from pgsnap.errors import (
     BackendUnavailable,
     ConfigurationError,
@@ -29,6 +28,8 @@ from pgsnap.errors import (
     SnapshotLimitError,
 )
 from pgsnap.model import Severity, StorageProblem, from_dict, to_dict
+from pgsnap.observe import gather_check_facts, gather_storage_problems
+from pgsnap.planner.checks import check_findings
 from pgsnap.protocols import Capability, StorageHealth
 from pgsnap.testing.powerflex_sim import PowerFlexSimulator
 from tests.unit.test_checks import facts
