@@ -813,6 +813,24 @@ class Cluster:
         )
         return self._plan_recovery(request)
 
+
+    def recover(
+        self,
+        target: RecoveryTarget | None = None,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        **options: Any,
+    ) -> ExecutionResult:
+        """Plan and execute a recovery (``pgsnap recover --yes``): ``target`` and
+        ``options`` as :meth:`plan_recovery`, ``on_event`` as :meth:`execute`.
+
+        Asks first whether another run holds the cluster (a second recovery
+        fails at once, before anything is observed). To look at the plan
+        before it runs, call :meth:`plan_recovery` and :meth:`execute`.
+        """
+        self.check_not_busy("recovery")
+        return self.execute(self.plan_recovery(target, **options), on_event=on_event)
+
     def _plan_recovery(self, request: RecoveryRequest) -> Plan:
         return plan_recovery(self.recovery_facts(request), request)
 
@@ -947,6 +965,20 @@ class Cluster:
             )
         return plan_delete_safety(self.observer.expiry_facts(), name)
 
+    def delete(
+        self,
+        backup_id: str,
+        *,
+        dry_run: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> Plan:
+        """Delete one backup (``pgsnap delete``): :meth:`plan_delete`, then execute it
+        (with ``dry_run`` nothing is deleted). Returns the plan."""
+        plan = self.plan_delete(backup_id)
+        if not dry_run:
+            self.execute(plan, on_event=on_event)
+        return plan
+
     def delete_safety_snapshot(self, name: str, *, dry_run: bool = False) -> Plan:
         """Delete the safety snapshot ``name`` (plan, then execute; with ``dry_run``
         nothing is deleted). Returns the plan."""
@@ -1013,6 +1045,14 @@ class Cluster:
     ) -> ExecutionResult:
         """Run a plan (checking first that its facts still hold)."""
         return self.executor(on_event).run(plan, dry_run=dry_run)
+
+    def resume(
+        self, *, on_event: Callable[[Event], None] | None = None
+    ) -> tuple[ExecutionResult, ...]:
+        """Finish every interrupted plan (``pgsnap resume --yes``), oldest first:
+        each resumes where it stopped, or is undone as its steps say. Returns
+        their results (empty: nothing was interrupted)."""
+        return tuple(self.execute(plan, on_event=on_event) for plan in self.interrupted())
 
     def interrupted(self) -> tuple[Plan, ...]:
         """Plans whose execution stopped half way; :meth:`execute` one to resume it."""

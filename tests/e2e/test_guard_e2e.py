@@ -501,3 +501,20 @@ def test_check_fails_where_a_backup_would_fail_on_the_storage(e2e_env: Any) -> N
     assert "check the password" in finding.message
     env.backend.clear_faults()
     assert env.cluster.check().ok
+
+
+def test_every_command_has_its_call_recover_delete_and_resume(e2e_env: Any) -> None:
+    """Issue 20: `pgsnap recover --yes`, `delete` and `resume --yes` are
+    Cluster.recover, Cluster.delete and Cluster.resume, on a real server."""
+    env: Env = e2e_env()
+    first, _second = two_backups_then_lose_data(env)
+    assert env.cluster.resume() == ()  # nothing interrupted
+    events: list[Event] = []
+    result = env.cluster.recover(on_event=events.append)
+    assert result.plan.kind == "recovery" and not result.dry_run
+    assert env.batches() == env.expect(1, 2, 3)
+    assert any(e.kind is EventKind.FINISHED and e.step_id == "verify" for e in events)
+    dry = env.cluster.delete(first.id, dry_run=True)
+    assert dry.kind == "delete" and env.cluster.catalog.get(first.id).id == first.id
+    env.cluster.delete(first.id)
+    assert first.id not in [b.id for b in env.cluster.backups()]
