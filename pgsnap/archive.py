@@ -5,14 +5,8 @@ This alias warns when imported and is removed after the next release.
 
 from __future__ import annotations
 
-import warnings
-
+from pgsnap._moved import warn_moved
 from pgsnap.wal.archive import *  # noqa: F403 - the moved module's names, as they were
 from pgsnap.wal.archive import __all__  # noqa: F401
 
-warnings.warn(
-    "pgsnap.archive moved to pgsnap.wal.archive (most names are in pgsnap.wal); "
-    "the old name is removed after the next release",
-    DeprecationWarning,
-    stacklevel=2,
-)
+warn_moved(__name__, "pgsnap.wal.archive", " (most names are in pgsnap.wal)")

@@ -6,8 +6,7 @@ This alias warns when imported and is removed after the next release.
 
 from __future__ import annotations
 
-import warnings
-
+from pgsnap._moved import warn_moved
 from pgsnap.observe import EmptyArchive, gather_check_facts, gather_storage_problems
 from pgsnap.planner.checks import (
     DEFAULT_SEGMENT_SIZE,
@@ -26,9 +25,7 @@ __all__ = [
     "gather_storage_problems",
 ]
 
-warnings.warn(
-    "pgsnap.checks moved: check_findings and CheckFacts to pgsnap.planner.checks, the "
-    "gathering to pgsnap.observe; the old name is removed after the next release",
-    DeprecationWarning,
-    stacklevel=2,
+warn_moved(
+    __name__,
+    "pgsnap.planner.checks (findings, CheckFacts) and pgsnap.observe (the gathering)",
 )

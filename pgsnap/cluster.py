@@ -449,6 +449,24 @@ def _wal_index(value: object, catalog: Catalog) -> WalIndex | None:
     )
 
 
+def _same_plan(plan: Plan, replan: Callable[[], Plan], changed: str) -> None:
+    """Refuse ``plan`` (:class:`~pgsnap.errors.StalePlanError`) unless planning again
+    now gives the same fingerprint; ``changed`` says what changed if not."""
+    try:
+        now = replan()
+    except (PlanningError, BackupNotFound) as exc:
+        raise StalePlanError(
+            f"the plan no longer holds: {exc.message}", hint="make a new plan"
+        ) from exc
+    if now.fingerprint != plan.fingerprint:
+        raise StalePlanError(
+            f"{changed} since the plan was made",
+            hint="make a new plan and review it",
+            planned=plan.fingerprint,
+            current=now.fingerprint,
+        )
+
+
 class Cluster:
     """One PostgreSQL cluster under pgsnap's care. See the module docstring.
 
@@ -838,42 +856,26 @@ class Cluster:
 
     def _check_fresh_retention(self, plan: Plan) -> None:
         """Refuse an expiry or delete plan whose facts changed since it was made."""
-        facts = self.observer.expiry_facts()
-        try:
+
+        def replan() -> Plan:
+            facts = self.observer.expiry_facts()
             if plan.kind == "delete":
-                now = plan_delete(facts, str(plan.request.get("backup_id")))
-            elif plan.kind == "delete-safety":
-                now = plan_delete_safety(facts, str(plan.request.get("safety_name")))
-            else:
-                policy = RetentionPolicy.from_request(plan.request)
-                now = plan_expiry(facts, policy)
-        except PlanningError as exc:
-            raise StalePlanError(
-                f"the plan no longer holds: {exc.message}", hint="make a new plan"
-            ) from exc
-        if now.fingerprint != plan.fingerprint:
-            raise StalePlanError(
-                "the catalog, the snapshots or the archive changed since the plan was made",
-                hint="make a new plan and review it",
-                planned=plan.fingerprint,
-                current=now.fingerprint,
-            )
+                return plan_delete(facts, str(plan.request.get("backup_id")))
+            if plan.kind == "delete-safety":
+                return plan_delete_safety(facts, str(plan.request.get("safety_name")))
+            return plan_expiry(facts, RetentionPolicy.from_request(plan.request))
+
+        _same_plan(plan, replan, "the catalog, the snapshots or the archive changed")
 
     def _check_fresh_pin(self, plan: Plan) -> None:
         """Refuse a pin plan made before the backup's pin changed (or it went)."""
         backup_id = str(plan.request.get("backup_id"))
-        try:
-            record = self.catalog.get(backup_id)
-        except BackupNotFound as exc:
-            raise StalePlanError(
-                f"the plan no longer holds: {exc.message}", hint="make a new plan"
-            ) from exc
         wanted = decode_value(Pin | None, plan.request.get("pin"), "the plan's pin")
-        if plan_pin(record, wanted).fingerprint != plan.fingerprint:
-            raise StalePlanError(
-                f"the pin of backup {backup_id} changed since the plan was made",
-                hint="make a new plan and review it",
-            )
+        _same_plan(
+            plan,
+            lambda: plan_pin(self.catalog.get(backup_id), wanted),
+            f"the pin of backup {backup_id} changed",
+        )
 
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
@@ -898,27 +900,19 @@ class Cluster:
         planned = [s.params.get("backup_id") for s in plan.steps if s.action == label]
         if len(planned) == 1 and isinstance(planned[0], str) and request.backup_id is None:
             request = attrs.evolve(request, backup_id=planned[0])
-        try:
+
+        def replan() -> Plan:
             try:
-                facts = self.observer.recovery_facts(request, read_wal=False)
-                now = plan_recovery(facts, request)
+                now = plan_recovery(self.observer.recovery_facts(request, read_wal=False), request)
+                if now.fingerprint == plan.fingerprint:
+                    return now
             except PlanningError:
-                now = None
-            if now is None or now.fingerprint != plan.fingerprint:
-                # Without the WAL the planner cannot place every target (a time just
-                # before a gap needs the commit after it): ask again with the WAL.
-                now = plan_recovery(self.observer.recovery_facts(request), request)
-        except PlanningError as exc:
-            raise StalePlanError(
-                f"the plan no longer holds: {exc.message}", hint="make a new plan"
-            ) from exc
-        if now.fingerprint != plan.fingerprint:
-            raise StalePlanError(
-                "the facts changed since the plan was made (backups, snapshots, timelines or WAL)",
-                hint="make a new plan and review it",
-                planned=plan.fingerprint,
-                current=now.fingerprint,
-            )
+                pass
+            # Without the WAL the planner cannot place every target (a time just
+            # before a gap needs the commit after it): ask again with the WAL.
+            return plan_recovery(self.observer.recovery_facts(request), request)
+
+        _same_plan(plan, replan, "the facts changed (backups, snapshots, timelines or WAL)")
 
     # ------------------------------------------------------------------ retention
 

@@ -20,6 +20,7 @@ import enum
 import functools
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
@@ -430,3 +431,25 @@ def decode_params(cls: type[_T], params: Mapping[str, JSONValue], *, step_id: st
 def refs_in(op: Operation) -> Sequence[Ref]:
     """The references among an operation's parameters."""
     return [v for f in _fields(type(op)) if isinstance(v := getattr(op, f.name), Ref)]
+
+
+def renamed_operations(
+    module: str, renamed: Mapping[str, str], namespace: Mapping[str, Any]
+) -> Callable[[str], type[Operation]]:
+    """A module ``__getattr__`` that still gives an operation class under its old name
+    (``renamed``: old → new, looked up in ``namespace``), with a DeprecationWarning."""
+
+    def __getattr__(name: str) -> type[Operation]:  # noqa: N807 - a module's __getattr__
+        new = renamed.get(name)
+        if new is None:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} is now {new} (operations are named as operations); "
+            "the old name is removed after the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        cls: type[Operation] = namespace[new]
+        return cls
+
+    return __getattr__

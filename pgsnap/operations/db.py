@@ -6,7 +6,6 @@ import hashlib
 import logging
 import time
 import typing
-import warnings
 from typing import Final
 
 import attrs
@@ -28,6 +27,7 @@ from pgsnap.operations.base import (
     PlanView,
     Resume,
     Target,
+    renamed_operations,
 )
 from pgsnap.operations.storage import RestoreVolume
 from pgsnap.protocols import BackupSession
@@ -496,16 +496,4 @@ _RENAMED: Final = {
 """Old names of operations (they were named like the records they make), kept for one
 release with a DeprecationWarning."""
 
-
-def __getattr__(name: str) -> type[Operation]:
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now {new} (operations are named as operations); "
-        "the old name is removed after the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    cls: type[Operation] = globals()[new]
-    return cls
+__getattr__ = renamed_operations(__name__, _RENAMED, globals())

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import posixpath
-import warnings
 from collections.abc import Iterable
 from typing import Final
 
 import attrs
 
-from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Target
+from pgsnap.operations.base import (
+    Operation,
+    OperationContext,
+    Outputs,
+    PlanView,
+    Target,
+    renamed_operations,
+)
 
 __all__ = ["MountVolume", "UnmountVolume", "WaitForDevice"]
 
@@ -129,16 +135,4 @@ _RENAMED: Final = {
 """Old names of operations (they were named like the records they make), kept for one
 release with a DeprecationWarning."""
 
-
-def __getattr__(name: str) -> type[Operation]:
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now {new} (operations are named as operations); "
-        "the old name is removed after the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    cls: type[Operation] = globals()[new]
-    return cls
+__getattr__ = renamed_operations(__name__, _RENAMED, globals())

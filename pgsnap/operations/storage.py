@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Iterable, Mapping
 from typing import Final
 
@@ -19,6 +18,7 @@ from pgsnap.operations.base import (
     PlanView,
     Ref,
     Resume,
+    renamed_operations,
 )
 from pgsnap.operations.base import Target as _Target
 
@@ -380,16 +380,4 @@ _RENAMED: Final = {
 """Old names of operations (they were named like the records they make), kept for one
 release with a DeprecationWarning."""
 
-
-def __getattr__(name: str) -> type[Operation]:
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    warnings.warn(
-        f"{__name__}.{name} is now {new} (operations are named as operations); "
-        "the old name is removed after the next release",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    cls: type[Operation] = globals()[new]
-    return cls
+__getattr__ = renamed_operations(__name__, _RENAMED, globals())

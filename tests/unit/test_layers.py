@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.protocols",),
     ("pgsnap.wal", "pgsnap.host", "pgsnap.journal", "pgsnap.locks", "pgsnap.registry"),
     ("pgsnap.model",),
-    ("pgsnap.errors", "pgsnap._version"),
+    ("pgsnap.errors", "pgsnap._version", "pgsnap._moved"),
 )
 """Top to bottom. A component (a top-level module or subpackage of pgsnap) imports
 only components of the layers below its own; those of one layer do not import
