@@ -208,6 +208,27 @@ class PrepareDataDirectory(Operation):
 
     clear_wal: bool = False
 
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        """Only a data directory this plan restored first is cleaned: on the live one,
+        removing ``postmaster.pid`` and ``pg_wal`` would lose WAL and let a second
+        postmaster start."""
+        here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
+        data = {v.id for v in ctx.layout.volumes if v.role is VolumeRole.DATA}
+        restored = {
+            op.volume_id
+            for n, (_s, op, _u) in enumerate(plan.steps[:here])
+            if isinstance(op, RestoreVolume) and n < here
+        }
+        if data and not data <= restored:
+            raise self.mismatch(
+                ctx,
+                f"it cleans the data directory (postmaster.pid, temporary state"
+                f"{', pg_wal' if self.clear_wal else ''}), but the plan does not first "
+                f"restore volume(s) {', '.join(sorted(data - restored))}: it would clean "
+                "the live one",
+                "the plan was edited: make a new plan",
+            )
+
     def run(self, ctx: OperationContext) -> Outputs:
         removed = ctx.adapter.prepare_data_directory(clear_wal=self.clear_wal)
         return {"removed": len(removed)}

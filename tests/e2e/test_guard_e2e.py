@@ -243,6 +243,14 @@ def test_every_edit_and_pair_of_edits_of_a_recovery_plan_is_refused_before_anyth
     combos = [(e,) for e in edits] + [
         pair for pair in itertools.combinations(edits, 2) if _place(pair[0]) != _place(pair[1])
     ]
+    # And every set of dropped steps, alone and with each other edit: dropping the
+    # restore, the label and the recovery settings at once (a random draw of three)
+    # made the plan look like a plain restart that cleans the live data directory.
+    drops = [e for e in edits if e[1] == "drop"]
+    others = [e for e in edits if e[1] != "drop"]
+    for k in range(2, len(drops) + 1):
+        for dropped in itertools.combinations(drops, k):
+            combos += [dropped, *((*dropped, e) for e in others)]
     tried = sum(_refused_unchanged(edit_world, combo) for combo in combos)
     assert tried > len(edits)
 
