@@ -187,6 +187,9 @@ MEMORY_DEVICE_DIR: Final = "/dev/pgsnap-mock"
 """Where :meth:`MockBackend.locate` puts in-memory volumes' devices (they never exist)."""
 
 _NAME: Final = "mock"
+
+HOLD_TIMEOUT: Final = 600.0
+"""Seconds a held call (:meth:`MockBackend.add_hold`) waits before it fails."""
 _ONE_TICK: Final = dt.timedelta(microseconds=1)
 
 
@@ -775,7 +778,10 @@ class MockBackend:
     docstring). ``latency`` maps method names to seconds each call waits
     (:meth:`add_latency`; from a configuration file: ``latency = {
     restore_volume = 2.0 }``), to make a long step for tests of what runs
-    beside it.
+    beside it. ``hold`` maps method names to file paths: each call of that
+    method waits until its file exists (:meth:`add_hold`; ``hold = {
+    create_snapshot_group = "/tmp/go" }``), so that a test decides when a
+    long step ends rather than guessing how long it takes.
     """
 
     def __init__(
@@ -792,6 +798,7 @@ class MockBackend:
         snapshot_limit: int | None = None,
         limit_warn_percent: float = 80.0,
         latency: Mapping[str, float] | None = None,
+        hold: Mapping[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         self._caps = _capabilities(capabilities)
         if snapshot_limit is not None and (
@@ -858,6 +865,21 @@ class MockBackend:
                         hint="e.g. latency = { restore_volume = 2.0 }",
                     )
                 self.add_latency(str(method), float(seconds))
+        self._holds: dict[str, Path] = {}
+        self._hold_timeout = HOLD_TIMEOUT
+        if hold is not None:
+            if not isinstance(hold, Mapping):
+                raise ConfigurationError(
+                    f"hold must map method names to file paths, not {hold!r}",
+                    hint='e.g. hold = { create_snapshot_group = "/tmp/go" }',
+                )
+            for method, release in hold.items():
+                if not isinstance(release, str | os.PathLike):
+                    raise ConfigurationError(
+                        f"hold of {method!r} must be a file path, not {release!r}",
+                        hint='e.g. hold = { create_snapshot_group = "/tmp/go" }',
+                    )
+                self.add_hold(str(method), release)
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         """Every protocol/``ex_*`` call (and ``snapshot_volume`` step): name and arguments.
 
@@ -979,11 +1001,28 @@ class MockBackend:
         with self._lock:
             self._latency[method] = float(seconds)
 
+    def add_hold(
+        self, method: str, release: str | os.PathLike[str], *, timeout: float = HOLD_TIMEOUT
+    ) -> None:
+        """Make every call of ``method`` wait until the file ``release`` exists.
+
+        A call still waiting after ``timeout`` seconds fails with
+        :class:`~pgsnap.errors.BackendUnavailable` (a test that forgot to
+        release it fails instead of hanging).
+        """
+        self._check_fault_point(method)
+        if timeout <= 0:
+            raise ConfigurationError(f"hold timeout must be > 0 seconds, got {timeout}")
+        with self._lock:
+            self._holds[method] = Path(release)
+            self._hold_timeout = float(timeout)
+
     def clear_faults(self) -> None:
-        """Remove every injected fault and latency (the call log stays)."""
+        """Remove every injected fault, latency and hold (the call log stays)."""
         with self._lock:
             self._faults.clear()
             self._latency.clear()
+            self._holds.clear()
 
     # ------------------------------------------------------------------ mock-only setup
 
@@ -1969,14 +2008,29 @@ class MockBackend:
                 method=method,
             )
 
+    def _wait_for_release(self, method: str, release: Path) -> None:
+        deadline = time.monotonic() + self._hold_timeout
+        while not release.exists():
+            if time.monotonic() > deadline:
+                raise BackendUnavailable(
+                    f"mock.{method} was held for {self._hold_timeout:g} s and never released",
+                    hint=f"create {release} to release it (hold / add_hold)",
+                    backend=_NAME,
+                    method=method,
+                )
+            time.sleep(0.02)
+
     def _enter(self, method: str, *args: Any) -> None:
         """Log and record a call, wait its latency, and fire its fault if one is due."""
         with self._lock:
             self.calls.append((method, args))
             delay = self._latency.get(method, 0.0)
+            release = self._holds.get(method)
         log.debug("mock.%s%r", method, args)
         if delay:
             self._sleep(delay)
+        if release is not None:
+            self._wait_for_release(method, release)
         with self._lock:
             for fault in self._faults:
                 if fault.method != method:

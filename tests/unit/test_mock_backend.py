@@ -236,6 +236,32 @@ def test_latency_uses_the_injected_sleep(backend: MockBackend, fake: FakeTime) -
     assert fake.slept == [1.5, 1.5]
 
 
+def test_a_held_call_waits_for_its_release_file(backend: MockBackend, tmp_path: Path) -> None:
+    release = tmp_path / "go"
+    backend.add_hold("list_volumes", release)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (backend.list_volumes(), done.set()))
+    worker.start()
+    assert not done.wait(0.3)  # held
+    release.touch()
+    assert done.wait(10)
+    worker.join()
+    backend.add_hold("list_volumes", tmp_path / "never", timeout=0.05)
+    with pytest.raises(BackendUnavailable, match="never released"):
+        backend.list_volumes()
+    backend.clear_faults()
+    backend.list_volumes()  # no longer held
+
+
+def test_hold_from_a_configuration_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="file path"):
+        MockBackend(hold={"list_volumes": 3})
+    with pytest.raises(ConfigurationError, match="not a mock method"):
+        MockBackend(hold={"list_volume": str(tmp_path / "go")})
+    (tmp_path / "go").touch()
+    MockBackend(hold={"list_volumes": str(tmp_path / "go")}).list_volumes()
+
+
 def test_call_log_records_names_and_arguments(backend: MockBackend) -> None:
     v1, v2 = two_volumes(backend)
     group = backend.create_snapshot_group([v1, v2], "b1")
