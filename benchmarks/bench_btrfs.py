@@ -493,8 +493,12 @@ def report(
     for s in scales:
         for b in results[s]["backups"]:
             steps += [k for k in b["steps"] if k not in steps]
+
+    def step_seconds(step: str) -> Callable[[dict[str, Any]], float | None]:
+        return lambda x: x["steps"].get(step)
+
     for step in steps:
-        parts.append((f"    step {step}", lambda x, _s=step: x["steps"].get(_s)))
+        parts.append((f"    step {step}", step_seconds(step)))
     parts += [
         (
             "    executor outside the steps (journal, freshness, events)",

@@ -197,9 +197,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
             import pstats  # noqa: PLC0415
 
             profiler.disable()
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
-            out["profile"] = text.getvalue()
+            buf = io.StringIO()
+            pstats.Stats(profiler, stream=buf).sort_stats("cumulative").print_stats(30)
+            out["profile"] = buf.getvalue()
     read = indexed = added = 0
     for name, _level, text in messages:
         m = SCANNED.search(text)
@@ -672,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "no GNU time: a child's ru_maxrss then includes this process's peak (inherited "
                 "through fork); VmHWM is reported instead"
             )
-        settings = {
+        settings: dict[str, str | bool] = {
             "fsync": True,
             "max_wal_size": f"{int(args.max_wal_size * 1024)}MB",
             "checkpoint_timeout": "1h",

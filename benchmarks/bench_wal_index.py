@@ -310,7 +310,7 @@ def run_child(method: str, path: Path, trace: bool) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{method} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_wall"] = wall
     return out
 

@@ -61,7 +61,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pgsnap.model import LSN
-from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
+from pgsnap.testing.pgserver import PgServer, SettingValue, find_postgres_bindir
 from pgsnap.wal import TimelineSpan
 
 MB = 1024 * 1024
@@ -191,7 +191,9 @@ def next_segment(server: PgServer) -> LSN:
     return LSN(at.value - at.value % SEGSZ)
 
 
-def make_wal(server: PgServer, bindir: Path, args: argparse.Namespace) -> list[tuple]:
+def make_wal(
+    server: PgServer, bindir: Path, args: argparse.Namespace
+) -> list[tuple[str, LSN, LSN]]:
     """The two stretches of WAL: (label, start, end), whole segments each."""
     env = {
         **os.environ,
@@ -262,7 +264,11 @@ def main() -> None:
         f"bench_walreader: {time.strftime('%Y-%m-%d')}, {platform.node()}, {os.cpu_count()} CPUs, "
         f"Python {platform.python_version()}; measured processes pinned to CPU {args.cpu}"
     )
-    settings = {"fsync": True, "max_wal_size": "4GB", "checkpoint_timeout": "1h"}
+    settings: dict[str, SettingValue] = {
+        "fsync": True,
+        "max_wal_size": "4GB",
+        "checkpoint_timeout": "1h",
+    }
     server = PgServer.create(bindir, wal_segsize_mb=16, settings=settings)
     scratch = Path(tempfile.mkdtemp(prefix="pgsnap-bench-wal-"))
     try:
