@@ -346,6 +346,8 @@ class ClusterLockedError(ExecutionError):
     """
 
     retryable: ClassVar[bool] = True
+    holders: tuple[str, ...]
+    interrupted: tuple[str, ...]
 
     def __init__(self, message: str, *, hint: str | None = None, **details: Any) -> None:
         details.setdefault("step_id", "")
