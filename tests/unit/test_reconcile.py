@@ -284,7 +284,7 @@ def test_what_cannot_be_rebuilt_is_said_and_why():
     report = plan_rebuild(_rebuild_facts(snaps, "nightly", names=_names([(1, 0, 60)])))
     assert any("WAL is not all archived" in why for _w, why in report.skipped)
     # tablespace volumes: the map is not in the archive
-    ts = Layout([*LAYOUT.volumes, Volume("vol-ts", "ts", VolumeRole.TABLESPACE, "/ts", "16400")])
+    ts = Layout([*LAYOUT.volumes, Volume("vol-ts", "ts", VolumeRole.TABLESPACE, "/ts", 16400)])
     snaps_ts = (*snaps, Snapshot("cg-1-ts", "vol-ts", "20260101T050000000Z", AT, group_id="cg-1"))
     report = plan_rebuild(_rebuild_facts(snaps_ts, "nightly", layout=ts))
     assert any("tablespace map" in why for _w, why in report.skipped)

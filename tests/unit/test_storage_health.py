@@ -250,7 +250,8 @@ def test_the_limit_applies_to_a_shared_state_file(tmp_path: Path) -> None:
 
 def test_every_limit_error_is_one_family() -> None:
     assert issubclass(PowerFlexSnapshotLimit, SnapshotLimitError)
-    assert Capability  # the limit is an option, not a capability: nothing is taken away
+    with MockBackend(snapshot_limit=2) as limited:  # the limit is an option, not a capability:
+        assert limited.capabilities == frozenset(Capability)  # nothing is taken away
 
 
 # --------------------------------------------------------------------------- PowerFlex
