@@ -202,6 +202,7 @@ def test_a_lost_catalog_is_rebuilt_from_the_snapshots_and_the_archive_and_recove
             original.wal_segment_size,
         )
         assert r.server_version // 10000 == original.server_version // 10000
+        assert original.stop_time is not None and r.stop_time is not None
         assert original.stop_time <= r.stop_time < original.stop_time + dt.timedelta(seconds=1)
     # Rebuilding again changes nothing: existing records are never overwritten.
     again = env.cluster.rebuild_catalog()

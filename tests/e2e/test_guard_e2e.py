@@ -240,7 +240,7 @@ def test_every_edit_and_pair_of_edits_of_a_recovery_plan_is_refused_before_anyth
     only a sample: a random sample found that dropping both the restore and the label
     step reached the point of no return.)"""
     edits = _edits(edit_world)
-    combos = [(e,) for e in edits] + [
+    combos: list[tuple[Edit, ...]] = [(e,) for e in edits] + [
         pair for pair in itertools.combinations(edits, 2) if _place(pair[0]) != _place(pair[1])
     ]
     # And every set of dropped steps, alone and with each other edit: dropping the
@@ -352,8 +352,9 @@ def test_a_truncated_segment_is_a_gap_for_check_and_planning(e2e_env: Any) -> No
         with pytest.raises(WalGapError, match=truncated) as info:
             env.cluster.plan_recovery(request)
         assert info.value.reachable_lsn == at
-        assert info.value.damaged == {truncated: "8192 bytes, not a 1048576-byte segment "
-                                      "(a truncated or partial copy)"}
+        assert info.value.details["damaged"] == {
+            truncated: "8192 bytes, not a 1048576-byte segment (a truncated or partial copy)"
+        }
     # Moved out of the archive (it never was a complete segment), the WAL ends there.
     damaged.rename(env.server.base_dir / truncated)
     env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.lsn(target)))
@@ -423,7 +424,7 @@ def test_a_server_that_promotes_but_refuses_pgsnap_fails_the_wait_at_once(
     err = info.value
     assert err.past_point_of_no_return and err.step_id == "wait-recovery"
     assert isinstance(err.cause, ServerRefusedError)
-    assert err.cause.recovery_ended is True
+    assert err.cause.details["recovery_ended"] is True
     assert "promoted" in str(err) and "refuses pgsnap" in str(err)
     assert "password" in str(err) and "e2e-secret" not in str(err)
     assert "cleaned up: clear-recovery-settings" in str(err)

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("lvm-e2e")]
 DATA, WAL = VolumeRole.DATA, VolumeRole.WAL
 
 
-def boot(setup: VmPgSetup) -> Iterator[LvmPostgres]:
+def boot(setup: VmPgSetup) -> Generator[LvmPostgres, None, None]:
     reason = lvmpg_unavailable()
     if reason is not None:
         pytest.skip(f"no PostgreSQL on lvm2 in a VM on this machine: {reason}")
@@ -74,7 +74,7 @@ class _OneVm:
 
     def __init__(self) -> None:
         self.name: str | None = None
-        self._booted: Iterator[LvmPostgres] | None = None
+        self._booted: Generator[LvmPostgres, None, None] | None = None
         self.env: LvmPostgres | None = None
 
     def get(self, name: str) -> LvmPostgres:

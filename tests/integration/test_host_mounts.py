@@ -86,6 +86,13 @@ def tmpfs(target: Path, source: str = "pgsnap-test") -> Path:
     return target
 
 
+def mount_of(host: Host, path: str) -> Mount:
+    """``host.mount_of(path)``, never None here: some mount holds every path."""
+    found = host.mount_of(path)
+    assert found is not None, path
+    return found
+
+
 @pytest.fixture
 def loop_device(base: Path) -> Iterator[Callable[[], str]]:
     """``loop_device()``: a fresh ext4 file system on a loop device; detached afterwards."""
@@ -149,20 +156,20 @@ def test_mount_of_is_the_longest_mount_point_above_the_real_path(base):
     (base / "data2").mkdir()
     (base / "link").symlink_to(data)
     host = Host()
-    assert host.mount_of(str(data)).source == "pgsnap-data"
-    assert host.mount_of(str(data / "base" / "1")).source == "pgsnap-data"  # need not exist
-    assert host.mount_of(str(nested / "000000010000000000000001")).source == "pgsnap-wal"
-    assert host.mount_of(str(base / "link" / "file")).source == "pgsnap-data"
+    assert mount_of(host, str(data)).source == "pgsnap-data"
+    assert mount_of(host, str(data / "base" / "1")).source == "pgsnap-data"  # need not exist
+    assert mount_of(host, str(nested / "000000010000000000000001")).source == "pgsnap-wal"
+    assert mount_of(host, str(base / "link" / "file")).source == "pgsnap-data"
     # /tmp/x/data is not a prefix of /tmp/x/data2 by path components.
     outer = host.mount_of(str(base / "data2" / "file"))
     assert outer is not None and outer.source not in ("pgsnap-data", "pgsnap-wal")
-    assert host.mount_of("/").target == "/"
+    assert mount_of(host, "/").target == "/"
 
 
 def test_mount_of_sees_the_top_of_stacked_mounts(base):
     target = tmpfs(base / "stack", source="pgsnap-below")
     tmpfs(target, source="pgsnap-above")
-    assert Host().mount_of(str(target / "f")).source == "pgsnap-above"
+    assert mount_of(Host(), str(target / "f")).source == "pgsnap-above"
 
 
 # --------------------------------------------------------------------------- mount
@@ -202,14 +209,14 @@ def test_mount_a_device_compares_resolved_device_paths(base, loop_device):
     target = base / "pgdata"
     target.mkdir()
     host.mount(str(alias), str(target), fstype="ext4")
-    assert host.mount_of(str(target)).source == device
+    assert mount_of(host, str(target)).source == device
     host.mount(device, str(target))  # the same device by another name: nothing to do
     host.mount(str(alias), str(target), fstype="ext4", options=("rw",))
     assert len([m for m in host.mounts() if m.target == str(target)]) == 1
     with pytest.raises(MountError, match=device):
         host.mount(other, str(target), fstype="ext4")
     host.unmount(str(target))
-    assert host.mount_of(str(target)).target != str(target)
+    assert mount_of(host, str(target)).target != str(target)
 
 
 def test_mount_of_a_whole_device_where_a_subdirectory_of_it_is_mounted(base, loop_device):
@@ -222,7 +229,7 @@ def test_mount_of_a_whole_device_where_a_subdirectory_of_it_is_mounted(base, loo
     host.mount(device, str(whole))
     (whole / "sub").mkdir()
     host.mount(str(whole / "sub"), str(target), options=("bind",))
-    assert host.mount_of(str(target)).source == f"{device}[/sub]"
+    assert mount_of(host, str(target)).source == f"{device}[/sub]"
     with pytest.raises(MountError, match=r"\[/sub\]"):
         host.mount(device, str(target), fstype="ext4")
 

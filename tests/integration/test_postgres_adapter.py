@@ -7,6 +7,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ def adapter_for(server, **kwargs) -> PostgresAdapter:
     )
 
 
-def rows(server, sql: str) -> list:
+def rows(server, sql: str) -> list[Any]:
     return [r[0] for r in server.sql(sql)]
 
 

@@ -51,7 +51,7 @@ class TestHostFilesOverSsh(_HostFiles):
     """Every file check of test_host_local.py, through an SshRunner."""
 
     @pytest.fixture
-    def host(self, ssh_host) -> Host:
+    def host(self, ssh_host: Host) -> Host:
         return ssh_host
 
 
@@ -59,7 +59,7 @@ class TestHostProcessesOverSsh(_HostProcesses):
     """Every process check of test_host_local.py, through an SshRunner."""
 
     @pytest.fixture
-    def host(self, ssh_host) -> Host:
+    def host(self, ssh_host: Host) -> Host:
         return ssh_host
 
 
@@ -198,6 +198,7 @@ def test_unknown_host_key_is_not_unreachable(sshd_server, public_dir):
     assert not isinstance(err, HostUnreachable)
     assert not err.retryable
     assert "Host key verification failed" in err.message
+    assert err.hint is not None
     assert str(empty) in err.hint and "ssh-keyscan" in err.hint
     assert sleeps == []  # not retried
 
@@ -216,6 +217,7 @@ def test_changed_host_key_is_refused_with_a_hint(sshd_server, public_dir):
         sshd_server.runner(known_hosts_file=str(known)).run(["true"])
     assert not isinstance(info.value, HostUnreachable)
     assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in info.value.message
+    assert info.value.hint is not None
     assert "ssh-keygen -R" in info.value.hint
 
 
@@ -232,6 +234,7 @@ def test_refused_login_names_the_key_to_fix(sshd_server, public_dir):
         runner.run(["true"])
     assert not isinstance(info.value, HostUnreachable)
     assert "Permission denied" in info.value.message
+    assert info.value.hint is not None
     assert str(stranger) in info.value.hint and "authorized_keys" in info.value.hint
     assert sleeps == []
 
@@ -249,7 +252,7 @@ def test_closed_port_is_unreachable_after_the_retries(sshd_server):
     with runner, pytest.raises(HostUnreachable) as info:
         Host(runner).exists("/")
     err = info.value
-    assert err.retryable and err.attempts == 4
+    assert err.retryable and err.details["attempts"] == 4
     assert "Connection refused" in err.message
     assert err.host == runner.description
     assert len(sleeps) == 3 and sleeps == sorted(sleeps) and sleeps[0] < sleeps[-1]
@@ -260,7 +263,7 @@ def test_no_retries_means_one_attempt(sshd_server):
     runner = SshRunner("127.0.0.1", port=free_port(), retries=0, sleep=sleeps.append)
     with runner, pytest.raises(HostUnreachable) as info:
         runner.run(["true"])
-    assert info.value.attempts == 1 and sleeps == []
+    assert info.value.details["attempts"] == 1 and sleeps == []
 
 
 def test_configuration_is_checked():
@@ -329,6 +332,7 @@ def test_context_manager_and_garbage_collection_clean_up(sshd_server):
     )
     lost.run(["true"])
     private_dir = lost._private_dir
+    assert private_dir is not None
     ref = weakref.ref(lost)
     del lost
     gc.collect()

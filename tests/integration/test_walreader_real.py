@@ -332,13 +332,15 @@ _WALDUMP_LINE = re.compile(
 _TIME = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) UTC"
 
 
-def waldump(view: Path, tli: int, start: LSN, end: LSN | None = None) -> tuple[list, int, str]:
+def waldump(
+    view: Path, tli: int, start: LSN, end: LSN | None = None
+) -> tuple[list[tuple[Any, ...]], int, str]:
     """(the records of the kinds the reader extracts, the number of records, stderr)."""
     argv = [str(WALDUMP_15), "-p", str(view), "-t", str(tli), "-s", str(start)]
     if end is not None:
         argv += ["-e", str(end)]
     proc = subprocess.run(argv, capture_output=True, text=True, env={"TZ": "UTC"}, check=False)
-    out = []
+    out: list[tuple[Any, ...]] = []
     count = 0
     for line in proc.stdout.splitlines():
         m = _WALDUMP_LINE.match(line)
@@ -377,9 +379,9 @@ def _utc(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
 
 
-def as_waldump(items: list[Any]) -> list:
+def as_waldump(items: list[Any]) -> list[tuple[Any, ...]]:
     """The reader's records in the form :func:`waldump` gives."""
-    out: list = []
+    out: list[tuple[Any, ...]] = []
     for i in items:
         if isinstance(i, XactRecord):
             kind = {XactKind.COMMIT: "commit", XactKind.ABORT: "abort"}.get(i.kind, i.kind.value)

@@ -25,7 +25,7 @@ import shutil
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 from hypothesis import HealthCheck, settings
@@ -50,8 +50,9 @@ from pgsnap.operations import (
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
-from tests.unit.test_executor import ARCHIVER, MB, FakeArchive, FakeDb
-from tests.unit.test_planner_backup import directory_volumes, paths_of
+from pgsnap.protocols import DatabaseAdapter
+from tests.unit.test_executor import MB, FakeArchive, FakeDb
+from tests.unit.test_planner_backup import ARCHIVER, directory_volumes, paths_of
 
 LOG_NAME = "events.jsonl"
 
@@ -149,9 +150,9 @@ class ExecutorMachine(RuleBasedStateMachine):
             if kill is not None and event.index - 1 == kill[0] and event.kind.value == kill[1]:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        return Executor(adapter=self.db, backend=backend, catalog=self.catalog, archive=archive,
-                        layout=self.layout, journal_dir=self.journals, on_event=on_event,
-                        sleep=lambda s: None)
+        return Executor(adapter=cast(DatabaseAdapter, self.db), backend=backend,
+                        catalog=self.catalog, archive=archive, layout=self.layout,
+                        journal_dir=self.journals, on_event=on_event, sleep=lambda s: None)
 
     def _backup_wal(self) -> set[str]:
         from pgsnap.operations.catalog import required_wal_files

@@ -265,7 +265,7 @@ def scenarios(draw):
         now = time_of(draw(_lsns(MB, 45 * MB)))
     else:
         now = T0 + dt.timedelta(days=1)
-    policies = ()
+    policies: tuple[SnapshotPolicy, ...] = ()
     if draw(st.booleans()):
         policies = (SnapshotPolicy("pol-1", "hourly", ("vol-data",), paused=draw(st.booleans())),)
     facts = RecoveryFacts(
@@ -548,7 +548,7 @@ def test_out_of_range_means_the_wal_really_ends(sc: Scenario) -> None:
     if not isinstance(result, errors.TargetOutOfRange) or "missing" not in result.details:
         return
     b, tli, _ = choose_backup(sc.facts, sc.request)
-    [first, *_] = result.missing
+    [first, *_] = result.details["missing"]
     later = present_after_on_path(used_index(sc), sc.facts.timelines, b, tli, segno(first)[1])
     assert not later, (
         f"refused as out of range (archive ends) at {first}, but {later} follow: it is a gap"

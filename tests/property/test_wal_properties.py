@@ -325,7 +325,9 @@ def _reference_index(names, segsz):
     for n in names:
         e = parse_archive_name(n)
         if e.kind is WalFileKind.SEGMENT and e.seg is not None and e.seg < per_id:
-            present.setdefault(e.timeline, set()).add(e.segment_number(segsz))
+            segno = e.segment_number(segsz)
+            assert e.timeline is not None and segno is not None
+            present.setdefault(e.timeline, set()).add(segno)
         elif e.kind is WalFileKind.SEGMENT or e.kind is WalFileKind.UNKNOWN:
             unknown.append(n)
     return present, sorted(unknown)

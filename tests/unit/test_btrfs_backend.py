@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 import pickle
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -412,7 +413,7 @@ def test_a_group_failing_at_its_second_volume_deletes_the_first(backend, runner)
     assert pickle.loads(pickle.dumps(err)).details == err.details
 
 
-def test_a_group_writes_its_metadata_last(backend, runner) -> None:
+def test_a_group_writes_its_metadata_last(backend, runner: FakeRunner) -> None:
     def remember(args: list[str], stdin: bytes | None) -> CommandResult | None:
         if args[:2] == ["sh", "-c"] and stdin is not None:
             gid = args[4].split("/")[-2]
@@ -551,7 +552,7 @@ def test_every_error_is_a_pgsnap_error(runner) -> None:
 def test_without_root_a_loop_mounted_btrfs_is_refused_saying_why(monkeypatch) -> None:
     from pgsnap.testing import btrfs as testing_btrfs
 
-    monkeypatch.setattr(testing_btrfs.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr("pgsnap.testing.btrfs.os.geteuid", lambda: 1000)
     reason = testing_btrfs.btrfs_unavailable()
     assert reason is not None and "root" in reason
     with pytest.raises(ConfigurationError, match="needs root") as info:
@@ -562,13 +563,12 @@ def test_without_root_a_loop_mounted_btrfs_is_refused_saying_why(monkeypatch) ->
 def test_without_btrfs_progs_the_reason_says_install_it(monkeypatch) -> None:
     from pgsnap.testing import btrfs as testing_btrfs
 
-    monkeypatch.setattr(testing_btrfs.os, "geteuid", lambda: 0)
+    monkeypatch.setattr("pgsnap.testing.btrfs.os.geteuid", lambda: 0)
     monkeypatch.setattr(testing_btrfs, "_kernel_has_btrfs", lambda: True)
-    monkeypatch.setattr(testing_btrfs.os.path, "exists", lambda path: True)
-    real_which = testing_btrfs.shutil.which
+    monkeypatch.setattr("pgsnap.testing.btrfs.os.path.exists", lambda path: True)
+    real_which = shutil.which
     monkeypatch.setattr(
-        testing_btrfs.shutil,
-        "which",
+        "pgsnap.testing.btrfs.shutil.which",
         lambda name: None if name in ("mkfs.btrfs", "btrfs") else real_which(name) or name,
     )
     reason = testing_btrfs.btrfs_unavailable()
@@ -638,7 +638,7 @@ mount_point = "{WAL}"
     assert [v.id for v in cluster.layout.volumes] == [DATA, WAL]
 
 
-def test_a_volume_a_process_still_uses_is_not_swapped(backend, runner) -> None:
+def test_a_volume_a_process_still_uses_is_not_swapped(backend, runner: FakeRunner) -> None:
     """A server that was not stopped would go on writing to the old subvolume."""
     sid = add_snapshot_of_data(runner)
     runner.users = ["/proc/777/cwd"]

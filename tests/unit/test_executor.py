@@ -12,7 +12,7 @@ import datetime as dt
 import fcntl
 import os
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import attrs
 import pytest
@@ -20,7 +20,7 @@ import pytest
 from pgsnap import errors
 from pgsnap.backends.mock import MockBackend
 from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
-from pgsnap.executor import EventKind, Executor
+from pgsnap.executor import Event, EventKind, Executor
 from pgsnap.host import Host
 from pgsnap.journal import RunState, StepState, journal_path, read_journal
 from pgsnap.model import (
@@ -49,6 +49,7 @@ from pgsnap.operations.db import VerifyRecovery
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
+from pgsnap.protocols import DatabaseAdapter
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
 from tests.unit.test_planner_backup import ARCHIVER, directory_volumes, paths_of
 
@@ -151,7 +152,7 @@ class World:
     catalog: Any
     archive: FakeArchive
     ex: Executor
-    events: list
+    events: list[Event]
 
     def archive_backup_wal(self, *, skip=()):
         record = self.catalog.get("b-1")
@@ -176,12 +177,12 @@ def make_world(tmp_path=None, *, catalog=None, backend=None):
     wal = backend.add_volume("wal")
     layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
                      Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
-    events = []
+    events: list[Event] = []
     db = FakeDb()
     catalog = catalog if catalog is not None else MemoryCatalog()
     archive = FakeArchive()
-    ex = Executor(adapter=db, backend=backend, catalog=catalog, archive=archive, layout=layout,
-                  on_event=events.append, sleep=lambda s: None,
+    ex = Executor(adapter=cast(DatabaseAdapter, db), backend=backend, catalog=catalog,
+                  archive=archive, layout=layout, on_event=events.append, sleep=lambda s: None,
                   journal_dir=None if tmp_path is None else tmp_path / "journal")
     return World(backend, layout, db, catalog, archive, ex, events)
 
@@ -340,7 +341,7 @@ def test_wal_timeout_deletes_the_snapshots_and_names_the_missing_files(world):
         world.ex.run(backup_plan(world))
     assert isinstance(info.value.cause, errors.ArchiveError)
     stop, backup_file = required_wal_files(world.catalog.get("b-1"))
-    assert info.value.cause.missing == (stop, backup_file)
+    assert info.value.cause.details["missing"] == (stop, backup_file)
     assert world.backend.list_snapshots() == ()
     rec = world.catalog.get("b-1")
     assert rec.state is BackupState.FAILED
@@ -365,7 +366,8 @@ def test_a_segment_lost_between_start_and_stop_fails_the_backup(world):
     world.wal_arrives(skip={segment_name(1, 3, MB)})
     with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
-    assert info.value.cause.missing == (segment_name(1, 3, MB),)
+    assert info.value.cause is not None
+    assert info.value.cause.details["missing"] == (segment_name(1, 3, MB),)
     assert world.catalog.get("b-1").state is BackupState.FAILED
     assert world.backend.list_snapshots() == ()
 
@@ -445,8 +447,10 @@ def test_plans_differing_only_in_an_action_have_their_own_journals(jworld):
     with pytest.raises(errors.ClusterLockedError) as refused:
         jworld.ex.run(pause)
     assert refused.value.interrupted == (str(promote_journal),)
+    assert refused.value.hint is not None
     assert "pgsnap resume" in refused.value.hint
     view = read_journal(promote_journal)  # the other run is left as it was
+    assert view is not None
     assert view.plan_id == promote.id and view.state is RunState.RUNNING
     assert not journal_path(directory, "recovery", pause.id).exists()
     assert jworld.ex.run(promote).resumed  # finished: now the other plan may run
@@ -482,7 +486,7 @@ def test_looking_for_interrupted_plans_never_takes_a_journal_lock(jworld, monkey
                 os.close(other)
         return answer
 
-    monkeypatch.setattr(journal_module.fcntl, "fcntl", interleaved)
+    monkeypatch.setattr(fcntl, "fcntl", interleaved)  # the module pgsnap.journal calls
     assert jworld.ex.interrupted() == (plan,)
     assert grabbed == [True]
 
@@ -591,6 +595,7 @@ def test_failure_undoes_in_reverse_and_every_compensation_runs(jworld):
     assert err.compensation_failures == ("s1: RuntimeError: undo failed",)
     assert (EventKind.COMPENSATION_FAILED, "s1") in kinds(jworld)
     view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view is not None
     assert view.state is RunState.FAILED
     assert view.steps["s2"].state is StepState.COMPENSATED  # compensated steps: their own state
     assert view.steps["s1"].state is StepState.COMPENSATION_FAILED
@@ -609,6 +614,7 @@ def test_nothing_is_undone_past_the_point_of_no_return(jworld):
     assert UNDONE == []
     assert info.value.past_point_of_no_return
     view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view is not None
     assert view.state is RunState.FAILED
 
 
@@ -642,6 +648,7 @@ def test_journal_resume_skips_done_steps_and_a_done_run_is_not_run_again(jworld)
     assert RAN == ["s0", "s1"]
     assert UNDONE == []  # an interruption is not a failure: nothing is undone
     view = read_journal(journal_path(jworld.ex.journal_dir, plan.kind, plan.id))
+    assert view is not None
     assert view.steps["s1"].state is StepState.DONE
     assert view.steps["s2"].state is StepState.RUNNING
     SCRIPT.clear()
@@ -802,6 +809,7 @@ def test_a_journal_removed_during_the_run_is_written_again_and_reported(jworld, 
         jworld.ex.run(plan)
     assert "was removed while its run goes on" in caplog.text
     view = read_journal(journal_path(directory, plan.kind, plan.id))
+    assert view is not None
     assert view.state is RunState.RUNNING
     assert [sid for sid, r in view.steps.items() if r.state is StepState.DONE] == ["s0", "s1"]
     SCRIPT.clear()

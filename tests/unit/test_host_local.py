@@ -133,7 +133,12 @@ def test_timeout_kills_the_whole_process_group(public_dir):
         LocalRunner().run(argv, timeout=0.5)
     assert time.monotonic() - started < 5
     err = info.value
-    assert (err.argv, err.returncode, err.host, err.timeout) == (tuple(argv), -1, "local", 0.5)
+    assert (err.argv, err.returncode, err.host, err.details["timeout"]) == (
+        tuple(argv),
+        -1,
+        "local",
+        0.5,
+    )
     assert isinstance(err, CommandError)
     # The grandchild (sleep) died with its group: gone, or a zombie nobody reaped yet.
     child = int(pidfile.read_text())
@@ -173,7 +178,7 @@ def test_unknown_user_is_a_configuration_error():
 
 def test_command_must_be_a_list():
     with pytest.raises(ConfigurationError, match="argument list"):
-        LocalRunner().run("rm -rf /tmp/x")  # type: ignore[arg-type]
+        LocalRunner().run("rm -rf /tmp/x")  # a Sequence[str] to mypy: refused at run time
     with pytest.raises(ConfigurationError):
         LocalRunner().run([])
 
@@ -455,7 +460,7 @@ class TestHostFiles:
         with pytest.raises(InputError):
             host.remove(["/"], recursive=True)
         with pytest.raises(InputError):
-            host.remove("/tmp/x")  # type: ignore[arg-type]
+            host.remove("/tmp/x")  # a Sequence[str] to mypy: refused at run time
 
     def test_make_dirs(self, host, public_dir):
         require_root()

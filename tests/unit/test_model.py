@@ -197,6 +197,7 @@ def test_every_time_is_stored_in_utc():
     assert rec.stop_time.utcoffset() == dt.timedelta(0)
     target = RecoveryTarget.time("2026-03-29 03:30:00+01:00")
     assert target.value == dt.datetime(2026, 3, 29, 2, 30, tzinfo=UTC)
+    assert isinstance(target.value, dt.datetime)
     assert target.value.tzinfo is UTC
 
 

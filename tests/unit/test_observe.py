@@ -104,10 +104,13 @@ def _segment(path, name, sysid):
 
 
 def _backup_observer(tmp_path, archiver, server_tli=1):
+    from typing import cast
+
     import attrs
 
     from pgsnap.backends.mock import MockBackend
     from pgsnap.catalog import DirectoryCatalog
+    from pgsnap.protocols import DatabaseAdapter
     from pgsnap.wal.archive import DirectoryWalArchive
     from tests.unit.test_planner_backup import ARCHIVER, LAYOUT, SERVER
 
@@ -117,7 +120,7 @@ def _backup_observer(tmp_path, archiver, server_tli=1):
         attrs.evolve(SERVER, timeline=server_tli), attrs.evolve(ARCHIVER, **archiver)
     )
     return Observer(
-        adapter=adapter,
+        adapter=cast(DatabaseAdapter, adapter),  # only what backup observation asks
         backend=MockBackend(),
         archive=DirectoryWalArchive(archive),
         catalog=DirectoryCatalog(tmp_path / "catalog"),

@@ -1,6 +1,7 @@
 """The backup planner's preflight on synthetic facts."""
 
 import datetime as dt
+from typing import Any
 
 import attrs
 import pytest
@@ -64,7 +65,7 @@ def paths_of(server, mounts=None):
 
 
 def facts(**kw):
-    base = dict(
+    base: dict[str, Any] = dict(
         server=SERVER, archiver=ARCHIVER, layout=LAYOUT,
         volumes=tuple(StorageVolume(v, v) for v in ("v-data", "v-wal", "v-ts", "v-arch")),
         capabilities=frozenset(Capability), catalog=(), archive_location="/archive",

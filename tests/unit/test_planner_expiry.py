@@ -8,7 +8,7 @@ import attrs
 
 from pgsnap.model import BackupState
 from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
-from pgsnap.protocols import Capability
+from pgsnap.protocols import Capability, ClusterLockProvider
 from pgsnap.wal import ArchiveIndex, TimelineGraph
 from tests.property.test_expiry_properties import END1, MB, T0, _backup, _names, _snapshots
 
@@ -104,6 +104,7 @@ def test_a_pin_is_a_plan_undone_by_the_pin_it_found(tmp_path):
     assert [p.name for p in (tmp_path / "catalog" / "journal").glob("pin-*.journal")]
     with pytest.raises(StalePlanError, match=f"the pin of backup {record.id} changed"):
         cluster.execute(stale)
+    assert isinstance(cluster.catalog, ClusterLockProvider)
     lock = cluster.catalog.cluster_lock()
     with lock.acquire(LockHolder("recovery", "e" * 64, 4242, "db9", T0)), \
             pytest.raises(ClusterLockedError):

@@ -160,7 +160,7 @@ def test_only_backups_newer_than_the_chosen_one_are_judged_and_named():
     passed = [w for w in plan.warnings if w.startswith("passed over")]
     assert len(passed) == 1
     assert passed[0].startswith("passed over backup b2: snapshots gone")
-    judged = []
+    judged: list[str] = []
     with_record = iter_candidates(f, RecoveryRequest(), judged)
     assert next(with_record).backup.id == "b1"
     assert [p.split(":")[0] for p in judged] == ["b2"]  # b0 not judged yet
@@ -379,6 +379,7 @@ def test_a_restore_that_consumes_the_snapshot_lists_the_backup_as_lost():
 def test_a_volume_the_storage_does_not_have_is_refused_with_the_fix():
     with pytest.raises(errors.PlanningError, match="vol-data") as info:
         plan_recovery(facts([B1], volume_facts=()), RecoveryRequest())
+    assert info.value.hint is not None
     assert "layout" in info.value.hint
 
 
@@ -469,7 +470,8 @@ def test_a_damaged_segment_on_the_way_refuses_every_target():
         with pytest.raises(errors.WalGapError, match=bad) as info:
             plan_recovery(f, RecoveryRequest(target))
         assert info.value.reachable_lsn == LSN(8 * MB)
-        assert info.value.damaged == {bad: "8192 bytes"}
+        assert info.value.details["damaged"] == {bad: "8192 bytes"}
+        assert info.value.hint is not None
         assert "reads ahead" in info.value.message and "move the file" in info.value.hint
     # Moved away, it is the end of the WAL: earlier targets are planned, verified first.
     moved = attrs.evolve(facts([B1], segs=range(1, 8)), damaged={})

@@ -340,7 +340,7 @@ def test_connection_error_is_a_database_error_without_password():
 
 def test_db_error_redacts_the_password():
     exc = psycopg.OperationalError(f"connection failed: password={SECRET} host=x")
-    err = _db_error(exc, "cannot connect", [SECRET])
+    err: DatabaseError = _db_error(exc, "cannot connect", [SECRET])
     assert SECRET not in str(err)
     assert err.sqlstate is None
 

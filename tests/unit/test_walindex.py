@@ -30,7 +30,9 @@ ONE = [TimelineSpan(1, None, None)]
 SID = str(SYSID)
 
 
-def workload(directory: Path, n: int = 80, filler: int = 200_000) -> tuple[WalWriter, list]:
+def workload(
+    directory: Path, n: int = 80, filler: int = 200_000
+) -> tuple[WalWriter, list[tuple[int, dt.datetime, tuple[int, int]]]]:
     """Commits one every ~200 kB (so over several 1 MB segments), a restore point
     every tenth; returns the writer and [(xid, time, (start, end))]."""
     w = WalWriter()

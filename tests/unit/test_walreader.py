@@ -17,7 +17,9 @@ import lzma
 import os
 import random
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -410,7 +412,7 @@ def test_every_version_and_its_stats_items(tmp_path, major):
     """The magic of each version; 18's dropped-stats items are 16 bytes, 15-17's 12."""
     assert PAGE_MAGIC[major] == MAGIC[major]
     w = WalWriter(major=major)
-    parts = {"stats": 2} if major >= 15 else {}
+    parts: dict[str, Any] = {"stats": 2} if major >= 15 else {}
     w.commit(
         0, kind="commit_prepared", twophase=777, rels=1, invals=2, gid="x", origin=True, **parts
     )
@@ -724,10 +726,10 @@ def test_wrong_size_copies(tmp_path, caplog):
     # ... and an error naming it when it is the only copy.
     with pytest.raises(ArchiveError, match=f"{name} is 524288 bytes") as err:
         scan([bad], segment_size=MB)
-    assert err.value.path == str(bad / name)
+    assert err.value.details["path"] == str(bad / name)
     with pytest.raises(ArchiveError, match="cannot tell the WAL segment size") as err:
         scan([bad])
-    assert err.value.path == str(bad / name)
+    assert err.value.details["path"] == str(bad / name)
 
 
 def test_compressed_segments(tmp_path):
@@ -739,7 +741,11 @@ def test_compressed_segments(tmp_path):
     plain = scan([d])
     packed = tmp_path / "packed"
     packed.mkdir()
-    packers = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
+    packers: dict[str, Callable[[bytes], bytes]] = {
+        "gz": gzip.compress,
+        "bz2": bz2.compress,
+        "xz": lzma.compress,
+    }
     for i, f in enumerate(sorted(d.iterdir())):
         suffix = list(packers)[i % 3]
         (packed / f"{f.name}.{suffix}").write_bytes(packers[suffix](f.read_bytes()))
@@ -756,7 +762,7 @@ def test_compressed_segments(tmp_path):
     first.write_bytes(first.read_bytes()[:-200])
     with pytest.raises(ArchiveError) as err:
         scan([packed])
-    assert err.value.path == str(first)
+    assert err.value.details["path"] == str(first)
     first.write_bytes(b"\x1f\x8b" + os.urandom(500))
     with pytest.raises(ArchiveError, match=first.name):
         scan([packed])
@@ -799,7 +805,7 @@ def test_zstd_and_lz4_need_a_module_or_program(tmp_path, monkeypatch, suffix):
     monkeypatch.setattr(walreader, "_optional_module", lambda name: None)
     with pytest.raises(ArchiveError, match="is available") as err:
         scan([packed], segment_size=MB)
-    assert err.value.path == str(target)
+    assert err.value.details["path"] == str(target)
     assert program in str(err.value)
 
 
@@ -815,7 +821,7 @@ def test_another_cluster_and_not_wal(tmp_path):
     (d / name).write_bytes(bytes(other.files[(1, 2)]))
     with pytest.raises(ArchiveError, match="belongs to another cluster") as err:
         scan([d])
-    assert err.value.path == str(d / name)
+    assert err.value.details["path"] == str(d / name)
     # A system identifier given by the caller is checked on the first segment too.
     with pytest.raises(ArchiveError, match="another cluster"):
         scan([d], end=LSN(2 * MB), system_identifier=str(SYSID + 5))
@@ -826,7 +832,7 @@ def test_another_cluster_and_not_wal(tmp_path):
     (junk / segment_name(1, 1, MB)).write_bytes(random.Random(1).randbytes(MB))
     with pytest.raises(ArchiveError, match="not a WAL segment of PostgreSQL 12-18") as err:
         scan([junk], segment_size=MB)
-    assert err.value.offset == 0
+    assert err.value.details["offset"] == 0
 
 
 def test_segment_size_is_detected(tmp_path):
@@ -1005,17 +1011,20 @@ def test_segment_problem_says_why_a_file_cannot_be_replayed(tmp_path):
                                    "partial copy)")
     other = bytearray(good)
     other[24:32] = struct.pack("<Q", 99)
-    assert "WAL of another cluster (system identifier 99" in judged(bytes(other))
+    problem = judged(bytes(other))
+    assert problem is not None and "WAL of another cluster (system identifier 99" in problem
     moved = judged(good, segment_name(1, 4, MB))  # a copy under the next segment's name
     assert moved is not None and "not that of its name" in moved
-    assert "not WAL" in judged(b"\0" * MB)
+    problem = judged(b"\0" * MB)
+    assert problem is not None and "not WAL" in problem
     assert judged(good, segment_name(1, 3, MB)) is None
-    assert "PostgreSQL 15, not 16" in segment_problem(
-        _write(tmp_path / name, good), segment_size=MB, major=16)
+    problem = segment_problem(_write(tmp_path / name, good), segment_size=MB, major=16)
+    assert problem is not None and "PostgreSQL 15, not 16" in problem
     # Compressed copies are judged by what they decompress to (gzip's size trailer).
     (tmp_path / name).unlink()
     assert judged(gz.compress(good), name + ".gz") is None
-    assert "8192 bytes" in judged(gz.compress(good[:8192]), name + ".gz")
+    problem = judged(gz.compress(good[:8192]), name + ".gz")
+    assert problem is not None and "8192 bytes" in problem
     (tmp_path / f"{name}.gz").write_bytes(gz.compress(good))
     assert find_segment_file(tmp_path, name) == str(tmp_path / f"{name}.gz")
     assert find_segment_file(tmp_path, segment_name(1, 9, MB)) is None
