@@ -831,7 +831,6 @@ class Cluster:
         )
         return self._plan_recovery(request)
 
-
     def recover(
         self,
         target: RecoveryTarget | None = None,
@@ -981,9 +980,7 @@ class Cluster:
             self.execute(plan)
         return plan
 
-    def plan_pin(
-        self, backup_id: str, reason: str, *, until: dt.datetime | None = None
-    ) -> Plan:
+    def plan_pin(self, backup_id: str, reason: str, *, until: dt.datetime | None = None) -> Plan:
         """The plan that keeps ``backup_id`` whatever retention says, forever or
         ``until`` a time, for ``reason`` (required: the next person needs to know
         why). See :func:`~pgsnap.planner.expiry.plan_pin`."""

@@ -41,6 +41,7 @@ __all__ = [
     "load_timeouts",
 ]
 
+
 def _read_password(db: dict[str, Any], base: Path) -> str | None:
     if "password" in db:
         raise ConfigurationError(

@@ -151,8 +151,7 @@ class Event:
         err = f": {self.error}" if self.error else ""
         said = f": {self.detail}" if self.detail else ""
         return (
-            f"[{self.index}/{self.total}] {self.kind.value:<12} {self.description}"
-            f"{took}{err}{said}"
+            f"[{self.index}/{self.total}] {self.kind.value:<12} {self.description}{took}{err}{said}"
         )
 
 
@@ -362,16 +361,13 @@ class Executor:
             mine = lock_mode(kind)
             holders = self.lock.holders()
             blocking = [
-                h
-                for h in holders
-                if not (mine is LockMode.SHARED and h.mode is LockMode.SHARED)
+                h for h in holders if not (mine is LockMode.SHARED and h.mode is LockMode.SHARED)
             ]
             if blocking:
                 who = "; ".join(str(h) for h in blocking)
                 raise ClusterLockedError(
                     f"cannot run a {kind} plan: another pgsnap run holds the cluster ({who})",
-                    hint="wait for it to finish and run again; only backups may run side by "
-                    "side",
+                    hint="wait for it to finish and run again; only backups may run side by side",
                     holders=tuple(str(h) for h in blocking),
                 )
         self._refuse_if_interrupted(kind, "")

@@ -1070,8 +1070,7 @@ def _fields(cls: type) -> tuple[tuple[str, _Decode, bool], ...]:
     """``(name, decoder, required)`` of each field of the attrs class ``cls``."""
     hints = typing.get_type_hints(cls)
     return tuple(
-        (f.name, _decoder(hints[f.name]), f.default is attrs.NOTHING)
-        for f in attrs.fields(cls)
+        (f.name, _decoder(hints[f.name]), f.default is attrs.NOTHING) for f in attrs.fields(cls)
     )
 
 

@@ -154,7 +154,6 @@ def is_live_segment(name: str, head: bytes, segment_size: int) -> bool:
 # --------------------------------------------------------------------------- check's facts
 
 
-
 class EmptyArchive:
     """Stands in for an archive that cannot be read, so the other facts can be observed.
 
@@ -782,9 +781,7 @@ class Observer:
         events = self._scan_events(facts, request, local_dir)
         return attrs.evolve(facts, events=events)
 
-    def _damaged_segments(
-        self, facts: RecoveryFacts, request: RecoveryRequest
-    ) -> dict[str, str]:
+    def _damaged_segments(self, facts: RecoveryFacts, request: RecoveryRequest) -> dict[str, str]:
         """The archived segments a recovery from the best candidate backup would fetch
         (from its start to the end of the archive) that cannot be replayed, with why
         (:func:`~pgsnap.wal.reader.segment_problem`). Each costs a stat and a 40-byte
@@ -795,7 +792,10 @@ class Observer:
         b = first.backup
         try:
             reach = check(
-                facts.archive, (b.start_timeline, b.start_lsn), None, first.timeline,
+                facts.archive,
+                (b.start_timeline, b.start_lsn),
+                None,
+                first.timeline,
                 facts.timelines,
             )
         except PgsnapError as exc:

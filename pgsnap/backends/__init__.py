@@ -155,9 +155,11 @@ def _option_error(
             for p in signature.parameters.values()
             if p.default is p.empty and p.name not in options and p.kind is not p.VAR_KEYWORD
         ]
-        message = f"backend {name!r} needs option(s) {', '.join(map(repr, missing))}" if (
-            missing
-        ) else f"backend {name!r} does not accept these options ({exc})"
+        message = (
+            f"backend {name!r} needs option(s) {', '.join(map(repr, missing))}"
+            if (missing)
+            else f"backend {name!r} does not accept these options ({exc})"
+        )
         hint = takes
     return ConfigurationError(message, hint=hint, name=name, options=tuple(sorted(options)))
 

@@ -267,6 +267,10 @@ class Host:
         items = list(paths)
         if type(self).realpath is not Host.realpath:
             return tuple(self.realpath(p) for p in items)
+        return self._realpaths(items)
+
+    def _realpaths(self, items: Sequence[str]) -> tuple[str, ...]:
+        """:meth:`realpaths` in one ``realpath`` command, whatever a subclass does."""
         for path in items:
             _check_path(path)
         if not items:

@@ -274,9 +274,9 @@ class WriteBackupLabel(Operation):
         self._record(ctx)
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
         restores = plan.of(RestoreVolume)
-        others = sorted({op.backup_id for _s, op in restores if op.backup_id is not None} - {
-            self.backup_id
-        })
+        others = sorted(
+            {op.backup_id for _s, op in restores if op.backup_id is not None} - {self.backup_id}
+        )
         if others:
             raise self.mismatch(
                 ctx,
@@ -290,9 +290,7 @@ class WriteBackupLabel(Operation):
             if op.backup_id == self.backup_id and plan.index(sid) < here
         }
         wanted = {
-            v.id
-            for v in ctx.layout.volumes
-            if v.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
+            v.id for v in ctx.layout.volumes if v.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
         }
         if wanted - restored:
             raise self.mismatch(

@@ -115,8 +115,7 @@ class RetentionPolicy:
 
     def __attrs_post_init__(self) -> None:
         if self.safety_after is not None and (
-            not isinstance(self.safety_after, dt.timedelta)
-            or self.safety_after < MIN_ORPHANS_AFTER
+            not isinstance(self.safety_after, dt.timedelta) or self.safety_after < MIN_ORPHANS_AFTER
         ):
             raise ConfigurationError(
                 f"retention safety_after must be at least {_fmt_delta(MIN_ORPHANS_AFTER)}, "

@@ -445,8 +445,7 @@ def _check_damaged(
         raise WalGapError(
             f"archived segment {name} cannot be replayed: {why}; PostgreSQL would stop on "
             f"it in the middle of the recovery, after the point of no return (it reads "
-            f"ahead of any target); the WAL before it reaches {at}"
-            + _time_suffix(facts, at),
+            f"ahead of any target); the WAL before it reaches {at}" + _time_suffix(facts, at),
             hint="put a good copy of the segment in the archive (a surviving pg_wal may "
             "still hold it); or, if it never was a complete segment, move the file out of "
             f"the archive: targets before {at} can then be reached",

@@ -709,9 +709,7 @@ class ConsoleRunner:
     time: :meth:`released` lends it to another process.
     """
 
-    def __init__(
-        self, console: _Console, *, name: str = "lvmvm", path: str | None = None
-    ) -> None:
+    def __init__(self, console: _Console, *, name: str = "lvmvm", path: str | None = None) -> None:
         self._console = console
         self._name = name
         self._path = path
@@ -904,7 +902,10 @@ def _start_virtiofsd(directory: str, sock: Path) -> subprocess.Popen[bytes]:
         "sandbox=chroot",  # namespaces may be unavailable in a container
     ]
     proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     deadline = time.monotonic() + 10

@@ -69,11 +69,11 @@ Volume content: every volume is a directory under ``root/luns/<id>`` (the
 "LUN"; :meth:`~PowerFlexSimulator.volume_path`), and a snapshot is a full copy
 of its source's tree (owners, modes, links kept). A restore empties the
 target and copies the snapshot back. :meth:`~PowerFlexSimulator.simulated_host`
-gives a :class:`~pgsnap.host.Host` (:class:`SimulatedSdcHost`) whose devices
+gives a :class:`~pgsnap.host.simulated.SimulatedHost` (the one the mock's
+block mode uses too) over :class:`SdcDevices`: its devices
 ``/dev/disk/by-id/emc-vol-<system id>-<volume id>`` exist while the volume is
-mapped to the SDC of its name, and whose mounts are recorded, not performed:
-mounting replaces the (empty) mount point by a symlink to the LUN, as
-:mod:`pgsnap.backends.mock_host` does for the mock. A real PostgreSQL server
+mapped to the SDC of its name, and its mounts are recorded, not performed:
+mounting replaces the (empty) mount point by a symlink to the LUN. A real PostgreSQL server
 so runs on simulated volumes through the same plan steps as on a real SDC.
 
 Fault injection (:meth:`~PowerFlexSimulator.inject`): latency, an HTTP
@@ -116,8 +116,8 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -127,9 +127,8 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from pgsnap.errors import ConfigurationError, DeviceNotFound, MountBusyError, MountError
-from pgsnap.host import Host
-from pgsnap.model import Mount
+from pgsnap.errors import ConfigurationError
+from pgsnap.host.simulated import SimulatedHost, SimulatedMount
 
 if TYPE_CHECKING:
     from pgsnap.cluster import Cluster
@@ -140,6 +139,7 @@ __all__ = [
     "Fault",
     "GatewayCertificate",
     "PowerFlexSimulator",
+    "SdcDevices",
     "SimRequest",
     "SimulatedSdcHost",
     "TlsFront",
@@ -242,15 +242,15 @@ def _check_name(name: str) -> None:
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
-    from pgsnap.backends.mock import _copy_into  # noqa: PLC0415 - the mock's faithful copy
+    from pgsnap.backends.mock._files import copy_into  # noqa: PLC0415 - the mock's faithful copy
 
-    _copy_into(src, dst)
+    copy_into(src, dst)
 
 
 def _empty(path: Path) -> None:
-    from pgsnap.backends.mock import _empty_dir  # noqa: PLC0415
+    from pgsnap.backends.mock._files import empty_dir  # noqa: PLC0415
 
-    _empty_dir(path)
+    empty_dir(path)
 
 
 # --------------------------------------------------------------------------- state
@@ -306,16 +306,6 @@ class _Token:
     created: float
     used: float
     refresh: str | None = None
-
-
-@attrs.define
-class _Mount:
-    host: str
-    volume_id: str
-    target: str
-    mode: int
-    uid: int
-    gid: int
 
 
 @attrs.frozen
@@ -473,7 +463,7 @@ class PowerFlexSimulator:
         self._policies: dict[str, _Policy] = {}
         self._tokens: dict[str, _Token] = {}
         self._refresh: dict[str, str] = {}
-        self._mounts: list[_Mount] = []
+        self._mounts: list[SimulatedMount] = []
         self._counters: dict[str, int] = {}
         self._faults: list[Fault] = []
         self.requests: list[SimRequest] = []
@@ -644,13 +634,13 @@ class PowerFlexSimulator:
             if (method is None or r.method == method) and (action is None or r.action == action)
         )
 
-    def simulated_host(self, name: str) -> SimulatedSdcHost:
-        """A :class:`~pgsnap.host.Host` named ``name`` that sees this array's volumes mapped
-        to the SDC of that name (registered now if unknown)."""
+    def simulated_host(self, name: str) -> SimulatedHost:
+        """A :class:`~pgsnap.host.simulated.SimulatedHost` named ``name`` that sees this
+        array's volumes mapped to the SDC of that name (registered now if unknown)."""
         with self._lock:
             if not any(s.name == name and s.host_type == "SdcHost" for s in self._hosts.values()):
                 self.add_sdc(name)
-        return SimulatedSdcHost(self, name)
+        return SimulatedHost(SdcDevices(self), name=name)
 
     # ------------------------------------------------------------------ HTTP entry
 
@@ -1795,174 +1785,69 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-class SimulatedSdcHost(Host):
-    """This machine as a PowerFlex SDC named ``name``, seeing ``sim``'s volumes.
+class SdcDevices:
+    """The volumes of a :class:`PowerFlexSimulator` as its SDCs see them.
 
-    Commands, files and processes are this machine's (a local runner). For
-    the simulator's devices only, :meth:`wait_for_device`, :meth:`mount`,
-    :meth:`unmount`, :meth:`mounts` and :meth:`mount_of` are simulated: a
-    device exists while its volume is mapped to this SDC; mounting replaces an
-    empty mount point by a symlink to the volume's directory; unmounting is
-    refused (:class:`~pgsnap.errors.MountBusyError`) while a process uses the
-    volume, and otherwise puts the empty directory back. Other paths go to
-    the real :class:`~pgsnap.host.Host` methods.
+    The :class:`~pgsnap.host.simulated.SimulatedDevices` of the simulator's
+    hosts: a device ``/dev/disk/by-id/emc-vol-<system id>-<volume id>`` exists
+    on an SDC while the volume is mapped to it, and resolves to the volume's
+    directory (its LUN). The mount table is kept in memory, under the
+    simulator's lock.
     """
 
-    def __init__(self, sim: PowerFlexSimulator, name: str) -> None:
-        super().__init__(name=name)
+    fstype: Final = "simfs"
+    attached_to: Final = "mapped to SDC"
+    attach_hint: Final = "map the volume to this SDC (addMappedSdc)"
+
+    def __init__(self, sim: PowerFlexSimulator) -> None:
         self._sim = sim
 
     def __repr__(self) -> str:
-        return f"<SimulatedSdcHost {self.name} on {self._sim!r}>"
+        return repr(self._sim)
 
-    def _device_volume(self, path: str) -> str | None:
-        """The volume id of a simulated device path (mapped here or not); None otherwise."""
+    def device_volume(self, path: str) -> str | None:
+        """The volume id of a device path of this system (mapped anywhere or not)."""
         prefix = f"{DEVICE_DIR}/emc-vol-{self._sim.system_id}-"
         return path[len(prefix) :] if path.startswith(prefix) else None
 
-    def exists(self, path: str) -> bool:
-        """A simulated device exists while its volume is mapped to this SDC."""
-        if self._device_volume(path) is not None:
-            return self._sim._host_volume(self.name, path) is not None
-        return super().exists(path)
-
-    def realpath(self, path: str) -> str:
-        """A simulated device resolves to its volume's directory while it is mapped here."""
-        if self._device_volume(path) is not None:
-            vid = self._sim._host_volume(self.name, path)
-            if vid is None:
-                return path
-            return super().realpath(str(self._sim.volume_path(vid)))
-        return super().realpath(path)
-
-    def wait_for_device(self, path: str, *, timeout: float = 60.0) -> str:
-        """Wait until the volume of device ``path`` is mapped to this SDC; return it resolved."""
-        if not self._sim._claims(path):
-            return super().wait_for_device(path, timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while self._sim._host_volume(self.name, path) is None:
-            if time.monotonic() >= deadline:
-                raise DeviceNotFound(
-                    f"device {path} did not appear on SDC {self.name!r} within {timeout:g} s",
-                    hint="map the volume to this SDC (addMappedSdc) first",
-                    device=path,
-                    host=self.description,
-                )
-            time.sleep(_POLL_SECONDS)
-        return self.realpath(path)
-
-    def mounts(self) -> tuple[Mount, ...]:
-        """The real mounts, then the simulated ones of this SDC."""
+    def claims(self, path: str) -> str | None:
+        """A device's volume, or the volume whose LUN ``path`` is."""
+        found = self.device_volume(path)
+        if found is not None:
+            return found
+        where = os.path.abspath(path)
         with self._sim._lock:
-            ours = tuple(
-                Mount(self._sim.device_path(m.volume_id), m.target, "simfs", ("rw",))
-                for m in self._sim._mounts
-                if m.host == self.name
-            )
-        return (*super().mounts(), *ours)
+            return next((v for v in self._sim._volumes if where == str(self.volume_path(v))), None)
 
-    def mount_of(self, path: str) -> Mount | None:
-        """The simulated mount holding ``path`` (by mount point or LUN), else the real one."""
-        where = Path(os.path.abspath(path))
-        with self._sim._lock:
-            for m in sorted(self._sim._mounts, key=lambda m: -len(m.target)):
-                if m.host != self.name:
-                    continue
-                lun = self._sim.volume_path(m.volume_id)
-                for base in (Path(m.target), lun, Path(os.path.realpath(lun))):
-                    if where == base or base in where.parents:
-                        return Mount(self._sim.device_path(m.volume_id), m.target, "simfs", ("rw",))
-        return super().mount_of(path)
+    def lun(self, host: str, volume_id: str) -> Path | None:
+        """The LUN while the volume is mapped to the SDC named ``host``."""
+        sim = self._sim
+        with sim._lock:
+            vol = sim._volumes.get(volume_id)
+            if vol is None:
+                return None
+            names = {
+                sim._hosts[s].name for s, _ in vol.sdcs if sim._hosts[s].host_type == "SdcHost"
+            }
+            return sim.volume_path(volume_id) if host in names else None
 
-    def mount(
-        self, source: str, target: str, *, fstype: str | None = None, options: Sequence[str] = ()
-    ) -> None:
-        """Mount a simulated device (``fstype``/``options`` ignored); others for real."""
-        if not self._sim._claims(source):
-            super().mount(source, target, fstype=fstype, options=options)
-            return
-        point = os.path.abspath(target)
-        with self._sim._lock:
-            vid = self._sim._host_volume(self.name, source)
-            if vid is None:
-                raise MountError(
-                    f"cannot mount {source} on {point}: no such device (the volume is not "
-                    f"mapped to SDC {self.name!r})",
-                    hint="map the volume and wait for its device first",
-                    target=point,
-                    host=self.description,
-                    device=source,
-                )
-            for m in self._sim._mounts:
-                if m.target == point:
-                    if m.volume_id == vid:
-                        return
-                    raise MountError(
-                        f"cannot mount {source} on {point}: something is mounted there",
-                        hint="unmount it first",
-                        target=point,
-                        host=self.description,
-                    )
-            try:
-                st = os.lstat(point)
-            except FileNotFoundError:
-                raise MountError(
-                    f"cannot mount {source} on {point}: mount point does not exist",
-                    hint="create the mount point",
-                    target=point,
-                    host=self.description,
-                ) from None
-            if not stat.S_ISDIR(st.st_mode):
-                raise MountError(
-                    f"cannot mount {source} on {point}: not a directory",
-                    hint="mount on an empty directory",
-                    target=point,
-                    host=self.description,
-                )
-            try:
-                os.rmdir(point)
-            except OSError as exc:
-                raise MountError(
-                    f"cannot mount {source} on {point}: mount point is not empty ({exc.strerror})",
-                    hint="mount on an empty directory",
-                    target=point,
-                    host=self.description,
-                ) from exc
-            os.symlink(self._sim.volume_path(vid), point)
-            self._sim._mounts.append(
-                _Mount(self.name, vid, point, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            )
-            log.debug("sdc %s: mounted %s on %s", self.name, source, point)
+    def volume_path(self, volume_id: str) -> Path | None:
+        """The volume's directory (its LUN)."""
+        return self._sim.volume_path(volume_id)
 
-    def unmount(self, target: str) -> None:
-        """Unmount a simulated mount (refused while in use); others for real."""
-        point = os.path.abspath(target)
+    def device_path(self, volume_id: str) -> str:
+        """The device an SDC shows for the volume."""
+        return self._sim.device_path(volume_id)
+
+    @contextmanager
+    def mount_table(self, *, write: bool) -> Iterator[list[SimulatedMount]]:
+        """The simulated mounts of every SDC, under the simulator's lock."""
         with self._sim._lock:
-            found = [m for m in self._sim._mounts if m.target == point and m.host == self.name]
-        if not found:
-            super().unmount(target)
-            return
-        mount = found[0]
-        lun = os.path.realpath(self._sim.volume_path(mount.volume_id))
-        users = tuple(str(p) for p in self.processes_using(lun))
-        if users:
-            raise MountBusyError(
-                f"cannot unmount {point}: target is busy; used by {'; '.join(users)}",
-                hint="stop those processes (the PostgreSQL server first), then unmount",
-                target=point,
-                holders=users,
-                host=self.description,
-            )
-        with self._sim._lock:
-            if os.path.islink(point):
-                os.unlink(point)
-            if not os.path.lexists(point):
-                os.mkdir(point, mount.mode)
-                with suppress(PermissionError):
-                    os.chown(point, mount.uid, mount.gid)
-                os.chmod(point, mount.mode)
-            self._sim._mounts.remove(mount)
-        log.debug("sdc %s: unmounted %s", self.name, point)
+            yield self._sim._mounts
+
+
+SimulatedSdcHost = SimulatedHost
+"""The host :meth:`PowerFlexSimulator.simulated_host` gives (its old name)."""
 
 
 def powerflex_cluster(

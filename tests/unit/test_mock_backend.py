@@ -1289,16 +1289,16 @@ def test_corrupt_version_2_state_is_a_clear_backend_error(
 
 
 def test_simulated_host_is_a_host_named_like_its_base() -> None:
-    from pgsnap.backends.mock_host import MockHost
     from pgsnap.host import Host, LocalRunner
+    from pgsnap.host.simulated import SimulatedHost
 
     backend = MockBackend(block=True)
     base = Host(LocalRunner(), name="db1")
     host = backend.simulated_host(base)
-    assert isinstance(host, MockHost)
+    assert isinstance(host, SimulatedHost)
     assert isinstance(host, Host)
     assert host.name == "db1"
     assert host.runner is base.runner
-    assert host.backend is backend
+    assert host.devices is backend.devices
     assert "db1" in repr(host)
-    assert isinstance(backend.simulated_host(), MockHost)
+    assert isinstance(backend.simulated_host(), SimulatedHost)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pgsnap.backends.mock import MockBackend
-from pgsnap.backends.mock_host import MockHost
+from pgsnap.host.simulated import SimulatedHost
 from pgsnap.errors import BackendError, DeviceNotFound, MountBusyError, MountError
 from pgsnap.host import Host
 from pgsnap.model import Mount
@@ -357,7 +357,7 @@ def test_other_paths_go_to_the_real_host(world: World, monkeypatch: pytest.Monke
 
     def spy(name: str, result: Any = None) -> Any:
         def call(self: Host, *args: Any, **kwargs: Any) -> Any:
-            assert isinstance(self, MockHost)
+            assert isinstance(self, SimulatedHost)
             calls.append((name, args))
             return result
 

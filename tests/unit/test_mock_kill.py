@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from pgsnap.backends import mock
+from pgsnap.backends.mock import _files as mock_files
 from pgsnap.backends.mock import MockBackend
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -63,7 +63,7 @@ def _forking() -> Iterator[None]:
 
 def _die_after(entries: int) -> None:
     """In this (child) process: SIGKILL self when about to copy entry number ``entries + 1``."""
-    original = mock._copy_entry
+    original = mock_files.copy_entry
     copied = 0
 
     def dying(src: Path, dst: Path) -> None:
@@ -73,7 +73,7 @@ def _die_after(entries: int) -> None:
         copied += 1
         original(src, dst)
 
-    mock._copy_entry = dying  # the child never restores it
+    mock_files.copy_entry = dying  # the child never restores it
 
 
 def _killed(entries: int, action: Callable[[], object]) -> None:
@@ -292,7 +292,7 @@ def test_a_copy_in_progress_in_a_live_process_is_never_removed(
         try:
             os.close(started_r)
             os.close(go_w)
-            original = mock._copy_entry
+            original = mock_files.copy_entry
 
             def slow(src: Path, dst: Path) -> None:
                 if src.name == "PG_VERSION":  # the copy is under way: wait for the parent
@@ -300,7 +300,7 @@ def test_a_copy_in_progress_in_a_live_process_is_never_removed(
                     os.read(go_r, 1)
                 original(src, dst)
 
-            mock._copy_entry = slow
+            mock_files.copy_entry = slow
             MockBackend(state_file=state, root=root).create_snapshot_group([d], "live")
             code = 0
         except BaseException:

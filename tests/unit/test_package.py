@@ -37,9 +37,13 @@ SPLIT = {"pgsnap.checks": ("pgsnap.planner.checks", "pgsnap.observe")}
 """Old module paths that still import, with a DeprecationWarning, for one release."""
 
 
+REPLACED = {"pgsnap.backends.mock_host": "pgsnap.host.simulated"}
+"""Old modules whose class became a more general one (a thin subclass, deprecated)."""
+
+
 def _modules():
     for info in pkgutil.walk_packages([str(PACKAGE)], prefix="pgsnap."):
-        if info.name not in MOVED and info.name not in SPLIT:
+        if info.name not in MOVED and info.name not in SPLIT and info.name not in REPLACED:
             yield importlib.import_module(info.name)
 
 
@@ -155,6 +159,20 @@ def test_split_modules_still_import_with_a_deprecation_warning():
         for name in alias.__all__:
             homes = [m for m in map(importlib.import_module, news) if hasattr(m, name)]
             assert homes and getattr(alias, name) is getattr(homes[0], name), (old, name)
+
+
+def test_the_mock_host_is_the_shared_simulated_host_under_its_old_name():
+    """Issue 20: the mock's and the PowerFlex simulator's hosts were two copies of one
+    mount simulation; both are now :class:`pgsnap.host.simulated.SimulatedHost`."""
+    from pgsnap.backends.mock import MockBackend
+    from pgsnap.host.simulated import SimulatedHost
+
+    sys.modules.pop("pgsnap.backends.mock_host", None)
+    with pytest.warns(DeprecationWarning, match="pgsnap.backends.mock_host moved to"):
+        alias = importlib.import_module("pgsnap.backends.mock_host")
+    backend = MockBackend(block=True)
+    host = alias.MockHost(backend)
+    assert isinstance(host, SimulatedHost) and host.devices is backend.devices
 
 
 def test_operations_renamed_as_operations_keep_their_old_names_for_a_release():

@@ -1,114 +1,7 @@
-"""``mock``: a stateful in-memory :class:`~pgsnap.protocols.StorageBackend`.
-
-It follows the protocol's contract exactly (it passes
-:mod:`pgsnap.testing.conformance`) and is what unit tests, executor tests, the
-demo and the end-to-end tests with a real PostgreSQL server run against.
-
-Volumes come in two kinds:
-
-- **in memory** (:meth:`MockBackend.add_volume` without ``path``): the content
-  is a dict of blobs (:meth:`~MockBackend.write_blob` / :meth:`~MockBackend.read_blob`).
-  :meth:`~MockBackend.locate` gives a device ``/dev/pgsnap-mock/<id>`` that
-  never exists on any host: in-memory volumes are for unit tests;
-- **directory-backed** (``path=``): the volume is a host directory. A snapshot
-  is a full copy of the tree (owners, modes, symlinks and times kept) under
-  ``root/snapshots/<id>`` (mode 0700); restoring empties the directory (never
-  following a symlink out of it) and copies the snapshot back, keeping the
-  directory itself, its owner and mode.
-
-Two modes decide how a host reaches a directory-backed volume and what a
-restore asks of it (:meth:`~MockBackend.locate`,
-:meth:`~MockBackend.restore_profile`):
-
-- **directories** (the default): the host uses the directory itself
-  (:meth:`~pgsnap.model.Location.directory`); nothing is done on the host
-  before a restore, which copies the snapshot back in place and keeps it;
-- **block** (``block=True``, needs ``MAPPING``): each directory-backed volume
-  is a simulated block device whose content lives in its directory (the
-  "LUN": the host must not use it directly; :attr:`StorageVolume.path
-  <pgsnap.model.StorageVolume.path>` is then None and ``extra["lun"]`` names
-  it). :meth:`~MockBackend.locate` gives the device ``root/dev/<id>``, which
-  exists only while the volume is attached to at least one host
-  (:meth:`~MockBackend.attach` makes it a symlink to the LUN,
-  :meth:`~MockBackend.detach` of the last host removes it). A restore needs
-  the volume detached first (``RestoreProfile(before=DETACH)``): restoring an
-  attached volume fails. :meth:`~MockBackend.simulated_host` gives a
-  :class:`~pgsnap.host.Host` that mounts these devices (see
-  :mod:`pgsnap.backends.mock_host`); detaching a mounted volume fails, as a
-  storage array refuses to unmap a volume in use.
-
-With ``async_restore=True`` a restore completes later
-(``RestoreProfile.completes_later``): :meth:`~MockBackend.restore_volume`
-leaves the volume *restoring* (its content is already copied) and
-:meth:`~MockBackend.attach`, :meth:`~MockBackend.create_snapshot_group` and
-another restore of it are refused until :meth:`~MockBackend.wait_for_restore`
-completes it. Without it, ``wait_for_restore`` returns at once.
-
-With ``state_file=``, the state (the mode, volumes and whether they are
-restoring, snapshots and where their copies live, groups, policies, id
-counters, the simulated host's mount table) is kept in a JSON file: read at
-construction and before every call, written atomically (mode 0600) after
-every change, under an ``fcntl`` lock, so successive ``pgsnap`` commands (and
-concurrent processes) share one mock. The mode is fixed when the file is
-created; a backend constructed with another mode over it is refused. The
-file format is versioned (``{"format": "pgsnap-mock-state", "version": 3}``);
-older files are migrated when read and written back as version 3 with the
-next change: version 1 (before block mode) gets directories mode, nothing
-restoring, nothing mounted; version 2 (before copies were recorded) no copy
-under way. ``volumes=`` declares volumes (added once, by id), e.g. from a
-TOML configuration.
-
-A process killed in the middle of a copy (a directory volume into
-``root/snapshots/<id>``, a snapshot into a clone) leaves a half copy; it
-never wedges the mock. Every copy runs inside one call, holding the state
-file's exclusive lock from start to end. Once its directory is created and
-before anything is copied into it, the copy is recorded in the state
-(``copying``: the snapshot or clone id, the directory with its device and
-inode, the process id and start time) and the state is saved: the id (its
-counter) is thus allocated durably and never handed out twice (a call that
-fails cleanly removes its copies and takes its ids back, as no caller saw
-them). The save that ends the call drops the record, with the snapshot or
-clone recorded in the same write. A record that is
-still there when a process next takes the exclusive lock (a backend being
-constructed, or any call that changes the state) therefore belongs to a
-process that died copying: the kernel released its lock, and no live process
-can be copying while the lock is held. Its directory is removed (if it is
-still the directory the copy created) with a warning naming it, and the
-record dropped. No half copy is ever listed: a snapshot enters the state
-only complete. A directory under ``root/snapshots`` or ``root/clones`` that
-the state does not know (left by a copy killed before state version 3, or
-by another mock sharing the root) is not the state's to remove: its id is
-skipped, with a warning, and it stays.
-
-Ids are deterministic: ``vol-0001``, ``snap-0001``, ``cg-0001``, ``pol-0001``
-(clones are volumes). Capabilities can be reduced to imitate a simpler storage:
-a method needing one that was not granted raises
-:class:`~pgsnap.errors.UnsupportedCapability`; without ``CONSISTENCY_GROUPS``,
-:meth:`~MockBackend.create_snapshot_group` snapshots the volumes one after the
-other, so their ``created_at`` differ, as a storage without consistency groups does.
-
-With ``snapshot_limit=N`` the mock imitates a storage that allows N
-snapshots per volume (a PowerFlex V-Tree: 126, 1022 on 5.x; one tree per
-volume here): a group that would give a volume more than N snapshots is
-refused before anything is taken with
-:class:`~pgsnap.errors.SnapshotLimitError` (as PowerFlex's
-``PowerFlexSnapshotLimit``), and :meth:`~MockBackend.storage_problems` (the
-optional :class:`~pgsnap.protocols.StorageHealth`, read by ``pgsnap check``)
-warns once a volume has ``limit_warn_percent`` (80 %) of N and reports an
-error at N. Like the capabilities, the limit belongs to the backend object,
-not to the state file.
-
-Test hooks: :meth:`~MockBackend.inject_fault`, :meth:`~MockBackend.add_latency`,
-:meth:`~MockBackend.clear_faults` and the call log :attr:`~MockBackend.calls`.
-Faults fire before any state change, so a failed call changes nothing.
-Vendor-only operations are named ``ex_*`` (:meth:`~MockBackend.ex_run_policy`,
-:meth:`~MockBackend.ex_expire_secure`).
-"""
+"""The mock backend's class (see :mod:`pgsnap.backends.mock`)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import fcntl
 import json
@@ -122,27 +15,49 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap.backends.mock._devices import MEMORY_DEVICE_DIR, MockDevices
+from pgsnap.backends.mock._faults import HOLD_TIMEOUT, Faults
+from pgsnap.backends.mock._files import (
+    blob_path,
+    copy_into,
+    copy_meta,
+    empty_dir,
+    overlaps,
+)
+from pgsnap.backends.mock._state import (
+    _NAME,
+    _WRITE_HINT,
+    _Copy,
+    _decode_state,
+    _Group,
+    _mode_text,
+    _option_bool,
+    _Policy,
+    _safe_volume_id,
+    _Snap,
+    _State,
+    _state_error,
+    _Volume,
+    encode_state,
+)
 from pgsnap.errors import (
     BackendError,
-    BackendUnavailable,
     ConfigurationError,
-    MountBusyError,
-    MountError,
     PgsnapError,
     SnapshotLimitError,
     SnapshotNotFound,
     UnsupportedCapability,
     VolumeNotFound,
 )
+from pgsnap.host.simulated import SimulatedHost, SimulatedMount
 from pgsnap.model import (
     Location,
-    Mount,
     RestorePreparation,
     RestoreProfile,
     Severity,
@@ -151,45 +66,20 @@ from pgsnap.model import (
     SnapshotPolicy,
     StorageProblem,
     StorageVolume,
-    from_dict,
-    to_dict,
 )
-from pgsnap.protocols import STORAGE_BACKEND_METHODS, Capability
+from pgsnap.protocols import Capability
 
 if TYPE_CHECKING:
     from pgsnap.host import Host
 
-__all__ = ["DEFAULT_VOLUME_SIZE", "FAULT_POINTS", "MEMORY_DEVICE_DIR", "MockBackend"]
+__all__ = ["MockBackend"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOLUME_SIZE: Final = 1 << 30
 """Size reported for a volume added without ``size_bytes`` (1 GiB)."""
 
-FAULT_POINTS: Final = frozenset(
-    (
-        *STORAGE_BACKEND_METHODS,
-        "storage_problems",
-        "ex_run_policy",
-        "ex_expire_secure",
-        "snapshot_volume",
-    )
-)
-"""Names :meth:`MockBackend.inject_fault` and :meth:`MockBackend.add_latency` accept.
 
-The protocol, ``storage_problems`` and ``ex_*`` methods, plus ``snapshot_volume``: the copy of one
-volume inside :meth:`~MockBackend.create_snapshot_group` (and
-:meth:`~MockBackend.ex_run_policy`), called once per volume, to fail a group
-half-way through.
-"""
-
-MEMORY_DEVICE_DIR: Final = "/dev/pgsnap-mock"
-"""Where :meth:`MockBackend.locate` puts in-memory volumes' devices (they never exist)."""
-
-_NAME: Final = "mock"
-
-HOLD_TIMEOUT: Final = 600.0
-"""Seconds a held call (:meth:`MockBackend.add_hold`) waits before it fails."""
 _ONE_TICK: Final = dt.timedelta(microseconds=1)
 
 
@@ -197,226 +87,8 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-# --------------------------------------------------------------------------- internal state
-
-
-@attrs.define
-class _Volume:
-    id: str
-    name: str
-    size_bytes: int
-    path: Path | None
-    blobs: dict[str, bytes] = attrs.Factory(dict)
-    hosts: set[str] = attrs.Factory(set)
-    extra: dict[str, str] = attrs.Factory(dict)
-    restoring: str | None = None
-    """The snapshot a restore that completes later is copying from (``async_restore``)."""
-
-    def record(self, *, block: bool) -> StorageVolume:
-        extra = dict(self.extra)
-        path = None if self.path is None else str(self.path)
-        if block and self.path is not None:
-            extra.update(kind="block", lun=str(self.path))
-            path = None  # the LUN is not for the host: it mounts the device
-        if self.restoring is not None:
-            extra["restoring"] = self.restoring
-        return StorageVolume(
-            id=self.id,
-            name=self.name,
-            size_bytes=self.size_bytes,
-            path=path,
-            mapped_hosts=tuple(sorted(self.hosts)),
-            extra=extra,
-        )
-
-
-@attrs.define
-class _Snap:
-    record: Snapshot
-    seq: int
-    blobs: dict[str, bytes] | None = None
-    home: Path | None = None
-    """``root/snapshots/<id>`` (mode 0700); the copy of the volume is ``home/tree``."""
-    policy_id: str | None = None
-
-    @property
-    def tree(self) -> Path:
-        assert self.home is not None
-        return self.home / "tree"
-
-
-@attrs.define
-class _Group:
-    id: str
-    name: str
-    created_at: dt.datetime
-    snapshot_ids: list[str]
-    policy_id: str | None = None
-
-
-@attrs.define
-class _Policy:
-    id: str
-    name: str
-    volume_ids: tuple[str, ...]
-    retain: int | None
-    paused: bool = False
-    runs: int = 0
-
-    def record(self) -> SnapshotPolicy:
-        return SnapshotPolicy(
-            id=self.id, name=self.name, volume_ids=self.volume_ids, paused=self.paused
-        )
-
-
-@attrs.define
-class _SimMount:
-    """A block volume mounted on a simulated host (:mod:`pgsnap.backends.mock_host`).
-
-    The mount point ``target`` (absolute, symlinks not resolved) is a symlink
-    to the volume's directory while mounted; ``mode``, ``uid`` and ``gid`` are
-    those of the empty directory it replaced, given back on unmount.
-    """
-
-    host: str
-    volume_id: str
-    target: str
-    mode: int
-    uid: int
-    gid: int
-
-
-@attrs.define
-class _Copy:
-    """A copy into a new directory under way: recorded (and saved) before it starts.
-
-    ``id`` is the snapshot (or clone volume) the copy is for, ``path`` the
-    directory it fills (``root/snapshots/<id>``, or the clone's directory),
-    created just before the record; ``dev`` and ``ino`` identify that very
-    directory, so a path someone else created later is never taken for it.
-    ``pid`` and ``started`` say who copied and since when (for the warning).
-    The record is dropped when the call ends; one found by a process holding
-    the state file's exclusive lock is the leftover of a process that died
-    copying (see :meth:`MockBackend._reap_copies`).
-    """
-
-    id: str
-    path: Path
-    pid: int
-    started: dt.datetime
-    dev: int
-    ino: int
-
-
-@attrs.define
-class _Fault:
-    method: str
-    skip: int
-    times: int
-    error: BaseException | None
-
-
-# --------------------------------------------------------------------------- file trees
-
-
-def _copy_meta(st: os.stat_result, dst: Path) -> None:
-    """Give ``dst`` the owner, mode and times recorded in ``st`` (never following links)."""
-    link = stat.S_ISLNK(st.st_mode)
-    current = os.lstat(dst)
-    if (current.st_uid, current.st_gid) != (st.st_uid, st.st_gid):
-        os.lchown(dst, st.st_uid, st.st_gid)  # before chmod: chown clears set-id bits
-    if not link:
-        os.chmod(dst, stat.S_IMODE(st.st_mode))
-    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-
-
-def _copy_entry(src: Path, dst: Path) -> None:
-    """Copy one entry (recursively for directories), keeping owner, mode, times, links.
-
-    An entry that vanishes while it is copied (a running server deletes
-    temporary files and recycles WAL) is left out, as if the copy had been
-    taken just after the deletion.
-    """
-    try:
-        st = os.lstat(src)
-        mode = st.st_mode
-        if stat.S_ISLNK(mode):
-            os.symlink(os.readlink(src), dst)
-        elif stat.S_ISDIR(mode):
-            os.mkdir(dst, 0o700)
-            _copy_into(src, dst)
-        elif stat.S_ISREG(mode):
-            shutil.copyfile(src, dst, follow_symlinks=False)
-        elif stat.S_ISFIFO(mode):
-            os.mkfifo(dst, 0o600)
-        else:  # sockets and device nodes are not content
-            log.debug("mock: not copying special file %s", src)
-            return
-    except FileNotFoundError as exc:
-        if exc.filename is None or os.fspath(exc.filename) != os.fspath(src):
-            raise
-        log.debug("mock: %s vanished while copying; left out", src)
-        if dst.is_dir() and not dst.is_symlink():
-            shutil.rmtree(dst)
-        elif os.path.lexists(dst):
-            dst.unlink()
-        return
-    _copy_meta(st, dst)
-
-
-def _copy_into(src: Path, dst: Path) -> None:
-    """Copy every entry of directory ``src`` into the existing directory ``dst``."""
-    with os.scandir(src) as entries:
-        names = sorted(e.name for e in entries)
-    for name in names:
-        _copy_entry(src / name, dst / name)
-
-
-def _empty_dir(path: Path) -> None:
-    """Remove everything inside ``path``; a symlink is removed, never followed."""
-    with os.scandir(path) as entries:
-        found = [(Path(e.path), e.is_dir(follow_symlinks=False)) for e in entries]
-    for entry, is_dir in found:
-        if is_dir:
-            shutil.rmtree(entry)  # does not follow symlinks inside the tree
-        else:
-            entry.unlink()
-
-
-def _overlaps(a: Path, b: Path) -> bool:
-    return a == b or a in b.parents or b in a.parents
-
-
-def _mount_point(path: str, mode: int, uid: int, gid: int) -> None:
-    """Create the empty directory a simulated mount replaced, with its mode and owner."""
-    os.mkdir(path, 0o700)
-    if (uid, gid) != (os.geteuid(), os.getegid()):
-        os.chown(path, uid, gid)  # before chmod: chown clears set-id bits
-    os.chmod(path, mode)
-
-
-def _blob_path(root: Path, key: str) -> Path:
-    rel = PurePosixPath(key)
-    if not key or rel.is_absolute() or ".." in rel.parts or rel == PurePosixPath("."):
-        raise ConfigurationError(
-            f"invalid blob key {key!r} for a directory volume",
-            hint="use a relative path inside the volume, without '..'",
-            key=key,
-        )
-    return root.joinpath(*rel.parts)
-
-
 # --------------------------------------------------------------------------- configuration
 
-_STATE_FORMAT: Final = "pgsnap-mock-state"
-_STATE_VERSION: Final = 3
-"""Version 2 added the mode (block, async_restore), restoring volumes and the mount table;
-version 3 the copies under way (``copying``)."""
-_WRITE_HINT: Final = "check the permissions and free space of the state file's directory"
-_CORRUPT_HINT: Final = (
-    "restore the file from a copy, or move it away to start with an empty mock "
-    "(the snapshot copies under the mock's root are then forgotten: remove them too)"
-)
 _SPEC_KEYS: Final = frozenset({"id", "name", "path", "size_bytes"})
 
 
@@ -480,268 +152,6 @@ def _volume_spec(value: Mapping[str, Any], index: int) -> _VolumeSpec:
     if isinstance(size, bool) or not isinstance(size, int):
         raise ConfigurationError(f"{where} ({vid}): size_bytes must be an integer")
     return _VolumeSpec(vid, name, None if path is None else Path(path), size)
-
-
-# --------------------------------------------------------------------------- the state file
-
-
-def _state_error(path: Path, what: str, *, hint: str = _CORRUPT_HINT) -> BackendError:
-    return BackendError(
-        f"the mock's state file {str(path)!r} {what}",
-        hint=hint,
-        backend=_NAME,
-        state_file=str(path),
-    )
-
-
-def _encode_blobs(blobs: Mapping[str, bytes]) -> dict[str, str]:
-    return {k: base64.b64encode(v).decode("ascii") for k, v in sorted(blobs.items())}
-
-
-def _option_bool(value: object, name: str) -> bool | None:
-    if value is None or isinstance(value, bool):
-        return value
-    raise ConfigurationError(
-        f"{name} must be true or false, not {value!r}",
-        hint=f"e.g. {name} = true in the [storage.options] table",
-        option=name,
-    )
-
-
-def _safe_volume_id(volume_id: str) -> bool:
-    """True when ``volume_id`` can name a device node (one path component)."""
-    return volume_id not in ("", ".", "..") and "/" not in volume_id and "\0" not in volume_id
-
-
-def _within(path: Path, base: Path) -> bool:
-    """True when ``path`` is ``base`` or below it, by path components."""
-    return path == base or base in path.parents
-
-
-def _mode_text(block: bool, async_restore: bool) -> str:
-    kind = "block mode" if block else "directories mode"
-    return f"{kind} with asynchronous restores" if async_restore else kind
-
-
-def _decode_blobs(value: object, where: str) -> dict[str, bytes]:
-    found = _dict(value, where)
-    try:
-        return {
-            str(k): base64.b64decode(_str(v, f"{where}.{k}"), validate=True)
-            for k, v in found.items()
-        }
-    except binascii.Error as exc:
-        raise ValueError(f"{where}: bad base64: {exc}") from exc
-
-
-def _dict(value: object, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
-    return value
-
-
-def _list(value: object, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise TypeError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
-
-
-def _str(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{where}: expected a string, got {value!r}")
-    return value
-
-
-def _opt_str(value: object, where: str) -> str | None:
-    return None if value is None else _str(value, where)
-
-
-def _int(value: object, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{where}: expected an integer, got {value!r}")
-    return value
-
-
-def _bool(value: object, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{where}: expected true/false, got {value!r}")
-    return value
-
-
-@attrs.define
-class _State:
-    """Everything a state file holds."""
-
-    mode: tuple[bool, bool]
-    """``(block, async_restore)``."""
-    volumes: dict[str, _Volume]
-    snaps: dict[str, _Snap]
-    groups: dict[str, _Group]
-    policies: dict[str, _Policy]
-    counters: dict[str, int]
-    mounts: list[_SimMount]
-    copying: list[_Copy]
-
-
-def _migrate_v1(top: dict[str, Any]) -> dict[str, Any]:
-    """A version 1 state as version 2: directories mode, nothing restoring, nothing mounted."""
-    volumes = [
-        {**v, "restoring": None} if isinstance(v, dict) else v
-        for v in _list(top.get("volumes", []), "volumes")
-    ]
-    return {
-        **top,
-        "version": 2,
-        "mode": {"block": False, "async_restore": False},
-        "volumes": volumes,
-        "mounts": [],
-    }
-
-
-def _migrate_v2(top: dict[str, Any]) -> dict[str, Any]:
-    """A version 2 state as version 3: no copy under way.
-
-    (A copy killed before version 3 left a directory no state records: it is
-    skipped, never reused and never removed; see :meth:`MockBackend._stray`.)
-    """
-    return {**top, "version": 3, "copying": []}
-
-
-_MIGRATIONS: Final[Mapping[object, Callable[[dict[str, Any]], dict[str, Any]]]] = {
-    1: _migrate_v1,
-    2: _migrate_v2,
-}
-
-
-def _decode_state(data: object) -> _State:
-    """The state in a state file's JSON; ``ValueError``/``TypeError``/``KeyError`` if malformed.
-
-    Older versions are migrated, one version at a time (see :data:`_MIGRATIONS`).
-    """
-    top = _dict(data, "state")
-    if top.get("format") != _STATE_FORMAT:
-        raise ValueError(f"not a mock state file (format {top.get('format')!r})")
-    version = top.get("version")
-    if version in _MIGRATIONS:
-        log.info("mock: migrating a version %s state file to version %d", version, _STATE_VERSION)
-        while top.get("version") in _MIGRATIONS:
-            top = _MIGRATIONS[top.get("version")](top)
-    if top.get("version") != _STATE_VERSION:
-        raise ValueError(
-            f"state version {top.get('version')!r}; this pgsnap reads versions "
-            f"{', '.join(str(v) for v in _MIGRATIONS)} (migrated) and {_STATE_VERSION}"
-        )
-    mode = _dict(top["mode"], "mode")
-    block = _bool(mode["block"], "mode.block")
-    async_restore = _bool(mode["async_restore"], "mode.async_restore")
-    counters = {
-        _str(k, "counters"): _int(v, f"counters.{k}")
-        for k, v in _dict(top["counters"], "counters").items()
-    }
-    volumes: dict[str, _Volume] = {}
-    for i, raw in enumerate(_list(top["volumes"], "volumes")):
-        v = _dict(raw, f"volumes[{i}]")
-        vid = _str(v["id"], f"volumes[{i}].id")
-        path = _opt_str(v["path"], f"volumes[{i}].path")
-        volumes[vid] = _Volume(
-            vid,
-            _str(v["name"], f"volumes[{i}].name"),
-            _int(v["size_bytes"], f"volumes[{i}].size_bytes"),
-            None if path is None else Path(path),
-            blobs=_decode_blobs(v["blobs"], f"volumes[{i}].blobs"),
-            hosts={_str(h, f"volumes[{i}].hosts") for h in _list(v["hosts"], "hosts")},
-            extra={
-                str(k): _str(x, f"volumes[{i}].extra")
-                for k, x in _dict(v["extra"], "extra").items()
-            },
-            restoring=_opt_str(v["restoring"], f"volumes[{i}].restoring"),
-        )
-    snaps: dict[str, _Snap] = {}
-    for i, raw in enumerate(_list(top["snapshots"], "snapshots")):
-        d = _dict(raw, f"snapshots[{i}]")
-        record = from_dict(Snapshot, _dict(d["record"], f"snapshots[{i}].record"))
-        home = _opt_str(d["home"], f"snapshots[{i}].home")
-        blobs = None if d["blobs"] is None else _decode_blobs(d["blobs"], f"snapshots[{i}].blobs")
-        if (home is None) == (blobs is None):
-            raise ValueError(f"snapshots[{i}] ({record.id}) needs either a home or blobs")
-        snaps[record.id] = _Snap(
-            record,
-            _int(d["seq"], f"snapshots[{i}].seq"),
-            blobs=blobs,
-            home=None if home is None else Path(home),
-            policy_id=_opt_str(d["policy_id"], f"snapshots[{i}].policy_id"),
-        )
-    groups: dict[str, _Group] = {}
-    for i, raw in enumerate(_list(top["groups"], "groups")):
-        g = _dict(raw, f"groups[{i}]")
-        gid = _str(g["id"], f"groups[{i}].id")
-        ids = [_str(x, f"groups[{i}].snapshot_ids") for x in _list(g["snapshot_ids"], "ids")]
-        missing = [x for x in ids if x not in snaps]
-        if missing:
-            raise ValueError(f"group {gid} names unknown snapshot(s) {', '.join(missing)}")
-        created = dt.datetime.fromisoformat(_str(g["created_at"], f"groups[{i}].created_at"))
-        if created.tzinfo is None:
-            raise ValueError(f"groups[{i}].created_at is a naive time")
-        groups[gid] = _Group(
-            gid,
-            _str(g["name"], f"groups[{i}].name"),
-            created,
-            ids,
-            _opt_str(g["policy_id"], f"groups[{i}].policy_id"),
-        )
-    policies: dict[str, _Policy] = {}
-    for i, raw in enumerate(_list(top["policies"], "policies")):
-        p = _dict(raw, f"policies[{i}]")
-        pid = _str(p["id"], f"policies[{i}].id")
-        retain = p["retain"]
-        policies[pid] = _Policy(
-            pid,
-            _str(p["name"], f"policies[{i}].name"),
-            tuple(_str(x, f"policies[{i}].volume_ids") for x in _list(p["volume_ids"], "ids")),
-            None if retain is None else _int(retain, f"policies[{i}].retain"),
-            paused=_bool(p["paused"], f"policies[{i}].paused"),
-            runs=_int(p["runs"], f"policies[{i}].runs"),
-        )
-    for snap in snaps.values():
-        sgid = snap.record.group_id
-        if sgid is not None and sgid in groups and snap.record.id not in groups[sgid].snapshot_ids:
-            raise ValueError(f"snapshot {snap.record.id} is not listed in its group {sgid}")
-    mounts: list[_SimMount] = []
-    for i, raw in enumerate(_list(top["mounts"], "mounts")):
-        m = _dict(raw, f"mounts[{i}]")
-        mount = _SimMount(
-            host=_str(m["host"], f"mounts[{i}].host"),
-            volume_id=_str(m["volume_id"], f"mounts[{i}].volume_id"),
-            target=_str(m["target"], f"mounts[{i}].target"),
-            mode=_int(m["mode"], f"mounts[{i}].mode"),
-            uid=_int(m["uid"], f"mounts[{i}].uid"),
-            gid=_int(m["gid"], f"mounts[{i}].gid"),
-        )
-        if mount.volume_id not in volumes:
-            raise ValueError(f"mounts[{i}] names unknown volume {mount.volume_id}")
-        mounts.append(mount)
-    copying: list[_Copy] = []
-    for i, raw in enumerate(_list(top["copying"], "copying")):
-        c = _dict(raw, f"copying[{i}]")
-        started = dt.datetime.fromisoformat(_str(c["started"], f"copying[{i}].started"))
-        if started.tzinfo is None:
-            raise ValueError(f"copying[{i}].started is a naive time")
-        where = Path(_str(c["path"], f"copying[{i}].path"))
-        if not where.is_absolute():
-            raise ValueError(f"copying[{i}].path is not absolute")
-        copying.append(
-            _Copy(
-                id=_str(c["id"], f"copying[{i}].id"),
-                path=where,
-                pid=_int(c["pid"], f"copying[{i}].pid"),
-                started=started,
-                dev=_int(c["dev"], f"copying[{i}].dev"),
-                ino=_int(c["ino"], f"copying[{i}].ino"),
-            )
-        )
-    return _State(
-        (block, async_restore), volumes, snaps, groups, policies, counters, mounts, copying
-    )
 
 
 # --------------------------------------------------------------------------- the backend
@@ -848,10 +258,10 @@ class MockBackend:
         self._groups: dict[str, _Group] = {}
         self._policies: dict[str, _Policy] = {}
         self._counters: dict[str, int] = {}
-        self._mounts: list[_SimMount] = []
+        self._mounts: list[SimulatedMount] = []
         self._copying: list[_Copy] = []
-        self._faults: list[_Fault] = []
-        self._latency: dict[str, float] = {}
+        self._injected = Faults(self._sleep)
+        self._devices = MockDevices(self)
         if latency is not None:
             if not isinstance(latency, Mapping):
                 raise ConfigurationError(
@@ -865,8 +275,6 @@ class MockBackend:
                         hint="e.g. latency = { restore_volume = 2.0 }",
                     )
                 self.add_latency(str(method), float(seconds))
-        self._holds: dict[str, Path] = {}
-        self._hold_timeout = HOLD_TIMEOUT
         if hold is not None:
             if not isinstance(hold, Mapping):
                 raise ConfigurationError(
@@ -983,23 +391,11 @@ class MockBackend:
         :class:`~pgsnap.errors.BackendUnavailable`. The fault fires before the
         call changes anything. ``method`` is one of :data:`FAULT_POINTS`.
         """
-        self._check_fault_point(method)
-        if on_call < 1 or times < 1:
-            raise ConfigurationError(
-                f"inject_fault({method!r}): on_call and times must be >= 1 "
-                f"(got on_call={on_call}, times={times})",
-                hint="on_call=1 fails the next call",
-            )
-        with self._lock:
-            self._faults.append(_Fault(method, on_call - 1, times, error))
+        self._injected.inject(method, on_call=on_call, times=times, error=error)
 
     def add_latency(self, method: str, seconds: float) -> None:
         """Make every call of ``method`` wait ``seconds`` (with ``sleep``) before it runs."""
-        self._check_fault_point(method)
-        if seconds < 0:
-            raise ConfigurationError(f"latency must be >= 0 seconds, got {seconds}")
-        with self._lock:
-            self._latency[method] = float(seconds)
+        self._injected.add_latency(method, seconds)
 
     def add_hold(
         self, method: str, release: str | os.PathLike[str], *, timeout: float = HOLD_TIMEOUT
@@ -1010,19 +406,11 @@ class MockBackend:
         :class:`~pgsnap.errors.BackendUnavailable` (a test that forgot to
         release it fails instead of hanging).
         """
-        self._check_fault_point(method)
-        if timeout <= 0:
-            raise ConfigurationError(f"hold timeout must be > 0 seconds, got {timeout}")
-        with self._lock:
-            self._holds[method] = Path(release)
-            self._hold_timeout = float(timeout)
+        self._injected.add_hold(method, release, timeout=timeout)
 
     def clear_faults(self) -> None:
         """Remove every injected fault, latency and hold (the call log stays)."""
-        with self._lock:
-            self._faults.clear()
-            self._latency.clear()
-            self._holds.clear()
+        self._injected.clear()
 
     # ------------------------------------------------------------------ mock-only setup
 
@@ -1085,7 +473,7 @@ class MockBackend:
             if vol.path is None:
                 vol.blobs[key] = bytes(data)
                 return
-            target = _blob_path(vol.path, key)
+            target = blob_path(vol.path, key)
         with self._os_errors(f"writing {key!r} to volume {volume_id!r}", volume_id=volume_id):
             target.write_bytes(data)
 
@@ -1103,7 +491,7 @@ class MockBackend:
                         key=key,
                     )
                 return vol.blobs[key]
-            target = _blob_path(vol.path, key)
+            target = blob_path(vol.path, key)
         try:
             return target.read_bytes()
         except OSError as exc:
@@ -1257,12 +645,12 @@ class MockBackend:
             else:
                 with self._os_errors(f"restore of volume {volume_id!r}", volume_id=volume_id):
                     if vol.path.is_dir():
-                        _empty_dir(vol.path)
-                        _copy_into(snap.tree, vol.path)
+                        empty_dir(vol.path)
+                        copy_into(snap.tree, vol.path)
                     else:
                         os.mkdir(vol.path, 0o700)
-                        _copy_into(snap.tree, vol.path)
-                        _copy_meta(os.lstat(snap.tree), vol.path)
+                        copy_into(snap.tree, vol.path)
+                        copy_meta(os.lstat(snap.tree), vol.path)
             if self._async:
                 vol.restoring = snapshot_id
             log.debug(
@@ -1365,17 +753,20 @@ class MockBackend:
                     if os.path.lexists(device):
                         os.unlink(device)
 
-    def simulated_host(self, base: Host | None = None) -> Host:
-        """A :class:`~pgsnap.host.Host` that mounts this mock's block devices.
+    @property
+    def devices(self) -> MockDevices:
+        """This mock's block devices and mount table, as a simulated host uses them."""
+        return self._devices
+
+    def simulated_host(self, base: Host | None = None) -> SimulatedHost:
+        """A :class:`~pgsnap.host.simulated.SimulatedHost` that mounts this mock's block devices.
 
         It behaves as ``base`` (default: this machine, ``Host()``) except for
         mounts and devices of this mock, which it simulates (see
-        :mod:`pgsnap.backends.mock_host`). Its name (``base.name``) is the
-        host name to :meth:`attach` volumes to.
+        :mod:`pgsnap.host.simulated`). Its name (``base.name``) is the host
+        name to :meth:`attach` volumes to.
         """
-        from pgsnap.backends.mock_host import MockHost  # noqa: PLC0415 - pgsnap.host on demand
-
-        return MockHost(self, base)
+        return SimulatedHost(self._devices, base)
 
     # ------------------------------------------------------------------ protocol: clones
 
@@ -1406,8 +797,8 @@ class MockBackend:
                     self._new_directory(target, vid)
                     try:
                         self._begin_copy(vid, target)
-                        _copy_into(snap.tree, target)
-                        _copy_meta(os.lstat(snap.tree), target)
+                        copy_into(snap.tree, target)
+                        copy_meta(os.lstat(snap.tree), target)
                     except BaseException:
                         shutil.rmtree(target, ignore_errors=True)
                         self._end_copies([vid])
@@ -1655,79 +1046,17 @@ class MockBackend:
 
     def _encode_state(self) -> dict[str, Any]:
         root = self._root or self._root_arg
-        return {
-            "format": _STATE_FORMAT,
-            "version": _STATE_VERSION,
-            "mode": {"block": self._block, "async_restore": self._async},
-            "root": None if root is None else str(root),
-            "counters": dict(sorted(self._counters.items())),
-            "volumes": [
-                {
-                    "id": v.id,
-                    "name": v.name,
-                    "size_bytes": v.size_bytes,
-                    "path": None if v.path is None else str(v.path),
-                    "hosts": sorted(v.hosts),
-                    "extra": dict(v.extra),
-                    "blobs": _encode_blobs(v.blobs),
-                    "restoring": v.restoring,
-                }
-                for v in self._volumes.values()
-            ],
-            "mounts": [
-                {
-                    "host": m.host,
-                    "volume_id": m.volume_id,
-                    "target": m.target,
-                    "mode": m.mode,
-                    "uid": m.uid,
-                    "gid": m.gid,
-                }
-                for m in self._mounts
-            ],
-            "copying": [
-                {
-                    "id": c.id,
-                    "path": str(c.path),
-                    "pid": c.pid,
-                    "started": c.started.isoformat(),
-                    "dev": c.dev,
-                    "ino": c.ino,
-                }
-                for c in self._copying
-            ],
-            "snapshots": [
-                {
-                    "record": to_dict(s.record),
-                    "seq": s.seq,
-                    "home": None if s.home is None else str(s.home),
-                    "policy_id": s.policy_id,
-                    "blobs": None if s.blobs is None else _encode_blobs(s.blobs),
-                }
-                for s in self._snaps.values()
-            ],
-            "groups": [
-                {
-                    "id": g.id,
-                    "name": g.name,
-                    "created_at": g.created_at.isoformat(),
-                    "snapshot_ids": list(g.snapshot_ids),
-                    "policy_id": g.policy_id,
-                }
-                for g in self._groups.values()
-            ],
-            "policies": [
-                {
-                    "id": p.id,
-                    "name": p.name,
-                    "volume_ids": list(p.volume_ids),
-                    "retain": p.retain,
-                    "paused": p.paused,
-                    "runs": p.runs,
-                }
-                for p in self._policies.values()
-            ],
-        }
+        state = _State(
+            (self._block, self._async),
+            self._volumes,
+            self._snaps,
+            self._groups,
+            self._policies,
+            self._counters,
+            self._mounts,
+            self._copying,
+        )
+        return encode_state(state, root)
 
     def _ensure_volume(self, spec: _VolumeSpec) -> None:
         """Add a configured volume unless its id exists (then its path must match)."""
@@ -1748,223 +1077,6 @@ class MockBackend:
                 backend=_NAME,
                 volume_id=spec.id,
             )
-
-    # ------------------------------------------------------------------ the simulated host
-
-    # These serve pgsnap.backends.mock_host.MockHost: the mount table is part of the
-    # mock's state (persisted with it), and a mount changes it under the same lock.
-
-    def _sim_claims(self, path: str) -> str | None:
-        """The volume id a mock device path names (maybe unknown); None: not a mock device.
-
-        Mock devices: ``root/dev/<id>``, ``/dev/pgsnap-mock/<id>``, and in block
-        mode a volume's LUN (what a device resolves to).
-        """
-        with self._reading():
-            where = Path(os.path.abspath(path))
-            root = self._root or self._root_arg
-            if where.parent == Path(MEMORY_DEVICE_DIR) or (
-                root is not None and where.parent == root / "dev"
-            ):
-                return where.name
-            if self._block:
-                for vol in self._volumes.values():
-                    if vol.path == where:
-                        return vol.id
-            return None
-
-    def _sim_visible(self, volume_id: str, host: str) -> _Volume | None:
-        """The block volume whose device ``host`` sees now (caller holds the lock)."""
-        vol = self._volumes.get(volume_id)
-        if not self._block or vol is None or vol.path is None or host not in vol.hosts:
-            return None
-        return vol if os.path.lexists(self._device_path(vol.id)) else None
-
-    def _sim_device(self, host: str, path: str) -> str | None:
-        """The resolved path of mock device ``path`` when ``host`` sees it, else None."""
-        with self._reading():
-            vid = self._sim_claims(path)
-            vol = None if vid is None else self._sim_visible(vid, host)
-            if vol is None:
-                return None
-            return os.path.realpath(self._device_path(vol.id))
-
-    def _sim_record(self, mount: _SimMount) -> Mount:
-        return Mount(
-            source=str(self._device_path(mount.volume_id)),
-            target=mount.target,
-            fstype="mockfs",
-            options=("rw",),
-        )
-
-    def _sim_mounts(self, host: str) -> tuple[Mount, ...]:
-        """The simulated mounts of ``host``, in the order they were mounted."""
-        with self._reading():
-            return tuple(self._sim_record(m) for m in self._mounts if m.host == host)
-
-    def _sim_mount_of(self, host: str, path: str) -> Mount | None:
-        """The simulated mount of ``host`` holding ``path``: at or under its mount point
-        (symlinks not resolved), or under its volume's directory (a resolved path)."""
-        where = Path(os.path.abspath(path))
-        with self._reading():
-            best: tuple[int, _SimMount] | None = None
-            for mount in self._mounts:
-                if mount.host != host:
-                    continue
-                vol = self._volumes[mount.volume_id]
-                assert vol.path is not None
-                for base in {Path(mount.target), vol.path, Path(os.path.realpath(vol.path))}:
-                    if _within(where, base) and (best is None or len(base.parts) > best[0]):
-                        best = (len(base.parts), mount)
-            return None if best is None else self._sim_record(best[1])
-
-    def _sim_mount(self, host: str, where: str, source: str, target: str) -> None:
-        """Mount mock device ``source`` on ``target`` for ``host`` (``where``: its description)."""
-        with self._writing():
-            vid = self._sim_claims(source)
-            vol = None if vid is None else self._sim_visible(vid, host)
-            if vol is None or vid is None:
-                raise MountError(
-                    f"cannot mount {source} on {target}: no such device "
-                    f"(the volume is not attached to host {host!r})",
-                    hint="attach the volume to this host and wait for its device first",
-                    target=target,
-                    host=where,
-                    device=source,
-                )
-            assert vol.path is not None
-            point = os.path.abspath(target)
-            for mount in self._mounts:
-                if mount.target == point:
-                    if mount.volume_id == vol.id and mount.host == host:
-                        log.debug("mock host: %s already mounted on %s", source, point)
-                        return
-                    raise MountError(
-                        f"cannot mount {source} on {point}: "
-                        f"{self._device_path(mount.volume_id)} is already mounted there",
-                        hint="unmount it first",
-                        target=point,
-                        host=where,
-                        device=source,
-                    )
-                if mount.volume_id == vol.id:
-                    raise MountError(
-                        f"cannot mount {source} on {point}: it is already mounted on "
-                        f"{mount.target} (the simulation mounts a device once)",
-                        hint=f"unmount {mount.target} first",
-                        target=point,
-                        host=where,
-                        device=source,
-                    )
-            try:
-                st = os.lstat(point)
-            except FileNotFoundError:
-                raise MountError(
-                    f"cannot mount {source} on {point}: mount point does not exist",
-                    hint="create the mount point directory first",
-                    target=point,
-                    host=where,
-                ) from None
-            except OSError as exc:
-                raise MountError(
-                    f"cannot mount {source} on {point}: {exc.strerror or exc}",
-                    target=point,
-                    host=where,
-                ) from exc
-            if not stat.S_ISDIR(st.st_mode):
-                raise MountError(
-                    f"cannot mount {source} on {point}: mount point is not a directory",
-                    hint="mount on an empty directory",
-                    target=point,
-                    host=where,
-                )
-            if not vol.path.is_dir():
-                raise MountError(
-                    f"cannot mount {source} on {point}: wrong fs type, bad superblock "
-                    f"(the volume's directory {vol.path} is missing)",
-                    hint="restore the volume from a snapshot",
-                    target=point,
-                    host=where,
-                )
-            try:
-                os.rmdir(point)  # only an empty directory: the simulation cannot hide content
-            except OSError as exc:
-                raise MountError(
-                    f"cannot mount {source} on {point}: mount point is not empty "
-                    f"({exc.strerror or exc}; the simulation replaces it by a symlink)",
-                    hint="mount on an empty directory",
-                    target=point,
-                    host=where,
-                ) from exc
-            try:
-                os.symlink(vol.path, point)
-            except OSError as exc:
-                with suppress(OSError):
-                    _mount_point(point, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-                raise MountError(
-                    f"cannot mount {source} on {point}: {exc.strerror or exc}",
-                    target=point,
-                    host=where,
-                ) from exc
-            self._mounts.append(
-                _SimMount(host, vol.id, point, stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-            )
-            log.debug("mock host %s: mounted %s on %s", host, source, point)
-
-    def _sim_unmount(
-        self, host: str, where: str, target: str, holders: Callable[[str], Sequence[str]]
-    ) -> bool:
-        """Unmount the simulated mount of ``host`` at ``target``; False when there is none.
-
-        ``holders(path)`` names the processes using the volume's directory:
-        any of them makes it a :class:`~pgsnap.errors.MountBusyError`.
-        """
-        point = os.path.abspath(target)
-        with self._writing():
-            found = [m for m in self._mounts if m.target == point and m.host == host]
-            if not found:
-                return False
-            mount = found[0]
-            nested = [
-                m.target
-                for m in self._mounts
-                if m is not mount and _within(Path(m.target), Path(point))
-            ]
-            if nested:
-                raise MountBusyError(
-                    f"cannot unmount {point}: target is busy "
-                    f"(mounted under it: {', '.join(nested)})",
-                    hint="unmount those first",
-                    target=point,
-                    host=where,
-                )
-            vol = self._volumes[mount.volume_id]
-            assert vol.path is not None
-            users = tuple(holders(os.path.realpath(vol.path)))
-            if users:
-                raise MountBusyError(
-                    f"cannot unmount {point}: target is busy; used by {'; '.join(users)}",
-                    hint="stop those processes (the PostgreSQL server first), then unmount",
-                    target=point,
-                    holders=users,
-                    host=where,
-                )
-            try:
-                if os.path.islink(point):
-                    os.unlink(point)
-                if not os.path.lexists(point):
-                    _mount_point(point, mount.mode, mount.uid, mount.gid)
-                else:
-                    log.warning("mock host: %s was replaced behind the simulation's back", point)
-            except OSError as exc:
-                raise MountError(
-                    f"cannot unmount {point}: {exc.strerror or exc}",
-                    target=point,
-                    host=where,
-                ) from exc
-            self._mounts.remove(mount)
-            log.debug("mock host %s: unmounted %s", host, point)
-            return True
 
     # ------------------------------------------------------------------ internals: mode
 
@@ -2000,57 +1112,12 @@ class MockBackend:
 
     # ------------------------------------------------------------------ internals: calls
 
-    def _check_fault_point(self, method: str) -> None:
-        if method not in FAULT_POINTS:
-            raise ConfigurationError(
-                f"{method!r} is not a mock method that can fail",
-                hint=f"choose one of: {', '.join(sorted(FAULT_POINTS))}",
-                method=method,
-            )
-
-    def _wait_for_release(self, method: str, release: Path) -> None:
-        deadline = time.monotonic() + self._hold_timeout
-        while not release.exists():
-            if time.monotonic() > deadline:
-                raise BackendUnavailable(
-                    f"mock.{method} was held for {self._hold_timeout:g} s and never released",
-                    hint=f"create {release} to release it (hold / add_hold)",
-                    backend=_NAME,
-                    method=method,
-                )
-            time.sleep(0.02)
-
     def _enter(self, method: str, *args: Any) -> None:
-        """Log and record a call, wait its latency, and fire its fault if one is due."""
+        """Log and record a call, wait its latency and hold, and fire its fault if one is due."""
         with self._lock:
             self.calls.append((method, args))
-            delay = self._latency.get(method, 0.0)
-            release = self._holds.get(method)
         log.debug("mock.%s%r", method, args)
-        if delay:
-            self._sleep(delay)
-        if release is not None:
-            self._wait_for_release(method, release)
-        with self._lock:
-            for fault in self._faults:
-                if fault.method != method:
-                    continue
-                if fault.skip:
-                    fault.skip -= 1
-                    continue
-                fault.times -= 1
-                if fault.times == 0:
-                    self._faults.remove(fault)
-                error = fault.error
-                if error is None:
-                    error = BackendUnavailable(
-                        f"injected fault in mock.{method}",
-                        hint="the mock was told to fail this call (inject_fault)",
-                        backend=_NAME,
-                        method=method,
-                    )
-                log.debug("mock.%s: injected fault %r", method, error)
-                raise error
+        self._injected.enter(method)
 
     @contextmanager
     def _os_errors(self, what: str, **details: Any) -> Iterator[None]:
@@ -2234,7 +1301,7 @@ class MockBackend:
 
     def _check_free_path(self, directory: Path) -> None:
         for other in self._volumes.values():
-            if other.path is not None and _overlaps(directory, other.path):
+            if other.path is not None and overlaps(directory, other.path):
                 raise ConfigurationError(
                     f"directory {str(directory)!r} overlaps volume {other.id!r} "
                     f"({str(other.path)!r})",
@@ -2243,7 +1310,7 @@ class MockBackend:
                     volume_id=other.id,
                 )
         root = self._root or self._root_arg
-        if root is not None and _overlaps(directory, root):
+        if root is not None and overlaps(directory, root):
             raise ConfigurationError(
                 f"directory {str(directory)!r} overlaps the mock's snapshot root {str(root)!r}",
                 hint="keep volume directories outside the root where snapshots are stored",
@@ -2269,7 +1336,7 @@ class MockBackend:
         """Copy a directory volume into ``root/snapshots/<snap_id>`` (0700); return that."""
         assert vol.path is not None
         root = self._root_dir()
-        if _overlaps(vol.path, root):
+        if overlaps(vol.path, root):
             raise BackendError(
                 f"volume {vol.id!r} ({str(vol.path)!r}) contains the mock's snapshot root",
                 hint="give MockBackend a root outside every volume",
@@ -2286,8 +1353,8 @@ class MockBackend:
                 self._begin_copy(snap_id, home)
                 tree = home / "tree"
                 os.mkdir(tree, 0o700)
-                _copy_into(vol.path, tree)
-                _copy_meta(os.lstat(vol.path), tree)
+                copy_into(vol.path, tree)
+                copy_meta(os.lstat(vol.path), tree)
             except BaseException:
                 shutil.rmtree(home, ignore_errors=True)
                 raise
