@@ -127,10 +127,11 @@ import re
 import secrets
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
+from pgsnap.backends._common import CommandBackend, group_failure
 from pgsnap.errors import (
     BackendError,
     BackendUnavailable,
@@ -324,32 +325,6 @@ def classify_failure(
         message,
         hint=hint or "see the command's message; btrfs-progs and dmesg say more",
         **info,
-    )
-
-
-def _group_failure(
-    exc: Exception, name: str, volume_id: str | None, index: int, count: int
-) -> Exception:
-    """The error a failed group raises: says which volume, keeps a pgsnap error's type."""
-    cause = exc.message if isinstance(exc, PgsnapError) else str(exc) or type(exc).__name__
-    where = (
-        f"at volume {volume_id!r} ({index} of {count})"
-        if volume_id is not None
-        else "writing its metadata"
-    )
-    message = f"snapshot group {name!r} failed {where}: {cause}; no snapshot of the group was kept"
-    extra = {} if volume_id is None else {"volume_id": volume_id}
-    if isinstance(exc, PgsnapError):
-        details = {**exc.details, **extra}
-        try:
-            return type(exc)(message, hint=exc.hint, **details)
-        except TypeError:  # a subclass with another constructor
-            pass
-    return BtrfsError(
-        message,
-        hint="fix the cause and take the group again",
-        backend=_NAME,
-        **extra,
     )
 
 
@@ -611,7 +586,7 @@ class _View:
 # --------------------------------------------------------------------------- the backend
 
 
-class BtrfsBackend:
+class BtrfsBackend(CommandBackend):
     """Volumes on btrfs subvolumes, snapshots in ``snapshot_dir`` (see the module docstring).
 
     - ``snapshot_dir``: an absolute path on the btrfs file system that holds
@@ -626,6 +601,13 @@ class BtrfsBackend:
 
     Thread-safe: one lock serializes the calls that change something.
     """
+
+    _NAME: ClassVar[str] = _NAME
+    _ERROR: ClassVar[type[BackendError]] = BtrfsError
+    _TIMEOUT_HINT: ClassVar[str] = _FROZEN_HINT
+    _UNSUPPORTED_HINT: ClassVar[str] = (
+        "plans for btrfs do not need it; see BtrfsBackend.capabilities"
+    )
 
     def __init__(
         self,
@@ -813,7 +795,16 @@ class BtrfsBackend:
                 log.debug("btrfs: group %r failed; removed %d snapshot(s)", name, len(taken))
                 if not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and friends pass through unchanged
-                raise _group_failure(exc, name, current, index, len(vols)) from exc
+                raise group_failure(
+                    exc,
+                    name,
+                    current,
+                    index,
+                    len(vols),
+                    error=BtrfsError,
+                    backend=_NAME,
+                    afterwards="writing its metadata",
+                ) from exc
             log.debug("btrfs: group %s %r: %s", gid, name, [m.id for m in metas])
             return _group_record(meta, self._group(self._view(), gid)[1])
 
@@ -915,14 +906,6 @@ class BtrfsBackend:
             return Location.device(_device(vol.self_mounts[0]))
         return Location.directory(vol.path)
 
-    def attach(self, volume_id: str, host: str) -> None:
-        """Refused: a subvolume is always there on its host (no ``MAPPING``)."""
-        raise self._unsupported("attaching volumes to hosts", Capability.MAPPING)
-
-    def detach(self, volume_id: str, host: str) -> None:
-        """Refused: a subvolume is always there on its host (no ``MAPPING``)."""
-        raise self._unsupported("detaching volumes from hosts", Capability.MAPPING)
-
     # ------------------------------------------------------------------ protocol: clones
 
     def clone_snapshot(
@@ -979,14 +962,6 @@ class BtrfsBackend:
 
     # ------------------------------------------------------------------ protocol: policies
 
-    def pause_policy(self, policy_id: str) -> None:
-        """Refused: no ``POLICIES``."""
-        raise self._unsupported("snapshot policies", Capability.POLICIES)
-
-    def resume_policy(self, policy_id: str) -> None:
-        """Refused: no ``POLICIES``."""
-        raise self._unsupported("snapshot policies", Capability.POLICIES)
-
     # ------------------------------------------------------------------ vendor-only (ex_)
 
     def ex_incomplete_groups(self) -> tuple[str, ...]:
@@ -1026,31 +1001,6 @@ class BtrfsBackend:
         )
 
     # ------------------------------------------------------------------ internals: commands
-
-    def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
-        """Run a command on the host; the runner's failures become backend errors."""
-        try:
-            return self._host.run(argv, timeout=timeout or self._timeout, check=False)
-        except CommandTimeout as exc:
-            raise BackendUnavailable(
-                f"{' '.join(argv[:3])} did not finish within {timeout or self._timeout:g} s "
-                f"on {self._host.description}",
-                hint=_FROZEN_HINT,
-                backend=_NAME,
-                argv=tuple(argv),
-            ) from exc
-        except HostUnreachable as exc:
-            raise BackendUnavailable(
-                f"the database host cannot be reached: {exc.message}",
-                hint=exc.hint,
-                backend=_NAME,
-            ) from exc
-        except HostError as exc:
-            raise BtrfsError(
-                f"cannot run {argv[0]} on {self._host.description}: {exc.message}",
-                hint=exc.hint,
-                backend=_NAME,
-            ) from exc
 
     def _btrfs(
         self,
@@ -1488,14 +1438,6 @@ class BtrfsBackend:
             log.warning("btrfs: cannot delete %s: %s; delete it by hand", path, exc)
 
     # ------------------------------------------------------------------ internals: refusals
-
-    def _unsupported(self, what: str, capability: Capability) -> UnsupportedCapability:
-        return UnsupportedCapability(
-            f"the btrfs backend does not support {what} (no {capability.name})",
-            hint="plans for btrfs do not need it; see BtrfsBackend.capabilities",
-            backend=_NAME,
-            capability=capability.value,
-        )
 
 
 def _group_record(meta: GroupMetadata, snaps: Sequence[_Snap]) -> SnapshotGroup:

@@ -108,19 +108,15 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
+from pgsnap.backends._common import CommandBackend, group_failure
 from pgsnap.errors import (
     BackendError,
-    BackendUnavailable,
-    CommandTimeout,
     ConfigurationError,
-    HostError,
-    HostUnreachable,
-    PgsnapError,
     SnapshotNotFound,
     UnsupportedCapability,
     VolumeNotFound,
@@ -561,7 +557,7 @@ class _Snap:
     index: int
 
 
-class LvmBackend:
+class LvmBackend(CommandBackend):
     """Volumes on lvm2 logical volumes (see the module docstring).
 
     - ``volume_group``: the volume group (or groups) whose LVs are the volumes;
@@ -576,6 +572,12 @@ class LvmBackend:
 
     Thread-safe: lvm commands of one volume group take turns.
     """
+
+    _NAME: ClassVar[str] = _NAME
+    _ERROR: ClassVar[type[BackendError]] = LvmError
+    _TIMEOUT_HINT: ClassVar[str] = _TIMEOUT_HINT
+    _UNSUPPORTED_HINT: ClassVar[str] = "see docs/reference/lvm.md"
+    _COMMAND_PREFIX: ClassVar[tuple[str, ...]] = _ENV
 
     def __init__(
         self,
@@ -759,7 +761,15 @@ class LvmBackend:
                 self._discard(taken)
                 if not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and friends pass through unchanged
-                raise _group_failure(exc, name, current, index, len(vols)) from exc
+                raise group_failure(
+                    exc,
+                    name,
+                    None if current is None else current.id,
+                    index,
+                    len(vols),
+                    error=LvmError,
+                    backend=_NAME,
+                ) from exc
             log.debug("lvm: group %s %r: %s", gid, name, taken)
             return _group_record(self._group(self._lvs(), gid))
 
@@ -981,25 +991,9 @@ class LvmBackend:
         """The LV's device node, ``/dev/vg/lv``."""
         return Location.device(self._volume(self._lvs(), volume_id).path)
 
-    def attach(self, volume_id: str, host: str) -> None:
-        """Refused: an LV is on its host already (no ``MAPPING``)."""
-        raise self._unsupported("attaching volumes to hosts", Capability.MAPPING)
-
-    def detach(self, volume_id: str, host: str) -> None:
-        """Refused: an LV is on its host already (no ``MAPPING``)."""
-        raise self._unsupported("detaching volumes from hosts", Capability.MAPPING)
-
     def clone_snapshot(self, snapshot_id: str, name: str) -> StorageVolume:
         """Refused: no ``CLONES``."""
         raise self._unsupported("cloning snapshots", Capability.CLONES)
-
-    def pause_policy(self, policy_id: str) -> None:
-        """Refused: no ``POLICIES``."""
-        raise self._unsupported("snapshot policies", Capability.POLICIES)
-
-    def resume_policy(self, policy_id: str) -> None:
-        """Refused: no ``POLICIES``."""
-        raise self._unsupported("snapshot policies", Capability.POLICIES)
 
     # ------------------------------------------------------------------ vendor-only (ex_)
 
@@ -1196,31 +1190,6 @@ class LvmBackend:
 
     # ------------------------------------------------------------------ internals: commands
 
-    def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
-        limit = timeout or self._timeout
-        try:
-            return self._host.run([*_ENV, *argv], timeout=limit, check=False)
-        except CommandTimeout as exc:
-            raise BackendUnavailable(
-                f"{' '.join(argv[:3])} did not finish within {limit:g} s "
-                f"on {self._host.description}",
-                hint=_TIMEOUT_HINT,
-                backend=_NAME,
-                argv=tuple(argv),
-            ) from exc
-        except HostUnreachable as exc:
-            raise BackendUnavailable(
-                f"the database host cannot be reached: {exc.message}",
-                hint=exc.hint,
-                backend=_NAME,
-            ) from exc
-        except HostError as exc:
-            raise LvmError(
-                f"cannot run {argv[0]} on {self._host.description}: {exc.message}",
-                hint=exc.hint,
-                backend=_NAME,
-            ) from exc
-
     def _lvm(
         self,
         vg: str,
@@ -1388,14 +1357,6 @@ class LvmBackend:
             extra["pool"] = lv.pool
         return StorageVolume(id=lv.id, name=lv.name, size_bytes=lv.size, path=lv.path, extra=extra)
 
-    def _unsupported(self, what: str, capability: Capability) -> UnsupportedCapability:
-        return UnsupportedCapability(
-            f"the lvm backend does not support {what} (no {capability.name})",
-            hint="see docs/reference/lvm.md",
-            backend=_NAME,
-            capability=capability.value,
-        )
-
 
 def _volumes(lvs: Iterable[LogicalVolume]) -> list[LogicalVolume]:
     """The LVs that are volumes: not hidden, not pools, not snapshots, not pgsnap's."""
@@ -1465,20 +1426,3 @@ def _group_record(snaps: Sequence[_Snap]) -> SnapshotGroup:
         created_at=min(s.record.created_at for s in snaps),
         snapshots=tuple(s.record for s in snaps),
     )
-
-
-def _group_failure(
-    exc: Exception, name: str, vol: LogicalVolume | None, index: int, count: int
-) -> Exception:
-    """The error a failed group raises: says which volume, keeps a pgsnap error's type."""
-    cause = exc.message if isinstance(exc, PgsnapError) else str(exc) or type(exc).__name__
-    where = f"at volume {vol.id!r} ({index} of {count})" if vol is not None else "afterwards"
-    message = f"snapshot group {name!r} failed {where}: {cause}; no snapshot of the group was kept"
-    extra: Mapping[str, Any] = {} if vol is None else {"volume_id": vol.id}
-    if isinstance(exc, PgsnapError):
-        details = {**exc.details, **extra}
-        try:
-            return type(exc)(message, hint=exc.hint, **details)
-        except TypeError:  # a subclass with another constructor
-            pass
-    return LvmError(message, hint="fix the cause and take the group again", backend=_NAME, **extra)

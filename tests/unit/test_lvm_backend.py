@@ -41,6 +41,7 @@ from pgsnap.errors import (
 )
 from pgsnap.host import CommandResult, Host
 from pgsnap.model import LocationKind, RestorePreparation
+from pgsnap.testing.runners import ScriptedRunner
 
 # Captured: lvs --reportformat json -o lv_name,vg_name,lv_attr,lv_size,origin,pool_lv,
 # data_percent,snap_percent,lv_time,lv_tags --units b --nosuffix (2.03.16), plus one
@@ -213,35 +214,24 @@ def test_vg_not_found_names_the_volume_group() -> None:
 # --------------------------------------------------------------------------- with a fake runner
 
 
-class FakeRunner:
+class FakeRunner(ScriptedRunner):
     """Plays back ``lvs`` output and records every command."""
 
+    description = "fake"
+
     def __init__(self, lvs_text: str = LVS_2_03_16) -> None:
+        super().__init__()
         self.lvs_text = lvs_text
-        self.calls: list[tuple[str, ...]] = []
         self.fail: dict[str, CommandResult] = {}
         self.timeout = False
         self.merges = True
         self.gone: set[str] = set()
 
-    @property
-    def description(self) -> str:
-        return "fake"
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        user: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float = 60.0,
-    ) -> CommandResult:
-        args = tuple(argv)
-        self.calls.append(args)
-        assert args[:3] == ("env", "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1"), args
+    def default(self, args: list[str]) -> CommandResult:
+        assert args[:3] == ["env", "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1"], args
         command = args[3]
         if self.timeout:
-            raise CommandTimeout("slow", argv=args, returncode=-1, stderr="", timeout=timeout)
+            raise CommandTimeout("slow", argv=tuple(args), returncode=-1, stderr="", timeout=60.0)
         if command in self.fail:
             return self.fail[command]
         if command == "lvconvert" and self.merges:
@@ -250,11 +240,12 @@ class FakeRunner:
             doc = json.loads(self.lvs_text)
             rows = doc["report"][0]["lv"]
             doc["report"][0]["lv"] = [r for r in rows if r["lv_name"] not in self.gone]
-            return CommandResult(args, 0, json.dumps(doc).encode(), b"")
-        return CommandResult(args, 0, b"", b"")
+            return self.ok(args, json.dumps(doc).encode())
+        return self.ok(args)
 
-    def commands(self) -> list[tuple[str, ...]]:
-        return [c[3:] for c in self.calls if c[3] != "lvs"]
+    def issued(self) -> list[tuple[str, ...]]:
+        """The commands but ``lvs``, without the ``env`` prefix."""
+        return [tuple(c[3:]) for c in self.calls if c[3] != "lvs"]
 
 
 @pytest.fixture
@@ -300,7 +291,7 @@ def test_create_runs_thin_and_classic_lvcreate_with_tags(runner: FakeRunner) -> 
     backend = LvmBackend("vg0", host=Host(runner), cow_size="50%ORIGIN")
     with pytest.raises(SnapshotNotFound):  # the fake lists no new LV afterwards
         backend.create_snapshot_group(["vg0/t", "vg0/a"], "n a/m")
-    thin, classic = [c for c in runner.commands() if c[0] == "lvcreate"]
+    thin, classic = [c for c in runner.issued() if c[0] == "lvcreate"]
     assert "-L" not in thin and "-l" not in thin and thin[-1] == "vg0/t"
     # Half of a's 67108864 bytes, in bytes: lvm would clamp "-l 50%ORIGIN" silently.
     assert classic[classic.index("-L") + 1] == "33554432b" and classic[-1] == "vg0/a"
@@ -317,7 +308,7 @@ def test_a_failed_group_removes_what_it_took(runner: FakeRunner) -> None:
         if argv[3] == "lvcreate":
             calls["n"] += 1
             if calls["n"] == 2:
-                runner.calls.append(tuple(argv))
+                runner.calls.append(list(argv))
                 return result("no_space", argv)
         return original(argv, **kw)  # type: ignore[arg-type]
 
@@ -326,7 +317,7 @@ def test_a_failed_group_removes_what_it_took(runner: FakeRunner) -> None:
     with pytest.raises(LvmNoSpaceError, match="vg0/a") as info:
         backend.create_snapshot_group(["vg0/t", "vg0/a"], "g")
     assert info.value.details["volume_id"] == "vg0/a"
-    removed = [c for c in runner.commands() if c[0] == "lvremove"]
+    removed = [c for c in runner.issued() if c[0] == "lvremove"]
     assert removed and removed[0][-1].startswith("vg0/t.pgsnap.")
 
 
@@ -342,7 +333,7 @@ def test_restore_refuses_before_running_lvconvert(backend: LvmBackend, runner) -
         backend.restore_volume("vg0/a", "vg0/a.pgsnap.811f9000.1")
     assert backend.list_snapshots("vg0/a")[0].extra["state"] == "invalid"
     assert any("invalid" in p for p in backend.ex_check())
-    assert not [c for c in runner.commands() if c[0] == "lvconvert"]
+    assert not [c for c in runner.issued() if c[0] == "lvconvert"]
 
 
 def test_thin_restore_swaps_in_a_copy_of_the_snapshot(runner) -> None:
@@ -351,7 +342,7 @@ def test_thin_restore_swaps_in_a_copy_of_the_snapshot(runner) -> None:
     backend = LvmBackend("vg0", host=Host(runner))
     runner.lvs_text = LVS_2_03_16.replace('"Vwi-aotz--"', '"Vwi-a-tz--"')
     backend.restore_volume("vg0/t", "vg0/t.pgsnap.811f9000.1")
-    commands = runner.commands()
+    commands = runner.issued()
     assert [c[0] for c in commands[:4]] == ["lvcreate", "lvchange", "lvchange", "lvrename"]
     assert not [c for c in commands if c[0] == "lvconvert"]
     create, activate, tag, rename = commands[:4]
@@ -376,7 +367,7 @@ def test_a_deferred_merge_reactivates_the_origin(runner) -> None:
     backend = LvmBackend("vg0", host=Host(runner), merge_timeout=0.01)
     with pytest.raises(LvmError, match="did not finish"):  # the fake never merges
         backend.restore_volume("vg0/a", "vg0/a.pgsnap.811f9000.1")
-    assert [c[:2] for c in runner.commands()] == [
+    assert [c[:2] for c in runner.issued()] == [
         ("lvconvert", "--merge"),
         ("lvchange", "-an"),
         ("lvchange", "-ay"),

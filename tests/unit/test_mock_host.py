@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from pgsnap.backends.mock import MockBackend
-from pgsnap.host.simulated import SimulatedHost
 from pgsnap.errors import BackendError, DeviceNotFound, MountBusyError, MountError
 from pgsnap.host import Host
+from pgsnap.host.simulated import SimulatedHost
 from pgsnap.model import Mount
 
 HOST = "db1"

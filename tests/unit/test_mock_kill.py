@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from pgsnap.backends.mock import _files as mock_files
 from pgsnap.backends.mock import MockBackend
+from pgsnap.backends.mock import _files as mock_files
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 

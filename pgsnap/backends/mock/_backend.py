@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap.backends._common import group_failure
 from pgsnap.backends.mock._devices import MEMORY_DEVICE_DIR, MockDevices
 from pgsnap.backends.mock._faults import HOLD_TIMEOUT, Faults
 from pgsnap.backends.mock._files import (
@@ -1521,7 +1522,16 @@ class MockBackend:
                 )
                 if not isinstance(exc, Exception):
                     raise  # KeyboardInterrupt and friends pass through unchanged
-                raise _group_failure(exc, name, vol.id, index, len(vols)) from exc
+                raise group_failure(
+                    exc,
+                    name,
+                    vol.id,
+                    index,
+                    len(vols),
+                    error=BackendError,
+                    backend=_NAME,
+                    hint="fix the volume and take the group again",
+                ) from exc
         self._end_copies(sids)
         for snap in taken:
             self._snaps[snap.record.id] = snap
@@ -1587,24 +1597,3 @@ class MockBackend:
             log.debug("mock: policy %s rotates out group %s", policy.id, group.id)
             for snap in snaps:
                 self._drop_snapshot(snap)
-
-
-def _group_failure(exc: Exception, name: str, volume_id: str, index: int, count: int) -> Exception:
-    """The error a failed group raises: says which volume, keeps a pgsnap error's type."""
-    cause = exc.message if isinstance(exc, PgsnapError) else str(exc) or type(exc).__name__
-    message = (
-        f"snapshot group {name!r} failed at volume {volume_id!r} ({index} of {count}): "
-        f"{cause}; no snapshot of the group was kept"
-    )
-    if isinstance(exc, PgsnapError):
-        details = {**exc.details, "volume_id": volume_id}
-        try:
-            return type(exc)(message, hint=exc.hint, **details)
-        except TypeError:  # a subclass with another constructor
-            pass
-    return BackendError(
-        message,
-        hint="fix the volume and take the group again",
-        backend=_NAME,
-        volume_id=volume_id,
-    )
