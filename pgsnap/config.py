@@ -389,17 +389,25 @@ def _flag(section: dict[str, Any], key: str, where: str) -> bool:
     return value
 
 
-def _takes_host(name: str) -> bool:
-    """True when the backend ``name`` takes a ``host`` (it runs commands on the database
-    host, as btrfs does): it is then given the ``[host]`` section's host."""
+def _takes(name: str, parameter: str) -> bool:
+    """True when the backend ``name``'s constructor takes ``parameter``: ``host`` (it
+    runs commands on the database host, as btrfs does: it is given the ``[host]``
+    section's host) or ``volumes`` (it is told its volumes, as the mock is: it is
+    given the ``[[volume]]`` tables)."""
     import inspect  # noqa: PLC0415
 
     from pgsnap.backends import backend_class  # noqa: PLC0415
 
     try:
-        return "host" in inspect.signature(backend_class(name)).parameters
+        return parameter in inspect.signature(backend_class(name)).parameters
     except (TypeError, ValueError):  # pragma: no cover - a class without a signature
         return False
+
+
+def _declared_volumes(layout: Layout) -> list[dict[str, str]]:
+    """The ``[[volume]]`` tables as a backend's ``volumes`` option: each volume is the
+    directory at its mount point (declared once, for the layout and the storage)."""
+    return [{"id": v.id, "name": v.name, "path": v.mount_point} for v in layout.volumes]
 
 
 def cluster_arguments(
@@ -497,7 +505,13 @@ def cluster_arguments(
             {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
             for v in options["volumes"]
         ]
-    if "host" not in options and _takes_host(str(storage["backend"])):
+    if (
+        "volumes" not in options
+        and not options.get("block")
+        and _takes(str(storage["backend"]), "volumes")
+    ):
+        options["volumes"] = _declared_volumes(layout)
+    if "host" not in options and _takes(str(storage["backend"]), "host"):
         options["host"] = host  # a backend that works on the database host (btrfs)
     backend = create_backend(str(storage["backend"]), **options)
     catalog_path = rel(_need(catalog, "path", "[catalog]"))

@@ -91,10 +91,6 @@ def write_config(
     if wal:
         volumes.append(("vol-wal", "pgwal", "wal", server.wal_dir))
     volumes.append(("vol-archive", "archive", "archive", server.archive_dir))
-    mock_volumes = ",\n".join(
-        f'  {{ id = "{vid}", name = "{vname}", path = "{path}" }}'
-        for vid, vname, _, path in volumes
-    )
     layout = "".join(
         f'[[volume]]\nid = "{vid}"\nname = "{vname}"\nrole = "{role}"\nmount_point = "{path}"\n\n'
         for vid, vname, role, path in volumes
@@ -113,9 +109,6 @@ backend = "mock"
 [storage.options]
 state_file = "{work / "mock.json"}"
 root = "{work / "snapshots"}"
-volumes = [
-{mock_volumes},
-]
 
 [archive]
 path = "{server.archive_dir}"

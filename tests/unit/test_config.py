@@ -89,3 +89,33 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
     assert sorted(args) == [
         "adapter", "archive", "backend", "catalog", "journal_dir", "layout", "wal_index",
     ]
+
+
+def test_the_mocks_volumes_are_the_volume_tables(tmp_path: Path) -> None:
+    """Issue 20: volumes are declared once. The mock's volumes are the ``[[volume]]``
+    tables (directories at their mount points) unless ``[storage.options]`` names
+    them itself, as before (kept: a state file's paths must still match)."""
+    wal = tmp_path / "wal"
+    wal.mkdir()
+    data = tmp_path / "data"
+    tables = (
+        f'[[volume]]\nid = "vol-data"\nname = "pgdata"\nrole = "data"\nmount_point = "{data}"\n\n'
+        f'[[volume]]\nid = "vol-wal"\nname = "pgwal"\nrole = "wal"\nmount_point = "{wal}"\n'
+    )
+    cluster = pgsnap.Cluster.from_config(write_config(tmp_path, volumes=tables))
+    found = {v.id: (v.name, v.path) for v in cluster.backend.list_volumes()}
+    assert found == {"vol-data": ("pgdata", str(data)), "vol-wal": ("pgwal", str(wal))}
+
+    explicit = tmp_path / "explicit"
+    explicit.mkdir()
+    given = f'volumes = [{{ id = "vol-data", name = "pgdata", path = "{data}" }}]'
+    config = write_config(explicit, options=[given], volumes=tables)
+    cluster = pgsnap.Cluster.from_config(config)
+    assert [v.id for v in cluster.backend.list_volumes()] == ["vol-data"]
+
+
+def test_a_block_mode_mock_is_not_given_mount_points_as_its_volumes(tmp_path: Path) -> None:
+    """In block mode a mock volume's directory is its LUN, never the mount point
+    where the host sees it: the tables are not passed."""
+    config = write_config(tmp_path, options=["block = true", 'capabilities = ["mapping"]'])
+    assert pgsnap.Cluster.from_config(config).backend.list_volumes() == ()
