@@ -197,7 +197,7 @@ def _plan_recovery(args: argparse.Namespace, cluster: Any, timeouts: Timeouts, t
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Run the demo."""
-    from pgsnap.demo import run_demo  # noqa: PLC0415
+    from pgsnap._demo import run_demo  # noqa: PLC0415
 
     result = run_demo(
         say=_out, on_event=_progress, bindir=args.bindir, keep=args.keep, backend=args.backend

@@ -4,7 +4,7 @@
 is an operation (:mod:`pgsnap.operations`); the executor knows operations, not
 plan kinds or step ids. What it guarantees:
 
-- **One journal per plan identity** (:mod:`pgsnap.journal`): every step's
+- **One journal per plan identity** (:mod:`pgsnap._journal`): every step's
   start, end and outputs are appended as they happen. A run interrupted (the
   process killed, Ctrl-C) is resumed by running the plan again: finished steps
   are skipped, the interrupted one is re-run or probed as its operation's
@@ -63,14 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.errors import (
-    ClusterLockedError,
-    ExecutionError,
-    InvariantError,
-    PgsnapError,
-    PlanAlreadyRunError,
-)
-from pgsnap.journal import (
+from pgsnap._journal import (
     JOURNAL_SUFFIX,
     Journal,
     RunState,
@@ -80,6 +73,13 @@ from pgsnap.journal import (
     open_journal,
     prune_journals,
     read_journal,
+)
+from pgsnap.errors import (
+    ClusterLockedError,
+    ExecutionError,
+    InvariantError,
+    PgsnapError,
+    PlanAlreadyRunError,
 )
 from pgsnap.locks import ClusterLock, FileClusterLock, Lease, LockHolder, LockMode, lock_mode
 from pgsnap.model import Layout
@@ -106,7 +106,7 @@ from pgsnap.protocols import (
 if TYPE_CHECKING:
     from pgsnap.host import Host
 
-__all__ = ["Event", "EventKind", "ExecutionResult", "Executor"]
+__all__ = ["Event", "EventKind", "ExecutionResult", "Executor", "RunState", "StepState", "prune_journals"]
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.catalog import CatalogScan, catalog_system_identifiers, scan_catalog
 from pgsnap.errors import (
     ArchiveError,
@@ -30,7 +31,6 @@ from pgsnap.errors import (
     WalNameError,
 )
 from pgsnap.host import FileKind, Host, LocalRunner, mount_holding
-from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import (
     LSN,
     ArchiverStatus,

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
+from pgsnap._registry import NO_PLUGINS_ENV, PluginRegistry, describe_target
 from pgsnap.errors import BackendNotFound, ConfigurationError
 from pgsnap.protocols import STORAGE_BACKEND_METHODS
-from pgsnap.registry import NO_PLUGINS_ENV, PluginRegistry, describe_target
 
 if TYPE_CHECKING:
     from pgsnap.protocols import StorageBackend
@@ -82,7 +82,7 @@ class BackendRegistry(PluginRegistry["StorageBackend"]):
     ``builtins`` defaults to :data:`BUILTIN_BACKENDS`; ``plugins=False`` ignores
     the entry-point group whatever the environment says (with ``plugins=True``,
     ``PGSNAP_NO_PLUGINS=1`` still turns them off). Thread-safe. See
-    :class:`~pgsnap.registry.PluginRegistry` for registration and lookup.
+    :class:`~pgsnap._registry.PluginRegistry` for registration and lookup.
     """
 
     def __init__(

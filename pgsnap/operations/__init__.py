@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Final
 
+from pgsnap._registry import PluginRegistry, describe_target
 from pgsnap.errors import ConfigurationError, InvalidPlanError, OperationNotFound
 from pgsnap.operations.base import (
     JSONValue,
@@ -39,7 +40,6 @@ from pgsnap.operations.base import (
     encode_params,
     refs_in,
 )
-from pgsnap.registry import PluginRegistry, describe_target
 
 __all__ = [
     "BUILTIN_OPERATIONS",
@@ -136,7 +136,7 @@ class OperationRegistry(PluginRegistry[Operation]):
     """Operation names and their classes, imported on first use.
 
     ``builtins`` defaults to :data:`BUILTIN_OPERATIONS`. See
-    :class:`~pgsnap.registry.PluginRegistry` for registration and lookup.
+    :class:`~pgsnap._registry.PluginRegistry` for registration and lookup.
     """
 
     def __init__(

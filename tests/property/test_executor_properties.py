@@ -33,10 +33,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from pgsnap import errors
+from pgsnap._journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.backends.mock import MockBackend
 from pgsnap.catalog import DirectoryCatalog
 from pgsnap.executor import Event, EventKind, Executor
-from pgsnap.journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.model import BackupState, Layout, Volume, VolumeRole
 from pgsnap.operations import (
     Operation,

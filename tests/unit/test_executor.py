@@ -18,11 +18,11 @@ import attrs
 import pytest
 
 from pgsnap import errors
+from pgsnap._journal import RunState, StepState, journal_path, read_journal
 from pgsnap.backends.mock import MockBackend
 from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
 from pgsnap.executor import Event, EventKind, Executor
 from pgsnap.host import Host
-from pgsnap.journal import RunState, StepState, journal_path, read_journal
 from pgsnap.model import (
     LSN,
     BackupStart,
@@ -466,7 +466,7 @@ def test_looking_for_interrupted_plans_never_takes_a_journal_lock(jworld, monkey
     The interleaving is injected: while the check talks to the kernel about the
     journal, another process's run takes the lock. It must get it.
     """
-    import pgsnap.journal as journal_module
+    import pgsnap._journal as journal_module
 
     plan = counting_plan()
     SCRIPT["s1"] = KeyboardInterrupt()
@@ -486,7 +486,7 @@ def test_looking_for_interrupted_plans_never_takes_a_journal_lock(jworld, monkey
                 os.close(other)
         return answer
 
-    monkeypatch.setattr(fcntl, "fcntl", interleaved)  # the module pgsnap.journal calls
+    monkeypatch.setattr(fcntl, "fcntl", interleaved)  # the module pgsnap._journal calls
     assert jworld.ex.interrupted() == (plan,)
     assert grabbed == [True]
 

@@ -1,4 +1,4 @@
-"""pgsnap.journal.prune_journals: the documented rule, and nothing else, is removed."""
+"""pgsnap._journal.prune_journals: the documented rule, and nothing else, is removed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from pgsnap.journal import JOURNAL_VERSION, RunState, _ended_state, open_journal, prune_journals
+from pgsnap._journal import JOURNAL_VERSION, RunState, _ended_state, open_journal, prune_journals
 
 NOW = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 

@@ -20,7 +20,7 @@ PACKAGE = pathlib.Path(pgsnap.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.cli",),
-    ("pgsnap.demo",),
+    ("pgsnap._demo",),
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
     ("pgsnap",),  # the lazy face: its imports of the layers below are type-only
     ("pgsnap.cluster",),  # Cluster: observe, plan, execute
@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.plan",),
     ("pgsnap.operations", "pgsnap.adapters", "pgsnap.backends", "pgsnap.catalog"),
     ("pgsnap.protocols",),
-    ("pgsnap.wal", "pgsnap.host", "pgsnap.journal", "pgsnap.locks", "pgsnap.registry"),
+    ("pgsnap.wal", "pgsnap.host", "pgsnap._journal", "pgsnap.locks", "pgsnap._registry"),
     ("pgsnap.model",),
     ("pgsnap.errors", "pgsnap._version", "pgsnap._moved"),
 )
@@ -44,6 +44,9 @@ MOVED = (
     "pgsnap.archive",
     "pgsnap.session",
     "pgsnap.checks",
+    "pgsnap.journal",
+    "pgsnap.registry",
+    "pgsnap.demo",
 )
 """Deprecated aliases of moved modules (tests/unit/test_package.py): outside the layers."""
 

@@ -30,6 +30,9 @@ MOVED = {
     "pgsnap.waldump": "pgsnap.wal.dump",
     "pgsnap.archive": "pgsnap.wal.archive",
     "pgsnap.session": "pgsnap.cluster",
+    "pgsnap.journal": "pgsnap._journal",
+    "pgsnap.registry": "pgsnap._registry",
+    "pgsnap.demo": "pgsnap._demo",
 }
 
 SPLIT = {"pgsnap.checks": ("pgsnap.planner.checks", "pgsnap.observe")}
