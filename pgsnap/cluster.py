@@ -90,13 +90,11 @@ from pgsnap.planner.reconcile import (
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
 from pgsnap.wal import (
-    VALID_SEGMENT_SIZES,
     ArchiveReport,
     ArchiverHealth,
-    WalFileKind,
     archive_report,
+    archived_segment_size,
     archiver_health,
-    parse_archive_name,
     switch_gaps,
 )
 from pgsnap.wal.contents import WalIndex
@@ -734,17 +732,10 @@ class Cluster:
             return self.adapter.describe().wal_segment_size
         except PgsnapError as exc:
             log.debug("segment size: the server cannot say (%s)", exc)
-        # A directory archive: a plain segment's file size (the WalArchive protocol has
-        # no stat yet; an archive elsewhere needs a backup or the server).
-        for name in self.archive.list_names():
-            entry = parse_archive_name(name)
-            if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
-                try:
-                    size = os.stat(os.path.join(self.archive.location, name)).st_size
-                except OSError:
-                    continue
-                if size in VALID_SEGMENT_SIZES:
-                    return size
+        # A plain segment's size, as the archive's stat gives it.
+        size = archived_segment_size(self.archive)
+        if size is not None:
+            return size
         raise ConfigurationError(
             "cannot tell the WAL segment size: no backup, the server is down and the archive "
             "holds no plain segment",

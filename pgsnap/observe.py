@@ -60,19 +60,19 @@ from pgsnap.protocols import (
     Capability,
     Catalog,
     DatabaseAdapter,
+    LocalWalArchive,
     StorageBackend,
     StorageHealth,
     WalArchive,
 )
 from pgsnap.wal import (
-    VALID_SEGMENT_SIZES,
+    ArchivedFile,
     ArchiveIndex,
     TimelineGraph,
     TimelineSpan,
-    WalFileKind,
+    archived_segment_size,
     backup_file_name,
     check,
-    parse_archive_name,
     parse_backup_file,
     segment_name,
     segment_start,
@@ -80,11 +80,14 @@ from pgsnap.wal import (
 )
 from pgsnap.wal.contents import WalIndex, WalQuery, read_events
 from pgsnap.wal.dump import scan_wal
+from pgsnap.wal.files import ReadStream
 from pgsnap.wal.reader import (
+    WalSource,
+    archived_segment_problem,
+    find_segment,
     parse_page_header,
+    read_archived_segment_header,
     read_segment_header,
-    segment_problem,
-    stat_segment_file,
 )
 
 __all__ = [
@@ -100,11 +103,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _Scanner = Callable[
-    [list[str], tuple[TimelineSpan, ...], LSN, LSN, WalQuery, int], tuple[WalEvents, int]
+    [list[WalSource], tuple[TimelineSpan, ...], LSN, LSN, WalQuery, int], tuple[WalEvents, int]
 ]
-"""Reads the WAL of ``dirs`` along a timeline path from one LSN to another, answering a
-:class:`~pgsnap.wal.contents.WalQuery`, reading at most so many segments (the newest); returns
-what it found and how many segments it read."""
+"""Reads the WAL of the sources (the archive, then a surviving pg_wal) along a timeline path
+from one LSN to another, answering a :class:`~pgsnap.wal.contents.WalQuery`, reading at most
+so many segments (the newest); returns what it found and how many segments it read."""
 
 _SEGMENT_NAME_LEN = 24
 
@@ -180,6 +183,14 @@ class EmptyArchive:
         """Nothing exists."""
         return False
 
+    def stat(self, name: str) -> ArchivedFile | None:
+        """No file."""
+        return None
+
+    def open(self, name: str) -> ReadStream:
+        """Nothing can be read."""
+        raise ArchiveError(f"{name} cannot be read: the archive {self._location} is unreadable")
+
     def read_text(self, name: str) -> str:
         """Nothing can be read."""
         raise ArchiveError(f"{name} cannot be read: the archive {self._location} is unreadable")
@@ -236,22 +247,12 @@ def _segment_size(
         return server_size
     if backups:
         return backups[-1].wal_segment_size
-    location = getattr(archive, "path", None)
-    if isinstance(location, str):
-        try:
-            names = archive.list_names()
-        except PgsnapError:
-            names = ()
-        for name in names:
-            entry = parse_archive_name(name)
-            if entry.kind is WalFileKind.SEGMENT and entry.compression is None:
-                try:
-                    size = os.stat(os.path.join(location, name)).st_size
-                except OSError:
-                    continue
-                if size in VALID_SEGMENT_SIZES:
-                    return size
-    return DEFAULT_SEGMENT_SIZE
+    try:
+        size = archived_segment_size(archive)
+    except PgsnapError as exc:
+        log.debug("segment size: the archive cannot say (%s)", exc)
+        size = None
+    return DEFAULT_SEGMENT_SIZE if size is None else size
 
 
 def gather_check_facts(
@@ -564,9 +565,10 @@ class Observer:
             ranges = index.ranges(tli)
             if not ranges:
                 continue
-            path = Path(self.archive.location) / segment_name(tli, ranges[-1].last, seg)
             try:
-                header = read_segment_header(path)
+                header = read_archived_segment_header(
+                    self.archive, segment_name(tli, ranges[-1].last, seg)
+                )
             except PgsnapError as exc:
                 log.info("rebuild: %s", exc)
                 return None, None
@@ -685,8 +687,15 @@ class Observer:
         )
 
     def _segment_sysid(self, name: str) -> str | None:
-        path = Path(self.archive.location) / name
-        return read_archive_system_identifier(path) if path.exists() else None
+        """The system identifier in the header of the archived file ``name`` (None
+        when it is not there or cannot be read)."""
+        try:
+            if self.archive.stat(name) is None:
+                return None
+            return str(read_archived_segment_header(self.archive, name).system_identifier)
+        except (ArchiveError, WalNameError) as exc:
+            log.debug("system identifier of %s not read: %s", name, exc)
+            return None
 
     def _segment_size(self, backups: Iterable[BackupRecord]) -> int:
         sizes = {b.wal_segment_size for b in backups}
@@ -807,15 +816,15 @@ class Observer:
         known = {} if index is None else index.verified(b.system_identifier, seg)
         whole: dict[str, tuple[int, int]] = {}
         for name in segments_to_replay(facts.archive, reach):
-            found = stat_segment_file(self.archive.location, name)
+            found = find_segment(self.archive, name)
             if found is None:
                 continue
-            path, st = found
-            identity = (st.st_size, st.st_mtime_ns)
+            identity = found.identity
             if known.get(name) == identity:
                 continue  # found whole before, and the file did not change since
-            why = segment_problem(
-                path,
+            why = archived_segment_problem(
+                self.archive,
+                found,
                 segment_size=seg,
                 system_identifier=b.system_identifier,
                 major=b.server_version // 10000,
@@ -850,19 +859,28 @@ class Observer:
             else facts.archive
         )
         candidates = _judged_lazily(iter_candidates(facts, request, []))
-        dirs: list[str] = [self.archive.location]
+        sources: list[WalSource] = [self.archive]
         if keep_wal and local_dir is not None and isinstance(self.host.runner, LocalRunner):
             # The WAL is read here: a surviving pg_wal only when it is on this machine.
-            dirs.append(local_dir)
-        return self._scan_candidates(scanner, dirs, facts, request, index, candidates)
+            sources.append(local_dir)
+        return self._scan_candidates(scanner, sources, facts, request, index, candidates)
 
     def _scanner(self, major: int, system_identifier: str, segment_size: int) -> _Scanner | None:
-        """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given."""
-        if self.waldump is None:
+        """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given (which
+        reads directories: only for an archive that is one, a
+        :class:`~pgsnap.protocols.LocalWalArchive`)."""
+        archive = self.archive
+        if self.waldump is not None and not isinstance(archive, LocalWalArchive):
+            log.warning(
+                "pg_waldump reads directories and the archive %s is not one: its WAL is "
+                "read with pgsnap's own reader",
+                archive.location,
+            )
+        if self.waldump is None or not isinstance(archive, LocalWalArchive):
             wal_index = self.wal_index
 
             def read(
-                dirs: list[str],
+                dirs: list[WalSource],
                 path: tuple[TimelineSpan, ...],
                 lo: LSN,
                 hi: LSN,
@@ -906,8 +924,10 @@ class Observer:
             )
             return None
 
+        archive_dir = archive.path
+
         def dump(
-            dirs: list[str],
+            dirs: list[WalSource],
             path: tuple[TimelineSpan, ...],
             lo: LSN,
             hi: LSN,
@@ -919,7 +939,9 @@ class Observer:
             limit = budget * segment_size
             if hi - lo > limit:  # the newest WAL within the budget
                 first = segment_start((hi.value - limit) // segment_size, segment_size)
-            found = scan_wal(waldump, dirs, path, first, hi)
+            # pg_waldump reads directories: the archive's own, then a surviving pg_wal.
+            paths = [d if isinstance(d, str | os.PathLike) else archive_dir for d in dirs]
+            found = scan_wal(waldump, paths, path, first, hi)
             if first != lo:
                 found = attrs.evolve(found, complete=False)
             return found, max(1, (hi - first + segment_size - 1) // segment_size)
@@ -929,7 +951,7 @@ class Observer:
     def _scan_candidates(
         self,
         scan: _Scanner,
-        dirs: list[str],
+        dirs: list[WalSource],
         facts: RecoveryFacts,
         request: RecoveryRequest,
         index: ArchiveIndex,
@@ -1020,7 +1042,7 @@ class Observer:
     @staticmethod
     def _scan_forward(
         scan: _Scanner,
-        dirs: list[str],
+        dirs: list[WalSource],
         path: tuple[TimelineSpan, ...],
         todo: list[tuple[LSN, LSN]],
         query: WalQuery,

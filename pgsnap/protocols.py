@@ -10,7 +10,10 @@ fits. Each method's docstring is its contract: what it guarantees and which
   optionally :class:`StorageHealth`: problems the storage can see coming
   (a snapshot limit near, an invalid snapshot), reported by ``pgsnap check``.
 - :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server.
-- :class:`WalArchive`: where archived WAL lives.
+- :class:`WalArchive`: where archived WAL lives, used only through its
+  methods (:mod:`pgsnap.testing.wal_conformance` is what implementing it
+  means); optionally :class:`WalArchiveDeletion` (retention removes files)
+  and :class:`LocalWalArchive` (a local directory, for ``pg_waldump``).
 - :class:`Catalog`: where backup records live.
 - :class:`Runner`: how commands reach the database host (locally, over ssh,
   on a test VM's console); :class:`pgsnap.host.Host` builds files, processes
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
         StorageVolume,
     )
     from pgsnap.wal import ArchiveIndex, TimelineGraph
+    from pgsnap.wal.files import ArchivedFile, ReadStream
 
 __all__ = [
     "STORAGE_BACKEND_METHODS",
@@ -54,11 +58,13 @@ __all__ = [
     "Catalog",
     "ClusterLockProvider",
     "DatabaseAdapter",
+    "LocalWalArchive",
     "RecoveryOutcome",
     "Runner",
     "StorageBackend",
     "StorageHealth",
     "WalArchive",
+    "WalArchiveDeletion",
 ]
 
 
@@ -402,7 +408,21 @@ class DatabaseAdapter(Protocol):
 
 
 class WalArchive(Protocol):
-    """Where archived WAL lives (a directory first)."""
+    """Where archived WAL lives: a directory
+    (:class:`~pgsnap.wal.archive.DirectoryWalArchive`), or anything else with
+    these methods (an object store).
+
+    Everything pgsnap reads from an archive goes through these methods: the
+    observer, the planners' facts, the WAL reader and its index, the executor's
+    checks and the CLI never build a path from :attr:`location`. Names are
+    plain file names as the archive stores them (``000000010000000000000003``,
+    ``000000010000000000000003.gz``, ``00000002.history``,
+    ``...00000028.backup``); a name with a directory part is refused with
+    :class:`~pgsnap.errors.WalNameError`. Errors are
+    :class:`~pgsnap.errors.ArchiveError` with a hint. The conformance suite
+    :class:`pgsnap.testing.wal_conformance.WalArchiveConformance` checks an
+    implementation.
+    """
 
     @property
     def location(self) -> str:
@@ -426,6 +446,34 @@ class WalArchive(Protocol):
         """True when the file is in the archive (compressed forms count)."""
         ...
 
+    def stat(self, name: str) -> ArchivedFile | None:
+        """The file stored under exactly ``name`` (no compressed form is looked
+        for: :func:`pgsnap.wal.reader.find_segment` does that), or None when
+        there is none (an archive that does not exist holds nothing).
+
+        The :class:`~pgsnap.wal.files.ArchivedFile` gives its stored size, its
+        modification time in nanoseconds (``size`` and ``mtime_ns`` together tell
+        a rewritten file from the one seen before: caches of verified and
+        indexed segments are keyed by them), its compression (from the name),
+        ``location`` for messages and, when known without decompressing, its
+        ``content_size``. ``ArchiveError`` when the archive cannot say
+        (permission denied, an I/O or network error).
+        """
+        ...
+
+    def open(self, name: str) -> ReadStream:
+        """The content of the file stored under exactly ``name``, decompressed by
+        its suffix (``.gz``, ``.bz2``, ``.xz``; ``.lz4``/``.zst`` where a codec is
+        available), as a stream read front to back (the WAL reader reads a
+        segment in chunks; a header check reads 40 bytes).
+
+        ``ArchiveError`` when the file is missing (with a hint), cannot be
+        opened, or is compressed in a way the archive cannot decompress; the
+        stream's ``read`` raises ``ArchiveError`` when the content turns out
+        damaged. The caller closes the stream.
+        """
+        ...
+
     def read_text(self, name: str) -> str:
         """The content of a small text file (``.history``, ``.backup``)."""
         ...
@@ -443,7 +491,38 @@ class WalArchive(Protocol):
         ...
 
     def restore_command(self) -> str:
-        """A ``restore_command`` that copies ``%f`` from this archive to ``%p``."""
+        """A ``restore_command`` that copies ``%f`` from this archive to ``%p``.
+
+        Run by ``sh -c`` after PostgreSQL substitutes ``%f`` and ``%p``: it
+        writes the file's decompressed content to ``%p`` and exits 0, or exits
+        non-zero when the archive does not hold ``%f``. ``ArchiveError`` when no
+        such command can be written.
+        """
+        ...
+
+
+@runtime_checkable
+class WalArchiveDeletion(Protocol):
+    """Optional for a :class:`WalArchive`: it can remove files, so retention
+    (``archive.delete_wal``) expires WAL in it; without it that step is refused
+    with :class:`~pgsnap.errors.UnsupportedCapability` (``isinstance`` tells)."""
+
+    def delete(self, names: Sequence[str]) -> int:
+        """Remove these files and their compressed copies (``name.gz``...);
+        names not there are skipped. Returns how many files were removed;
+        ``ArchiveError`` when one cannot be removed (those before it are gone)."""
+        ...
+
+
+@runtime_checkable
+class LocalWalArchive(Protocol):
+    """Optional for a :class:`WalArchive`: its files are a directory on this machine,
+    as stored, so tools that read directories (``pg_waldump``) can read them.
+    An archive without it is read through its methods only."""
+
+    @property
+    def path(self) -> str:
+        """The local directory holding the archive's files."""
         ...
 
 

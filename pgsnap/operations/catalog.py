@@ -36,7 +36,7 @@ from pgsnap.operations.base import (
     Resume,
 )
 from pgsnap.operations.base import Target as _Target
-from pgsnap.protocols import WalArchive
+from pgsnap.protocols import WalArchive, WalArchiveDeletion
 from pgsnap.wal import (
     ArchiveIndex,
     check,
@@ -45,7 +45,7 @@ from pgsnap.wal import (
     segments_to_replay,
     walfile_name,
 )
-from pgsnap.wal.reader import find_segment_file, segment_problem
+from pgsnap.wal.reader import archived_segment_problem, find_segment
 
 __all__ = [
     "DeleteBackupRecord",
@@ -411,11 +411,12 @@ class VerifyWal(Operation):
         started = time.monotonic()
         told = started
         for n, name in enumerate(names, 1):
-            path = find_segment_file(ctx.archive.location, name)
-            if path is None:  # gone since it was listed: replay stops there, as planned
+            found = find_segment(ctx.archive, name)
+            if found is None:  # gone since it was listed: replay stops there, as planned
                 continue
-            why = segment_problem(
-                path,
+            why = archived_segment_problem(
+                ctx.archive,
+                found,
                 segment_size=self.segment_size,
                 system_identifier=self.system_identifier,
                 major=self.major,
@@ -430,7 +431,7 @@ class VerifyWal(Operation):
                     "plan (pgsnap plan-recovery says what is reachable)",
                     name=name,
                     reason=why,
-                    path=path,
+                    path=found.location,
                 )
             now = time.monotonic()
             if now - told >= 1.0:
@@ -548,17 +549,18 @@ class DeleteWal(Operation):
     def run(self, ctx: OperationContext) -> Outputs:
         from pgsnap.wal import segment_name  # noqa: PLC0415
 
-        delete = getattr(ctx.archive, "delete", None)
-        if not callable(delete):
+        archive = ctx.archive
+        if not isinstance(archive, WalArchiveDeletion):
             raise UnsupportedCapability(
-                f"the WAL archive {ctx.archive.location} cannot delete files",
-                hint="expire WAL with the archive's own tools, or use a DirectoryWalArchive",
+                f"the WAL archive {archive.location} cannot delete files",
+                hint="expire WAL with the archive's own tools, or use an archive that "
+                "can (WalArchiveDeletion: DirectoryWalArchive has it)",
             )
         names = [
             segment_name(self.timeline, n, self.segment_size)
             for n in range(self.first, self.last + 1)
         ]
-        deleted = delete([*names, *self.extra_names])
+        deleted = archive.delete([*names, *self.extra_names])
         return {"deleted": int(deleted) if isinstance(deleted, int) else len(names)}
 
 

@@ -15,8 +15,13 @@ Its modules, from pure to I/O:
   (:func:`check`, :func:`switch_gaps`);
 * :mod:`pgsnap.wal.health` - archiver health from ``pg_stat_archiver``;
 * :mod:`pgsnap.wal.events` - :class:`WalEvents`, what a read of the WAL found;
+* :mod:`pgsnap.wal.files` - how an archive's files are seen: :class:`ArchivedFile`
+  (what ``stat`` says), :class:`ReadStream` (what ``open`` gives) and
+  :class:`WalFiles`, the part of the archive protocol the reader uses;
 * :mod:`pgsnap.wal.reader` - pgsnap's own WAL reader (page headers, records,
-  CRCs, damaged segments: :func:`read_wal`, :func:`segment_problem`);
+  CRCs, damaged segments: :func:`read_wal`, :func:`segment_problem`,
+  :func:`archived_segment_problem`), reading directories (:class:`WalDirectory`)
+  and archives alike;
 * :mod:`pgsnap.wal.contents` - *what each segment holds*: the
   :class:`WalIndex` kept beside the archive, so each segment is read once;
 * :mod:`pgsnap.wal.dump` - the same questions answered by ``pg_waldump``;
@@ -29,7 +34,7 @@ The names below are the package's face; the record types of the reader
 
 from __future__ import annotations
 
-from pgsnap.wal.archive import DirectoryWalArchive
+from pgsnap.wal.archive import DirectoryWalArchive, archived_segment_size
 from pgsnap.wal.backup_files import BackupHistoryFile, parse_backup_file, parse_backup_label
 from pgsnap.wal.contents import WalIndex, WalQuery, read_events
 from pgsnap.wal.continuity import (
@@ -47,6 +52,7 @@ from pgsnap.wal.continuity import (
 )
 from pgsnap.wal.dump import find_waldump, scan_wal
 from pgsnap.wal.events import WalEvents
+from pgsnap.wal.files import ArchivedFile, ReadStream, WalFiles
 from pgsnap.wal.health import ArchiverHealth, archiver_health
 from pgsnap.wal.names import (
     COMPRESSION_SUFFIXES,
@@ -70,7 +76,11 @@ from pgsnap.wal.reader import (
     PAGE_MAGIC,
     PageHeader,
     SegmentHeader,
+    WalDirectory,
+    archived_segment_problem,
+    find_segment,
     parse_page_header,
+    read_archived_segment_header,
     read_segment_header,
     read_wal,
     scan_events,
@@ -92,11 +102,13 @@ __all__ = [
     "ArchiveEntry",
     "ArchiveIndex",
     "ArchiveReport",
+    "ArchivedFile",
     "ArchiverHealth",
     "BackupHistoryFile",
     "DirectoryWalArchive",
     "HistoryEntry",
     "PageHeader",
+    "ReadStream",
     "SegmentHeader",
     "SegmentRange",
     "SwitchGap",
@@ -105,14 +117,19 @@ __all__ = [
     "TimelineReport",
     "TimelineSpan",
     "WalCheck",
+    "WalDirectory",
     "WalEvents",
     "WalFileKind",
+    "WalFiles",
     "WalIndex",
     "WalQuery",
     "archive_report",
+    "archived_segment_problem",
+    "archived_segment_size",
     "archiver_health",
     "backup_file_name",
     "check",
+    "find_segment",
     "find_waldump",
     "history_file_name",
     "parse_archive_name",
@@ -121,6 +138,7 @@ __all__ = [
     "parse_history",
     "parse_page_header",
     "parse_segment_name",
+    "read_archived_segment_header",
     "read_events",
     "read_segment_header",
     "read_wal",

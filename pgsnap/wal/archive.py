@@ -3,7 +3,11 @@
 :class:`DirectoryWalArchive` lists and reads the files that ``archive_command``
 (e.g. ``cp %p /archive/%f``) puts in a directory, builds the
 :class:`~pgsnap.wal.ArchiveIndex` and :class:`~pgsnap.wal.TimelineGraph` from
-them, and writes the matching ``restore_command``. It only reads.
+them, and writes the matching ``restore_command``. It reads, and deletes only
+what retention tells it to.
+
+The functions below work on any archive through its protocol methods alone:
+:func:`read_histories` and :func:`archived_segment_size`.
 """
 
 from __future__ import annotations
@@ -17,16 +21,23 @@ import os
 import shlex
 import zlib
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import attrs
 
-from pgsnap.errors import ArchiveError, HistoryFileError, WalNameError
+from pgsnap.errors import ArchiveError, HistoryFileError
 from pgsnap.wal.continuity import ArchiveIndex
-from pgsnap.wal.names import COMPRESSION_SUFFIXES, WalFileKind, parse_archive_name
+from pgsnap.wal.files import ArchivedFile, ReadStream, WalFiles, check_file_name
+from pgsnap.wal.names import (
+    COMPRESSION_SUFFIXES,
+    VALID_SEGMENT_SIZES,
+    WalFileKind,
+    parse_archive_name,
+)
+from pgsnap.wal.reader import WalDirectory
 from pgsnap.wal.timelines import TimelineGraph, TimelineHistory, parse_history
 
-__all__ = ["DirectoryWalArchive"]
+__all__ = ["DirectoryWalArchive", "archived_segment_size", "read_histories"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +71,7 @@ class DirectoryWalArchive:
     the directory is read are skipped.
     """
 
-    __slots__ = ("_gzip", "_path")
+    __slots__ = ("_files", "_gzip", "_path")
 
     def __init__(self, path: str | os.PathLike[str], *, gzip: bool = False) -> None:
         """Use the directory at ``path`` (made absolute; it is checked when used).
@@ -71,6 +82,7 @@ class DirectoryWalArchive:
         """
         self._path = os.path.abspath(os.fspath(path))
         self._gzip = gzip
+        self._files = WalDirectory(self._path)
 
     @property
     def path(self) -> str:
@@ -253,20 +265,7 @@ class DirectoryWalArchive:
         )
 
     def _file(self, name: str) -> str:
-        if (
-            not isinstance(name, str)
-            or not name
-            or name in (".", "..")
-            or "/" in name
-            or "\0" in name
-            or (os.sep != "/" and os.sep in name)
-        ):
-            raise WalNameError(
-                f"{name!r} is not a plain file name",
-                hint="pass a file name found in the archive, e.g. 00000002.history",
-                name=name,
-            )
-        return os.path.join(self._path, name)
+        return os.path.join(self._path, check_file_name(name))
 
     def exists(self, name: str) -> bool:
         """Whether the archive holds ``name`` as a regular file, or a compressed copy
@@ -276,7 +275,22 @@ class DirectoryWalArchive:
             os.path.isfile(f"{path}.{ext}") for ext in COMPRESSION_SUFFIXES
         )
 
+    def stat(self, name: str) -> ArchivedFile | None:
+        """The regular file stored as exactly ``name`` (``location``: its path;
+        ``content_size``: its size, or a gzip file's ISIZE trailer); None when there
+        is none, or no archive directory. ``ArchiveError`` when that cannot be told
+        (permission denied, I/O error); ``WalNameError`` for a name with ``/``."""
+        return self._files.stat(name)
+
     # -- reading ----------------------------------------------------------------------
+
+    def open(self, name: str) -> ReadStream:
+        """The decompressed content of the file stored as exactly ``name``, streamed
+        (``.gz``, ``.bz2``, ``.xz`` with the standard library; ``.lz4``, ``.zst``
+        with the ``lz4``/``zstandard`` module or the ``lz4``/``zstd`` program).
+        ``ArchiveError`` when it is missing (with a hint), cannot be opened or has
+        no decompressor here; reading it raises ``ArchiveError`` for damaged data."""
+        return self._files.open(name)
 
     def read_bytes(self, name: str, *, max_size: int = MAX_TEXT_FILE_SIZE) -> bytes:
         """The content of a small file, decompressed if its name ends in ``.gz``,
@@ -392,35 +406,9 @@ class DirectoryWalArchive:
         return index
 
     def read_histories(self, names: tuple[str, ...] | None = None) -> tuple[TimelineHistory, ...]:
-        """Parse every ``.history`` file (or those in ``names``), one per timeline.
-
-        When a timeline's history is stored both plain and compressed, the plain
-        file is read. A malformed file raises :class:`HistoryFileError` naming it.
-        """
-        chosen: dict[int, str] = {}
-        for name in self.list_names() if names is None else names:
-            if ".history" not in name:
-                continue  # most names are segments: no parsing for them
-            entry = parse_archive_name(name)
-            if entry.kind is not WalFileKind.HISTORY or entry.timeline is None:
-                continue
-            current = chosen.get(entry.timeline)
-            if current is None or (
-                parse_archive_name(current).compression is not None and entry.compression is None
-            ):
-                chosen[entry.timeline] = name
-        out: list[TimelineHistory] = []
-        for tli, name in sorted(chosen.items()):
-            text = self.read_text(name)
-            try:
-                out.append(parse_history(text, tli))
-            except HistoryFileError as exc:
-                raise HistoryFileError(
-                    f"{name} in {self._path}: {exc.message}",
-                    hint=exc.hint,
-                    **{**exc.details, "name": name, "path": self._path},
-                ) from exc
-        return tuple(out)
+        """Parse every ``.history`` file (or those in ``names``), one per timeline
+        (:func:`read_histories`)."""
+        return read_histories(self, names)
 
     def histories(self, names: Sequence[str] | None = None) -> TimelineGraph:
         """The timeline graph of the ``.history`` files among ``names`` (None: every
@@ -456,3 +444,70 @@ class DirectoryWalArchive:
             f"elif test -f {d}/'%f.gz'; then gzip -dc {d}/'%f.gz' > '%p'; "
             "else exit 1; fi"
         )
+
+
+class _TextArchive(Protocol):
+    """What :func:`read_histories` needs of an archive."""
+
+    @property
+    def location(self) -> str: ...
+
+    def list_names(self) -> tuple[str, ...]: ...
+
+    def read_text(self, name: str) -> str: ...
+
+
+def read_histories(
+    archive: _TextArchive, names: Sequence[str] | None = None
+) -> tuple[TimelineHistory, ...]:
+    """Parse every ``.history`` file of ``archive`` (or those among ``names``), one per
+    timeline, through its ``list_names`` and ``read_text``.
+
+    When a timeline's history is stored both plain and compressed, the plain
+    file is read. A malformed file raises :class:`HistoryFileError` naming it
+    (and the archive's ``location``); what ``read_text`` raises passes through.
+    """
+    chosen: dict[int, str] = {}
+    for name in archive.list_names() if names is None else names:
+        if ".history" not in name:
+            continue  # most names are segments: no parsing for them
+        entry = parse_archive_name(name)
+        if entry.kind is not WalFileKind.HISTORY or entry.timeline is None:
+            continue
+        current = chosen.get(entry.timeline)
+        if current is None or (
+            parse_archive_name(current).compression is not None and entry.compression is None
+        ):
+            chosen[entry.timeline] = name
+    out: list[TimelineHistory] = []
+    for tli, name in sorted(chosen.items()):
+        text = archive.read_text(name)
+        try:
+            out.append(parse_history(text, tli))
+        except HistoryFileError as exc:
+            raise HistoryFileError(
+                f"{name} in {archive.location}: {exc.message}",
+                hint=exc.hint,
+                **{**exc.details, "name": name, "path": archive.location},
+            ) from exc
+    return tuple(out)
+
+
+def archived_segment_size(files: WalFiles) -> int | None:
+    """The segment size of the archive's WAL as its files tell it: the size of the
+    first plain segment file (by name) that has a valid segment size; None when
+    there is none. One listing, and a ``stat`` per plain segment until one fits;
+    ``ArchiveError`` when the archive cannot be listed (a file that cannot be
+    stat'ed is passed over)."""
+    for name in files.list_names():
+        entry = parse_archive_name(name)
+        if entry.kind is not WalFileKind.SEGMENT or entry.compression is not None:
+            continue
+        try:
+            found = files.stat(name)
+        except ArchiveError as exc:
+            logger.debug("segment size: %s not stat'ed: %s", name, exc)
+            continue
+        if found is not None and found.size in VALID_SEGMENT_SIZES:
+            return found.size
+    return None

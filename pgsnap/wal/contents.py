@@ -19,8 +19,8 @@ every commit those questions need - enough for ``commit_of``,
 what they would give with every commit, in memory bounded by one segment
 whatever the size of the archive.
 
-Only segments read from the archive directory are indexed (a surviving
-``pg_wal`` changes under a running server), and only once the read went a
+Only segments read from the archive (the first source given) are indexed (a
+surviving ``pg_wal`` changes under a running server), and only once the read went a
 whole segment past them with no end of valid WAL near: a record that begins in
 a segment is then complete. A damaged index file (not JSON, not this
 format, or a checksum that does not match) is reported and ignored; it is
@@ -42,9 +42,10 @@ from typing import Any, Final
 
 import attrs
 
-from pgsnap.errors import InputError
+from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN, RecoveryTarget, TargetKind
 from pgsnap.wal.events import WalEvents
+from pgsnap.wal.files import ArchivedFile, WalFiles
 from pgsnap.wal.names import WalFileKind, parse_archive_name, segment_name, validate_segment_size
 from pgsnap.wal.reader import (
     EndOfWal,
@@ -52,6 +53,7 @@ from pgsnap.wal.reader import (
     ScanEnd,
     SegmentRead,
     StopReason,
+    WalSource,
     XactRecord,
     _Files,
     read_wal,
@@ -498,7 +500,7 @@ class _Piece:
 
 
 def read_events(
-    wal_dirs: Sequence[str | os.PathLike[str]],
+    wal_dirs: Sequence[WalSource],
     spans: Sequence[TimelineSpan],
     start: LSN,
     end: LSN,
@@ -513,13 +515,14 @@ def read_events(
     """Read the WAL from ``start`` to ``end`` along ``spans``, answering ``query``.
 
     ``wal_dirs``: the archive first (only its segments are indexed), then a
-    surviving ``pg_wal``. Segments the ``index`` knows (same file, size and
-    modification time) are not read, unless a question needs every commit of
-    one (its time range holds the first commit after ``query.time``, its xid
-    range ``query.xid``, or a ``query.lsns`` falls inside it), or ``start``
-    or ``end`` cut it. ``max_read`` bounds the segments read from disk (the
-    newest are read first): what is left unread makes the result incomplete.
-    Raises what :func:`pgsnap.wal.reader.read_wal` raises.
+    surviving ``pg_wal``: directories, or archives read through their ``stat``
+    and ``open`` (as :func:`~pgsnap.wal.reader.read_wal` takes them). Segments
+    the ``index`` knows (same file, size and modification time) are not read,
+    unless a question needs every commit of one (its time range holds the first
+    commit after ``query.time``, its xid range ``query.xid``, or a
+    ``query.lsns`` falls inside it), or ``start`` or ``end`` cut it.
+    ``max_read`` bounds the segments read (the newest are read first): what is
+    left unread makes the result incomplete. Raises what :func:`pgsnap.wal.reader.read_wal` raises.
     """
     segsz = validate_segment_size(segment_size)
     if max_read is not None and max_read < 0:
@@ -533,7 +536,7 @@ def read_events(
     if not path or hi <= lo:
         return IndexedRead(WalEvents(scanned_from=LSN(lo), scanned_to=LSN(lo), complete=True))
     reader = _Reader(
-        [os.fspath(d) for d in wal_dirs],
+        list(wal_dirs),
         path,
         segsz,
         system_identifier,
@@ -549,7 +552,7 @@ class _Reader:
 
     def __init__(
         self,
-        dirs: list[str],
+        dirs: list[WalSource],
         path: tuple[TimelineSpan, ...],
         segsz: int,
         sysid: str,
@@ -558,7 +561,6 @@ class _Reader:
         index: WalIndex | None,
     ) -> None:
         self.dirs = dirs
-        self.archive = os.path.realpath(dirs[0]) if dirs else None
         self.path = path
         self.segsz = segsz
         self.sysid = sysid
@@ -570,18 +572,18 @@ class _Reader:
         self.read = 0
         self.added: list[SegmentSummary] = []
         self.files = _Files(dirs)  # found by name: no listing of the archive
+        # Only the archive's segments are indexed: the first source.
+        self.archive: WalFiles | None = self.files.sources[0] if dirs else None
 
     # -- which file replay would read --------------------------------------------
 
     def _choice(self, tli: int, segno: int) -> tuple[bool, str] | None:
         """The copy of segment ``segno`` of ``tli`` the reader prefers (the first
-        directory holding it, a plain file first): (in the archive?, file name)."""
+        source holding it, a plain file first): (in the archive?, file name)."""
         copies = self.files.get(tli, segno, self.segsz)
         if not copies:
             return None
-        path = copies[0].path
-        name = os.path.basename(path)
-        return bool(self.dirs) and path == os.path.join(self.dirs[0], name), name
+        return copies[0].source == 0, copies[0].name
 
     def _begun(self, segno: int) -> int | None:
         """The newest timeline of the path that has begun by segment ``segno``."""
@@ -614,8 +616,8 @@ class _Reader:
         summary = self.index.get(self.sysid, self.segsz, segment_name(tli, segno, self.segsz))
         if summary is None or summary.file != name:
             return None
-        st = _stat(os.path.join(self.archive, name))
-        if st is None or (st.st_size, st.st_mtime_ns) != (summary.size, summary.mtime_ns):
+        st = _stat(self.archive, name)
+        if st is None or st.identity != (summary.size, summary.mtime_ns):
             return None
         return summary
 
@@ -792,7 +794,7 @@ class _Reader:
         records beginning before ``read_hi`` are whole, into per-segment gatherers."""
         segsz = self.segsz
         upto = min(hi, (read_hi + segsz - 1) // segsz * segsz + segsz)
-        opened: dict[int, tuple[str, os.stat_result | None]] = {}
+        opened: dict[int, tuple[int, ArchivedFile | None]] = {}
         end: ScanEnd | None = None
         for item in read_wal(
             self.dirs,
@@ -814,7 +816,7 @@ class _Reader:
             elif isinstance(item, SegmentRead):
                 self.read += 1
                 if item.segno * segsz < read_hi:
-                    opened[item.segno] = (item.path, _stat(item.path))
+                    opened[item.segno] = (item.source, item.file)
             elif isinstance(item, ScanEnd):
                 end = item
         assert end is not None
@@ -831,7 +833,7 @@ class _Reader:
         return seg
 
     def _seal(
-        self, opened: dict[int, tuple[str, os.stat_result | None]], read_lo: int, end: ScanEnd
+        self, opened: dict[int, tuple[int, ArchivedFile | None]], read_lo: int, end: ScanEnd
     ) -> None:
         """Summaries of the archive's segments read whole, with the read a whole segment
         past them and no end of valid WAL near."""
@@ -841,24 +843,24 @@ class _Reader:
         reach = end.scanned_to.value
         if end.end_of_wal is not None:
             reach = min(reach, end.end_of_wal.found_at.value - _tail_redo(segsz))
-        for segno, (file, st) in opened.items():
+        for segno, (source, st) in opened.items():
             if segno * segsz < read_lo or (segno + 2) * segsz > reach or st is None:
                 continue
-            if os.path.realpath(os.path.dirname(file)) != self.archive:
+            if source != 0:
                 continue
-            now = _stat(file)
-            if now is None or (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+            now = _stat(self.archive, st.name)
+            if now is None or now.identity != st.identity:
                 continue  # it changed while it was read
-            entry = parse_archive_name(os.path.basename(file))
+            entry = parse_archive_name(st.name)
             if entry.kind is not WalFileKind.SEGMENT or entry.timeline is None:
                 continue
             seg = self.segments.get(segno) or _Segment(WalQuery(), segno, segsz)
             self.added.append(
                 seg.summary(
                     segment_name(entry.timeline, segno, segsz),
-                    os.path.basename(file),
-                    st.st_size,
-                    st.st_mtime_ns,
+                    st.name,
+                    st.size,
+                    st.mtime_ns,
                 )
             )
 
@@ -892,10 +894,10 @@ class _Reader:
                 log.warning("cannot write the WAL index in %s: %s", self.index.path, exc)
 
 
-def _stat(path: str) -> os.stat_result | None:
+def _stat(files: WalFiles, name: str) -> ArchivedFile | None:
     try:
-        return os.stat(path)
-    except OSError:
+        return files.stat(name)
+    except ArchiveError:
         return None
 
 

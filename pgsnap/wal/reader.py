@@ -3,8 +3,10 @@
 This is observation (I/O): it reads segment files (plain, or compressed with
 gzip, bzip2 or xz from the standard library, or zstd and lz4 through a
 ``zstandard``/``lz4`` module or a ``zstd``/``lz4`` program) from one or more
-directories and walks the records along a timeline path, the way
-PostgreSQL's replay reads them (``xlogreader.c``), without ``pg_waldump``.
+sources - directories (:class:`WalDirectory`) or WAL archives, read only
+through their ``stat`` and ``open`` (:class:`~pgsnap.wal.files.WalFiles`) -
+and walks the records along a timeline path, the way PostgreSQL's replay
+reads them (``xlogreader.c``), without ``pg_waldump``.
 
 It extracts only what recovery targets need and skips every other record by
 its length without decoding it:
@@ -65,7 +67,7 @@ import stat
 import struct
 import subprocess
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import IO, Any, Final, NoReturn, Protocol
 
@@ -75,6 +77,7 @@ from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN
 from pgsnap.wal._crc32c import crc32c
 from pgsnap.wal.events import WalEvents
+from pgsnap.wal.files import ArchivedFile, ReadStream, WalFiles, check_file_name
 from pgsnap.wal.names import (
     COMPRESSION_SUFFIXES,
     WalFileKind,
@@ -100,11 +103,16 @@ __all__ = [
     "SwitchRecord",
     "TimelineSwitch",
     "Verify",
+    "WalDirectory",
     "WalItem",
+    "WalSource",
     "XactKind",
     "XactRecord",
+    "archived_segment_problem",
+    "find_segment",
     "find_segment_file",
     "parse_page_header",
+    "read_archived_segment_header",
     "read_segment_header",
     "read_wal",
     "scan_events",
@@ -396,7 +404,11 @@ class TimelineSwitch:
 class SegmentRead:
     """A segment file was opened and its first page (long header) checked.
 
-    ``lsn`` is the segment's start; ``timeline`` the timeline in the file name.
+    ``lsn`` is the segment's start; ``timeline`` the timeline in the file name;
+    ``path`` where the file is (its :attr:`ArchivedFile.location`: a path for a
+    directory). ``file`` is the file as it was when it was opened (name, size,
+    modification time) and ``source`` the index, among the sources the reader
+    was given, of the one it came from.
     """
 
     lsn: LSN
@@ -406,6 +418,8 @@ class SegmentRead:
     segno: int
     system_identifier: int
     major: int
+    file: ArchivedFile | None = None
+    source: int = 0
 
 
 @attrs.frozen
@@ -552,7 +566,7 @@ def _optional_module(name: str) -> Any:
 
 
 class _Stream(Protocol):
-    def read(self, n: int) -> bytes: ...
+    def read(self, n: int = -1, /) -> bytes: ...
 
     def close(self) -> None: ...
 
@@ -563,7 +577,7 @@ class _FileStream:
     def __init__(self, fh: IO[bytes] | Any) -> None:
         self._fh = fh
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int = -1, /) -> bytes:
         return bytes(self._fh.read(n))
 
     def close(self) -> None:
@@ -579,10 +593,10 @@ class _ProcessStream:
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
 
-    def read(self, n: int) -> bytes:
+    def read(self, n: int = -1, /) -> bytes:
         assert self._proc.stdout is not None
         data = self._proc.stdout.read(n)
-        if len(data) < n:  # end of output: the program must have succeeded
+        if n < 0 or len(data) < n:  # end of output: the program must have succeeded
             assert self._proc.stderr is not None
             err = self._proc.stderr.read().decode(errors="replace").strip()
             rc = self._proc.wait()
@@ -647,12 +661,20 @@ def _open_stream(path: str, compression: str | None) -> _Stream:
     )
 
 
-def _read_exact(stream: _Stream, n: int, path: str, offset: int, segsz: int) -> bytes:
+def _reason(exc: BaseException) -> str:
+    """What went wrong, in a read error's own words (an archive's ArchiveError keeps
+    the underlying error as ``reason``)."""
+    if isinstance(exc, ArchiveError):
+        return str(exc.details.get("reason", exc.message))
+    return str(exc)
+
+
+def _read_exact(stream: ReadStream, n: int, path: str, offset: int, segsz: int) -> bytes:
     try:
         data = stream.read(n)
-    except _READ_ERRORS as exc:
+    except (*_READ_ERRORS, ArchiveError) as exc:
         raise ArchiveError(
-            f"cannot read WAL segment file {path} at offset {offset}: {exc}",
+            f"cannot read WAL segment file {path} at offset {offset}: {_reason(exc)}",
             hint="the file is damaged or not what its name says; restore a good copy",
             path=path,
             offset=offset,
@@ -670,21 +692,13 @@ def _read_exact(stream: _Stream, n: int, path: str, offset: int, segsz: int) -> 
     return data
 
 
-def read_segment_header(path: str | os.PathLike[str]) -> SegmentHeader:
-    """The long header of the first page of a segment file (plain or compressed).
-
-    Raises :class:`~pgsnap.errors.ArchiveError` when the file cannot be read or
-    is too short; the header's values are returned as found (``major`` is None
-    for a magic number of no supported version).
-    """
-    p = os.fspath(path)
-    entry = parse_archive_name(os.path.basename(p))
-    stream = _open_stream(p, entry.compression)
+def _header_of(stream: ReadStream, where: str) -> SegmentHeader:
+    """The long header at the start of ``stream`` (closed afterwards)."""
     try:
-        head = _read_exact(stream, _LONG_PHD, p, 0, _LONG_PHD)
+        head = _read_exact(stream, _LONG_PHD, where, 0, _LONG_PHD)
     except ArchiveError as exc:
         raise ArchiveError(
-            f"{p} is too short for a WAL segment ({exc.message})", path=p, offset=0
+            f"{where} is too short for a WAL segment ({exc.message})", path=where, offset=0
         ) from exc
     finally:
         stream.close()
@@ -701,6 +715,39 @@ def read_segment_header(path: str | os.PathLike[str]) -> SegmentHeader:
         segment_size=segsz,
         block_size=blcksz,
     )
+
+
+def read_segment_header(path: str | os.PathLike[str]) -> SegmentHeader:
+    """The long header of the first page of a segment file (plain or compressed).
+
+    Raises :class:`~pgsnap.errors.ArchiveError` when the file cannot be read or
+    is too short; the header's values are returned as found (``major`` is None
+    for a magic number of no supported version).
+    """
+    p = os.fspath(path)
+    entry = parse_archive_name(os.path.basename(p))
+    return _header_of(_open_stream(p, entry.compression), p)
+
+
+def read_archived_segment_header(files: WalFiles, name: str) -> SegmentHeader:
+    """:func:`read_segment_header` of the file stored as ``name`` in an archive (or
+    any :class:`~pgsnap.wal.files.WalFiles`), through its ``stat`` and ``open``.
+
+    ``ArchiveError`` when it is not there, cannot be read or is too short.
+    """
+    found = files.stat(name)
+    if found is None:
+        raise ArchiveError(
+            f"{name} is not in the WAL archive {files.location}",
+            hint="list the archive to see which files it holds",
+            path=files.location,
+            name=name,
+        )
+    return _archived_header(files, found)
+
+
+def _archived_header(files: WalFiles, found: ArchivedFile) -> SegmentHeader:
+    return _header_of(files.open(found.name), found.location)
 
 
 def find_segment_file(directory: str | os.PathLike[str], name: str) -> str | None:
@@ -722,6 +769,23 @@ def stat_segment_file(
             continue
         if stat.S_ISREG(st.st_mode):
             return candidate, st
+    return None
+
+
+def find_segment(files: WalFiles, name: str) -> ArchivedFile | None:
+    """The file holding ``name`` in an archive: stored as ``name``, else as a
+    compressed copy (``.gz``, ``.bz2``, ``.xz``, ``.lz4``, ``.zst``, in that order);
+    None when there is none. :func:`find_segment_file` through the archive's
+    ``stat`` (one call per name probed; a name the archive cannot answer for is
+    passed over, as a missing one)."""
+    for candidate in (name, *(f"{name}.{ext}" for ext in COMPRESSION_SUFFIXES)):
+        try:
+            found = files.stat(candidate)
+        except ArchiveError as exc:
+            log.debug("%s not probed in %s: %s", candidate, files.location, exc)
+            continue
+        if found is not None:
+            return found
     return None
 
 
@@ -767,10 +831,55 @@ def segment_problem(
             size = None  # judged by its header alone
     except OSError as exc:
         return f"cannot be read: {exc.strerror or exc}"
+    return _segment_problem(
+        name,
+        size,
+        lambda: read_segment_header(p),
+        segment_size=segment_size,
+        system_identifier=system_identifier,
+        major=major,
+    )
+
+
+def archived_segment_problem(
+    files: WalFiles,
+    found: ArchivedFile,
+    *,
+    segment_size: int,
+    system_identifier: str | int | None = None,
+    major: int | None = None,
+) -> str | None:
+    """:func:`segment_problem` of a file of an archive (as :func:`find_segment` or
+    the archive's ``stat`` gave it), read through the archive: its size is the
+    file's ``content_size`` (not judged when the archive does not know it), its
+    header comes from ``open``."""
+    return _segment_problem(
+        found.name,
+        found.content_size,
+        lambda: _archived_header(files, found),
+        segment_size=segment_size,
+        system_identifier=system_identifier,
+        major=major,
+    )
+
+
+def _segment_problem(
+    name: str,
+    size: int | None,
+    header_of: Callable[[], SegmentHeader],
+    *,
+    segment_size: int,
+    system_identifier: str | int | None,
+    major: int | None,
+) -> str | None:
+    """:func:`segment_problem` once the file's (decompressed) size is known."""
+    entry = parse_archive_name(name)
+    if entry.kind is not WalFileKind.SEGMENT or entry.timeline is None:
+        return "not a WAL segment's name"
     if size is not None and size != segment_size % (1 << 32 if entry.compression else 1 << 64):
         return f"{size} bytes, not a {segment_size}-byte segment (a truncated or partial copy)"
     try:
-        header = read_segment_header(p)
+        header = header_of()
     except ArchiveError as exc:
         return exc.message
     if header.major is None:
@@ -806,31 +915,174 @@ def _segno_of(name: str, segment_size: int) -> int | None:
     return high * (0x100000000 // segment_size) + low
 
 
+# =========================================================================== sources
+
+
+class _GuardedStream:
+    """A stream whose read errors are :class:`~pgsnap.errors.ArchiveError` naming the
+    file (the :class:`~pgsnap.wal.files.ReadStream` contract), with the underlying
+    error's text as ``reason``."""
+
+    def __init__(self, stream: _Stream, where: str) -> None:
+        self._stream = stream
+        self._where = where
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            return self._stream.read(size)
+        except _READ_ERRORS as exc:
+            raise ArchiveError(
+                f"cannot read {self._where}: {exc}",
+                hint="the file is damaged or not what its name says; restore a good copy",
+                path=self._where,
+                reason=str(exc),
+            ) from exc
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+class WalDirectory:
+    """A local directory of WAL files (a surviving ``pg_wal``, or an archive
+    directory) as :class:`~pgsnap.wal.files.WalFiles`: what the WAL reader makes of
+    a directory it is given, and what
+    :class:`~pgsnap.wal.archive.DirectoryWalArchive` reads its files with.
+
+    The path is kept as given. ``list_names`` returns the regular files (symlinks
+    to files count), sorted, leaving out names that start with ``.`` or end in
+    ``.tmp`` (copies being written); ``stat`` and ``open`` take a plain file name
+    (:class:`~pgsnap.errors.WalNameError` otherwise).
+    """
+
+    __slots__ = ("_path",)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        """Read the directory at ``path`` (it is checked when used)."""
+        self._path = os.fspath(path)
+
+    @property
+    def location(self) -> str:
+        """The directory's path, as given."""
+        return self._path
+
+    def __repr__(self) -> str:
+        return f"WalDirectory({self._path!r})"
+
+    def _join(self, name: str) -> str:
+        return os.path.join(self._path, check_file_name(name))
+
+    def list_names(self) -> tuple[str, ...]:
+        """The regular files' names, sorted; ``ArchiveError`` if the directory cannot
+        be listed (files that vanish while it is read are skipped)."""
+        found: list[str] = []
+        try:
+            with os.scandir(self._path) as it:
+                for entry in it:
+                    name = entry.name
+                    if name.startswith(".") or name.endswith(".tmp"):
+                        continue
+                    try:
+                        if entry.is_file():
+                            found.append(name)
+                    except OSError:
+                        continue
+        except OSError as exc:
+            raise ArchiveError(
+                f"cannot list the WAL directory {self._path}: {exc.strerror or exc}",
+                hint="check the path, its permissions and that its file system is mounted",
+                path=self._path,
+            ) from exc
+        return tuple(sorted(found))
+
+    def stat(self, name: str) -> ArchivedFile | None:
+        """The regular file ``name``; None when there is none (nor the directory).
+        ``ArchiveError`` when it cannot be told (permission denied, I/O error)."""
+        path = self._join(name)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise ArchiveError(
+                f"cannot stat {path}: {exc.strerror or exc}",
+                hint="check the file's and the directory's permissions",
+                path=path,
+                name=name,
+            ) from exc
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        compression = parse_archive_name(name).compression
+        content = st.st_size if compression is None else None
+        if compression == "gz":
+            content = _gzip_size(path)
+        return ArchivedFile(name, st.st_size, st.st_mtime_ns, path, content)
+
+    def open(self, name: str) -> ReadStream:
+        """The decompressed content of ``name`` (by its suffix: ``.gz``, ``.bz2``,
+        ``.xz`` with the standard library, ``.zst``/``.lz4`` with a module or a
+        program). ``ArchiveError`` when it is missing, cannot be opened, or no
+        decompressor is available."""
+        path = self._join(name)
+        try:
+            stream = _open_stream(path, parse_archive_name(name).compression)
+        except ArchiveError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                raise ArchiveError(
+                    f"{name} is not in {self._path}",
+                    hint="list the directory to see which files it holds",
+                    path=path,
+                    name=name,
+                ) from None
+            raise
+        return _GuardedStream(stream, path)
+
+
+WalSource = str | os.PathLike[str] | WalFiles
+"""What the WAL reader reads from: a directory's path, or an archive (anything with
+the :class:`~pgsnap.wal.files.WalFiles` methods, every
+:class:`~pgsnap.protocols.WalArchive` among them)."""
+
+
+def _as_files(source: WalSource) -> WalFiles:
+    if isinstance(source, str | os.PathLike):
+        return WalDirectory(source)
+    return source
+
+
 @attrs.frozen
 class _File:
-    path: str
+    source: int
+    name: str
     compression: str | None
+    path: str  # where it is, for messages
 
 
 class _Files:
-    """The segment files in the directories, found by name: ``get`` probes the names
+    """The segment files in the sources, found by name: ``get`` probes the names
     a segment can have (plain, then each compression; ``.partial`` forms) in each
-    directory, so reading a few segments of an archive of a million costs a few
-    ``stat`` calls, not a listing. Only telling the segment size from the files
-    (:meth:`first`, :meth:`detect_segment_size`) lists the directories.
+    source (its ``stat``), so reading a few segments of an archive of a million
+    costs a few ``stat`` calls, not a listing. Only telling the segment size from
+    the files (:meth:`first`, :meth:`detect_segment_size`) lists the sources.
 
-    Copies are in order of preference: the first directory holding a segment
+    Copies are in order of preference: the first source holding a segment
     wins (as ``scan_wal``: the archive, then a surviving pg_wal), and within
-    one directory a plain file wins over a compressed one. A plain copy whose
+    one source a plain file wins over a compressed one. A plain copy whose
     size is not the segment size is passed over for the next copy (as the
     archive index does not count it); when no copy is usable, reading it is
     an ArchiveError naming it.
     """
 
-    def __init__(self, dirs: Sequence[str | os.PathLike[str]]) -> None:
-        self.dirs = [os.fspath(d) for d in dirs]
+    def __init__(self, sources: Sequence[WalSource]) -> None:
+        self.sources = [_as_files(s) for s in sources]
         self._cache: dict[tuple[int, int, int, bool], list[_File]] = {}
-        self._listed: dict[tuple[int, int, int, bool], list[_File]] | None = None
+        self._listed: dict[tuple[int, int, int, bool], list[tuple[int, str, str | None]]] | None = (
+            None
+        )
+
+    @property
+    def locations(self) -> list[str]:
+        """Where the sources are, for messages."""
+        return [s.location for s in self.sources]
 
     def get(self, tli: int, segno: int, segsz: int, *, partial: bool = False) -> list[_File]:
         """The copies of a segment, best first (empty: none)."""
@@ -853,68 +1105,77 @@ class _Files:
             else:
                 names.append((f"{base}{suffix}", comp))
         out: list[_File] = []
-        for d in self.dirs:
+        for si, src in enumerate(self.sources):
             for name, comp in names:
-                path = os.path.join(d, name)
                 try:
-                    if stat.S_ISREG(os.stat(path).st_mode):
-                        out.append(_File(path, comp))
-                except OSError:
+                    found = src.stat(name)
+                except ArchiveError as exc:
+                    log.debug("%s passed over in %s: %s", name, src.location, exc)
                     continue
+                if found is not None:
+                    out.append(_File(si, name, comp, found.location))
         return out
 
-    def _listing(self) -> dict[tuple[int, int, int, bool], list[_File]]:
-        """Every segment file of the directories (for telling the segment size)."""
+    def _listing(self) -> dict[tuple[int, int, int, bool], list[tuple[int, str, str | None]]]:
+        """Every segment file of the sources, as (source, name, compression), for
+        telling the segment size."""
         if self._listed is not None:
             return self._listed
-        found: dict[tuple[int, int, int, bool], list[tuple[int, int, _File]]] = {}
-        for di, d in enumerate(self.dirs):
+        found: dict[tuple[int, int, int, bool], list[tuple[int, int, str, str | None]]] = {}
+        for si, src in enumerate(self.sources):
             try:
-                entries = list(os.scandir(d))
-            except OSError as exc:
-                log.debug("cannot list %s: %s", d, exc)
+                names = src.list_names()
+            except ArchiveError as exc:
+                log.debug("cannot list %s: %s", src.location, exc)
                 continue
-            for e in entries:
-                entry = parse_archive_name(e.name)
+            for name in names:
+                entry = parse_archive_name(name)
                 if entry.kind not in (WalFileKind.SEGMENT, WalFileKind.PARTIAL):
-                    continue
-                try:
-                    if not e.is_file():
-                        continue
-                except OSError:
                     continue
                 assert entry.timeline is not None and entry.log is not None
                 assert entry.seg is not None
                 key = (entry.timeline, entry.log, entry.seg, entry.kind is WalFileKind.PARTIAL)
                 rank = _COMPRESSION_RANK.get(entry.compression, 9)
-                found.setdefault(key, []).append((di, rank, _File(e.path, entry.compression)))
+                found.setdefault(key, []).append((si, rank, name, entry.compression))
         self._listed = {
-            k: [f for _d, _r, f in sorted(v, key=lambda c: c[:2])] for k, v in found.items()
+            k: [(s, n, c) for s, _r, n, c in sorted(v, key=lambda c: c[:2])]
+            for k, v in found.items()
         }
         return self._listed
 
-    def first(self) -> _File | None:
-        """Some segment file (the first by name), None when there is none."""
+    def _stat(self, source: int, name: str) -> ArchivedFile | None:
+        try:
+            return self.sources[source].stat(name)
+        except ArchiveError:
+            return None
+
+    def first(self) -> tuple[str, str] | None:
+        """Some segment file (the first by name) as (name, where), None when there is none."""
         listed = self._listing()
         if not listed:
             return None
-        return listed[min(listed)][0]
+        si, name, _comp = listed[min(listed)][0]
+        found = self._stat(si, name)
+        return name, found.location if found is not None else self.sources[si].location
 
     def detect_segment_size(self) -> int | None:
         """The segment size from the first segment file whose first page is a long
         header of a supported version (plain files first)."""
         copies = sorted(
-            (f.compression is not None, k[3], k, f.path, f)
+            (comp is not None, k[3], k, name, si)
             for k, fs in self._listing().items()
-            for f in fs
+            for si, name, comp in fs
         )
-        for *_ignored, f in copies[:16]:
+        for compressed, _partial, _key, name, si in copies[:16]:
+            found = self._stat(si, name)
+            if found is None:
+                continue
+            size = None if compressed else found.size
+            if size is not None and size not in _SEGMENT_SIZES:
+                continue
             try:
-                size = os.path.getsize(f.path) if f.compression is None else None
-                if size is not None and size not in _SEGMENT_SIZES:
-                    continue
-                h = read_segment_header(f.path)
-            except (ArchiveError, OSError):
+                h = _archived_header(self.sources[si], found)
+            except ArchiveError:
                 continue
             if (
                 h.major is not None
@@ -1101,7 +1362,7 @@ class _Scan:
         self.records = 0
         self.bytes = 0
         # the current segment file and buffer
-        self.stream: _Stream | None = None
+        self.stream: ReadStream | None = None
         self.segno = -1
         self.seg_file: _File | None = None
         self.seg_tli = 0
@@ -1204,19 +1465,23 @@ class _Scan:
         if not copies:
             self._missing(segno)
         wrong: list[tuple[_File, int]] = []
-        chosen: tuple[int, _File] | None = None
+        chosen: tuple[int, _File, ArchivedFile] | None = None
         for tli, f in copies:
-            if f.compression is None:
-                try:
-                    size = os.stat(f.path).st_size
-                except OSError as exc:
-                    raise ArchiveError(
-                        f"cannot read WAL segment file {f.path}: {exc}", path=f.path
-                    ) from exc
-                if size != segsz:
-                    wrong.append((f, size))
-                    continue
-            chosen = (tli, f)
+            src = ctx.files.sources[f.source]
+            try:
+                now = src.stat(f.name)
+            except ArchiveError as exc:
+                raise ArchiveError(
+                    f"cannot read WAL segment file {f.path}: {exc.message}", path=f.path
+                ) from exc
+            if now is None:
+                raise ArchiveError(
+                    f"cannot read WAL segment file {f.path}: it is gone", path=f.path
+                )
+            if f.compression is None and now.size != segsz:
+                wrong.append((f, now.size))
+                continue
+            chosen = (tli, f, now)
             break
         if chosen is None:
             bad, size = wrong[0]
@@ -1229,7 +1494,7 @@ class _Scan:
                 size=size,
                 segment_size=segsz,
             )
-        tli, f = chosen
+        tli, f, stored = chosen
         for bad, size in wrong:
             log.warning(
                 "passing over %s (%d bytes, not a %d-byte segment) for %s",
@@ -1238,7 +1503,7 @@ class _Scan:
                 segsz,
                 f.path,
             )
-        self.stream = _open_stream(f.path, f.compression)
+        self.stream = ctx.files.sources[f.source].open(f.name)
         self.seg_file, self.segno, self.seg_tli = f, segno, tli
         self.cur_file_tli = tli
         self.limit = self.span_end.get(tli, _INF)
@@ -1256,6 +1521,8 @@ class _Scan:
                 segno=segno,
                 system_identifier=ctx.sysid,
                 major=ctx.fmt.major,
+                file=stored,
+                source=f.source,
             )
         )
 
@@ -1272,9 +1539,9 @@ class _Scan:
         if self.stream_off == ctx.segsz and self.seg_file.compression is not None:
             try:
                 more = self.stream.read(1)
-            except _READ_ERRORS as exc:
+            except (*_READ_ERRORS, ArchiveError) as exc:
                 raise ArchiveError(
-                    f"cannot read WAL segment file {self.seg_file.path}: {exc}",
+                    f"cannot read WAL segment file {self.seg_file.path}: {_reason(exc)}",
                     path=self.seg_file.path,
                 ) from exc
             if more:
@@ -1888,7 +2155,7 @@ def _sysid(value: int | str | None) -> int | None:
 
 
 def read_wal(
-    wal_dirs: Sequence[str | os.PathLike[str]],
+    wal_dirs: Sequence[WalSource],
     spans: Sequence[TimelineSpan],
     start: LSN,
     end: LSN,
@@ -1906,9 +2173,11 @@ def read_wal(
     :class:`TimelineSwitch` where the path moves on, an :class:`EndOfWal` when
     the valid WAL ends before ``end``, and a :class:`ScanEnd` last.
 
-    ``wal_dirs`` are directories of segment files (plain or compressed, e.g.
-    ``000000010000000000000003.gz``); the first directory holding a segment
-    wins. Each segment is read from the file replay would open: the newest
+    ``wal_dirs`` are where the segment files are (plain or compressed, e.g.
+    ``000000010000000000000003.gz``): directories (paths), or archives read
+    through their ``stat`` and ``open`` (any :class:`~pgsnap.wal.files.WalFiles`,
+    every :class:`~pgsnap.protocols.WalArchive` among them); the first one
+    holding a segment wins. Each segment is read from the file replay would open: the newest
     timeline of the path that has begun by then (so a switch segment comes
     from the child timeline, whose copy holds the parent's WAL up to the
     switchpoint), falling back to older timelines, and at last to the parent's
@@ -1956,11 +2225,11 @@ def read_wal(
             if some is not None:
                 raise ArchiveError(
                     f"cannot tell the WAL segment size: no segment file in "
-                    f"{', '.join(files.dirs)} begins with a long page header of PostgreSQL "
-                    f"12-18 and has a segment's size (e.g. {some.path})",
+                    f"{', '.join(files.locations)} begins with a long page header of "
+                    f"PostgreSQL 12-18 and has a segment's size (e.g. {some[1]})",
                     hint="pass segment_size, and check that the directories hold this "
                     "cluster's WAL",
-                    path=some.path,
+                    path=some[1],
                 )
             yield ScanEnd(StopReason.MISSING_SEGMENT, LSN(start_v), LSN(start_v))
             return
@@ -2024,7 +2293,7 @@ def _reverify(ctx: _Context, held: tuple[int, int], eow: EndOfWal) -> EndOfWal |
 
 
 def scan_events(
-    wal_dirs: Sequence[str | os.PathLike[str]],
+    wal_dirs: Sequence[WalSource],
     spans: Sequence[TimelineSpan],
     start: LSN,
     end: LSN,
