@@ -106,7 +106,15 @@ from pgsnap.protocols import (
 if TYPE_CHECKING:
     from pgsnap.host import Host
 
-__all__ = ["Event", "EventKind", "ExecutionResult", "Executor", "RunState", "StepState", "prune_journals"]
+__all__ = [
+    "Event",
+    "EventKind",
+    "ExecutionResult",
+    "Executor",
+    "RunState",
+    "StepState",
+    "prune_journals",
+]
 
 log = logging.getLogger(__name__)
 

@@ -89,10 +89,10 @@ def test_memory_archive_gives_the_directory_archives_facts(pg_server: Any, tmp_p
             for n in range(20):
                 conn.execute("INSERT INTO t VALUES (%s, %s)", (batch, n))
             if batch == 2:
-                marks["time"] = conn.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+                marks["time"] = conn.execute("SELECT clock_timestamp()").fetchone()[0]
                 conn.execute("SELECT pg_create_restore_point('seam_point')")
                 marks["xid"] = int(
-                    conn.execute("SELECT txid_current()").fetchone()[0]  # type: ignore[index]
+                    conn.execute("SELECT txid_current()").fetchone()[0]
                 )
             conn.execute("SELECT pg_switch_wal()")
     server.switch_wal_and_wait_archived()
@@ -123,7 +123,7 @@ def test_memory_archive_gives_the_directory_archives_facts(pg_server: Any, tmp_p
         RecoveryRequest(target=RecoveryTarget.immediate(), backup_id=backup.id),
     ]
     for request in requests:
-        found = {}
+        found: dict[str, Any] = {}
         for kind, cluster in clusters.items():
             for _again in range(2):  # the second time, from the WAL index
                 facts = cluster.observer.recovery_facts(request)

@@ -51,6 +51,7 @@ from pgsnap.planner.backup import BackupRequest, plan_backup
 from pgsnap.planner.facts import BackupFacts
 from pgsnap.protocols import DatabaseAdapter
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
+from pgsnap.wal.files import ReadStream
 from tests.unit.test_planner_backup import ARCHIVER, directory_volumes, paths_of
 
 MB = 1 << 20
@@ -142,6 +143,12 @@ class FakeArchive:
 
     def restore_command(self):
         return "cp /archive/%f %p"
+
+    def stat(self, name: str) -> None:
+        return None  # names only: no file behind them for the WAL checks to read
+
+    def open(self, name: str) -> ReadStream:
+        raise NotImplementedError
 
 
 @attrs.define
