@@ -54,8 +54,10 @@ def _unavailable(reason: str) -> NoReturn:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     # Remember each phase's report on the item, so fixtures can see if the test failed.
     report = yield
-    if report.skipped and os.environ.get("PGSNAP_NO_SKIPS") == "1" and not hasattr(
-        report, "wasxfail"
+    if (
+        report.skipped
+        and os.environ.get("PGSNAP_NO_SKIPS") == "1"
+        and not hasattr(report, "wasxfail")
     ):
         # CI (.ci/run) runs on a machine where everything can run: a skip is a defect.
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr

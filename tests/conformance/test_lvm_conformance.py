@@ -265,8 +265,18 @@ def test_an_interrupted_thin_restore_is_finished_by_the_next_one(host, backend) 
     write_block(host, f"/dev/{vid}", b"later")
     # What a restore killed after renaming the volume away leaves: a tagged copy, the
     # volume under another name, and no volume of that name.
-    host.run(["lvcreate", "-q", "-s", "-n", f"{name}.pgsnapnew.dead", "--addtag",
-              f"pgsnap.new={name}", snap.id])
+    host.run(
+        [
+            "lvcreate",
+            "-q",
+            "-s",
+            "-n",
+            f"{name}.pgsnapnew.dead",
+            "--addtag",
+            f"pgsnap.new={name}",
+            snap.id,
+        ]
+    )
     host.run(["lvchange", "-q", "--addtag", f"pgsnap.old={name}", vid])
     host.run(["lvrename", "-q", vg, name, f"{name}.pgsnapold.dead"])
     with pytest.raises(VolumeNotFound):

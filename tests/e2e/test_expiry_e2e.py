@@ -218,8 +218,7 @@ def test_a_lost_catalog_is_rebuilt_from_the_snapshots_and_the_archive_and_recove
     env.crash()
     env.lose_data()
     env.cluster.execute(
-        env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA], backup_id=c.id,
-                                  timeline=1)
+        env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA], backup_id=c.id, timeline=1)
     )
     assert env.batches() == env.expect(1, 2, 3, 4)
 
@@ -270,8 +269,10 @@ def test_orphans_are_listed_then_expired_by_age_and_the_kept_backup_still_recove
     assert set(safety.snapshots.values()) <= left
     assert any(f"pgsnap safety delete {safety.name}" in k for k in plan.kept), plan.explain()
     plan = env.cluster.expire(attrs.evolve(policy, safety_after=dt.timedelta(days=1)))
-    assert [s.id for s in plan.steps] == [f"delete-safety-{safety.name}",
-                                          f"delete-safety-record-{safety.name}"]
+    assert [s.id for s in plan.steps] == [
+        f"delete-safety-{safety.name}",
+        f"delete-safety-record-{safety.name}",
+    ]
     assert env.cluster.safety_snapshots() == ()
     assert not set(safety.snapshots.values()) & env.snapshot_ids()
 

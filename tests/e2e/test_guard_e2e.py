@@ -164,13 +164,27 @@ def _edits(world: dict[str, Any]) -> list[Edit]:
     edits: list[Edit] = []
     edits += [("storage.restore_volume", "params", "snapshot_id", s) for s in others]
     edits += [("storage.restore_volume", "params", "snapshot_id", "snap-9999")]
-    edits += [("storage.restore_volume", "params", "volume_id", v)
-              for v in (env.wal_vol, env.archive_vol, "vol-9999")]
+    edits += [
+        ("storage.restore_volume", "params", "volume_id", v)
+        for v in (env.wal_vol, env.archive_vol, "vol-9999")
+    ]
     edits += [("storage.restore_volume", "params", "backup_id", b) for b in (first.id, "nosuch")]
-    edits += [("storage.restore_volume", "compensation_params", "snapshot_id",
-               first.snapshots[env.data_vol])]
-    edits += [("storage.restore_volume", "compensation_params", "snapshot_id",
-               {"$ref": ["safety-snapshot", "snapshots", env.wal_vol]})]
+    edits += [
+        (
+            "storage.restore_volume",
+            "compensation_params",
+            "snapshot_id",
+            first.snapshots[env.data_vol],
+        )
+    ]
+    edits += [
+        (
+            "storage.restore_volume",
+            "compensation_params",
+            "snapshot_id",
+            {"$ref": ["safety-snapshot", "snapshots", env.wal_vol]},
+        )
+    ]
     edits += [("db.write_backup_label", "params", "backup_id", b) for b in (first.id, "nosuch")]
     edits += [("db.write_backup_label", "params", "label_sha256", v) for v in (sha, "0" * 64)]
     edits += [("host.unmount", "params", "mount_point", p) for p in points]
@@ -178,8 +192,7 @@ def _edits(world: dict[str, Any]) -> list[Edit]:
     edits += [("host.mount", "params", "volume_id", env.wal_vol)]
     edits += [("storage.detach", "params", "host", "db-other")]
     edits += [("storage.attach", "params", "volume_id", env.wal_vol)]
-    edits += [("storage.snapshot_group", "params", "volume_ids", v)
-              for v in ([env.wal_vol], [])]
+    edits += [("storage.snapshot_group", "params", "volume_ids", v) for v in ([env.wal_vol], [])]
     edits += [("db.verify", "params", "min_replay_lsn", "0/1")]
     edits += [("db.write_backup_label", "drop", "", None)]
     edits += [("db.write_recovery_settings", "drop", "", None)]
@@ -269,8 +282,7 @@ def test_random_edits_of_a_recovery_plan_are_refused_before_anything_changes(
     if "edits" not in edit_world:
         edit_world["edits"] = _edits(edit_world)
     combo = choice.draw(
-        st.lists(st.sampled_from(edit_world["edits"]), min_size=3, max_size=5,
-                 unique_by=_place),
+        st.lists(st.sampled_from(edit_world["edits"]), min_size=3, max_size=5, unique_by=_place),
         label="edits",
     )
     _refused_unchanged(edit_world, combo)
@@ -464,8 +476,11 @@ def test_the_recovery_wait_reports_progress(e2e_env: Any) -> None:
     restored = [e.data["segments_restored"] for e in progress]
     assert restored == sorted(restored) and restored[-1] >= 3
     assert "WAL files restored from the archive" in str(progress[-1])
-    assert all(isinstance(LSN.parse(e.data["replay_lsn"]), LSN)
-               for e in progress if e.data.get("replay_lsn"))
+    assert all(
+        isinstance(LSN.parse(e.data["replay_lsn"]), LSN)
+        for e in progress
+        if e.data.get("replay_lsn")
+    )
 
 
 def test_check_names_the_damaged_segment_and_the_server_that_refuses(

@@ -68,8 +68,11 @@ def test_point_in_time_recovery_on_powerflex(pf_env: Any, version: str) -> None:
     snap_action = "createSnapshot" if sim.major >= 5 else "snapshotVolumes"
     restore_action = "restore" if sim.major >= 5 else "overwriteVolumeContent"
     # Mapping as PyPowerFlex does: SDCs on 3.x/4.x, Host objects on 5.x.
-    add, remove = ("addMappedHost", "removeMappedHost") if sim.major >= 5 else (
-        "addMappedSdc", "removeMappedSdc")
+    add, remove = (
+        ("addMappedHost", "removeMappedHost")
+        if sim.major >= 5
+        else ("addMappedSdc", "removeMappedSdc")
+    )
     target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
     (record,) = env.cluster.backups()
     assert sim.count(action=snap_action) == 1  # one call for data and WAL together
@@ -135,8 +138,12 @@ def test_a_vtree_at_its_limit_fails_the_backup_and_ends_backup_mode(pf_env: Any)
     client = cast(PowerFlexBackend, env.cluster.backend).client
     client.post(
         f"/instances/System::{sim.system_id}/action/snapshotVolumes",
-        {"snapshotDefs": [{"volumeId": env.wal_vol, "snapshotName": f"old-{n}"}
-                          for n in range(126)], "accessModeLimit": "ReadOnly"},
+        {
+            "snapshotDefs": [
+                {"volumeId": env.wal_vol, "snapshotName": f"old-{n}"} for n in range(126)
+            ],
+            "accessModeLimit": "ReadOnly",
+        },
     )
     before = {s.id for s in env.cluster.backend.list_snapshots()}
     with pytest.raises(ExecutionError) as info:

@@ -40,6 +40,7 @@ def volume_mode(request: pytest.FixtureRequest) -> str:
     """Every recovery here runs with directory volumes and with simulated block devices."""
     return str(request.param)
 
+
 DATA = VolumeRole.DATA
 WAL = VolumeRole.WAL
 
@@ -70,8 +71,10 @@ def test_complete_recovery_keeps_unarchived_wal(e2e_env: Any) -> None:
     assert restored == [env.data_vol]  # the WAL volume is kept
     host_steps = [s.id for s in plan.steps if s.id.endswith(f"-{env.data_vol}")]
     if env.backend.block:  # the device goes away from the host and comes back
-        assert host_steps == [f"{a}-{env.data_vol}" for a in (
-            "unmount", "detach", "restore", "attach", "wait-device", "mount")]
+        assert host_steps == [
+            f"{a}-{env.data_vol}"
+            for a in ("unmount", "detach", "restore", "attach", "wait-device", "mount")
+        ]
     else:
         assert host_steps == [f"restore-{env.data_vol}"]
     result = env.cluster.execute(plan)
@@ -83,8 +86,9 @@ def test_complete_recovery_keeps_unarchived_wal(e2e_env: Any) -> None:
     assert env.batches() == env.expect(1, 2, 3, 4)
 
 
-def test_recovery_into_unarchived_wal_finds_pg_wal_anywhere_on_the_wal_volume(pg_server: Any,
-                                                                   volume_mode: str) -> None:
+def test_recovery_into_unarchived_wal_finds_pg_wal_anywhere_on_the_wal_volume(
+    pg_server: Any, volume_mode: str
+) -> None:
     """Issue 7 #4: with ``initdb --waldir`` pointing below the WAL volume's root, the
     surviving WAL was not found once the data volume (and its pg_wal link) was lost."""
     from .conftest import make_env

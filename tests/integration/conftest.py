@@ -157,5 +157,3 @@ def backed_up(env: CliEnv) -> dict[str, Any]:
     assert record["state"] == "done"
     assert record["label"] == "cli test"
     return dict(record)
-
-

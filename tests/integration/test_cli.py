@@ -341,7 +341,12 @@ def test_waits_are_options_of_the_config_and_the_command_line(cli_env: CliEnv) -
     assert steps["start-server"]["timeout"] == 300
     assert steps["wait-recovery"]["timeout"] == 900
     code, out, err = env.run(
-        "plan-recovery", "--json", "--server-timeout", "450", "--recovery-timeout", "30",
+        "plan-recovery",
+        "--json",
+        "--server-timeout",
+        "450",
+        "--recovery-timeout",
+        "30",
         config=config,
     )
     assert code == 0, err
@@ -351,8 +356,7 @@ def test_waits_are_options_of_the_config_and_the_command_line(cli_env: CliEnv) -
     code, out, err = env.run("backup", "--dry-run", "--json", config=config)
     assert code == 0, err
     assert params(json.loads(out))["wait-wal"]["timeout"] == 45
-    code, out, err = env.run("backup", "--dry-run", "--json", "--wal-timeout", "7",
-                             config=config)
+    code, out, err = env.run("backup", "--dry-run", "--json", "--wal-timeout", "7", config=config)
     assert params(json.loads(out))["wait-wal"]["timeout"] == 7
 
 
@@ -443,8 +447,9 @@ def test_check_warns_of_a_snapshot_limit_and_list_shows_what_expire_removes(
     assert code == 1 and "limit" in err and "Traceback" not in err
 
     # list: the configured policy says what the next expire removes, and why.
-    code, out, err = env.run("pin", ids[1], "--reason", "old audit", "--until",
-                             "2000-01-01T00:00:00+00:00")
+    code, out, err = env.run(
+        "pin", ids[1], "--reason", "old audit", "--until", "2000-01-01T00:00:00+00:00"
+    )
     assert code == 0, err
     code, out, err = env.run("list", config=config)
     assert code == 0, err

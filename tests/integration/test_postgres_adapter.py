@@ -414,8 +414,9 @@ def test_the_default_server_log_survives_a_restore_and_failures_say_the_server_s
     recovery erased the lines that explained it; the message did not say the server
     had stopped."""
     server = pg_server()
-    a = PostgresAdapter(server.conninfo(), data_directory=str(server.data_dir),
-                        bindir=str(server.bindir))
+    a = PostgresAdapter(
+        server.conninfo(), data_directory=str(server.data_dir), bindir=str(server.bindir)
+    )
     log_path = a._log_path(str(server.data_dir))
     assert not log_path.startswith(str(server.data_dir))
     assert log_path.startswith(f"/var/tmp/pgsnap-{server.os_user}/")
@@ -424,9 +425,12 @@ def test_the_default_server_log_survives_a_restore_and_failures_say_the_server_s
         "START WAL LOCATION: 0/9000028 (file 000000010000000000000009)\n"
         "CHECKPOINT LOCATION: 0/9000060\nBACKUP METHOD: streamed\n"
         "BACKUP FROM: primary\nSTART TIME: 2026-11-30 00:00:00 UTC\nLABEL: x\n"
-        "START TIMELINE: 1\n", "")
-    a.write_recovery_settings(RecoverySettings(restore_command="false",
-                                               target=RecoveryTarget.latest()))
+        "START TIMELINE: 1\n",
+        "",
+    )
+    a.write_recovery_settings(
+        RecoverySettings(restore_command="false", target=RecoveryTarget.latest())
+    )
     try:
         a.start_server()
         with pytest.raises(DatabaseError) as info:

@@ -238,8 +238,9 @@ def test_the_sdk_maps_and_unmaps_through_the_versions_objects(peers: Peers) -> N
     peers.unmap(vid, sdc)
     assert sdk.volume.get(entity_id=vid)["mappedSdcInfo"] is None
     assert peers.mapped_volumes(sdc) == []
-    expected = ["addMappedHost", "removeMappedHost"] if peers.gen2 else [
-        "addMappedSdc", "removeMappedSdc"]
+    expected = (
+        ["addMappedHost", "removeMappedHost"] if peers.gen2 else ["addMappedSdc", "removeMappedSdc"]
+    )
     assert peers.actions() == expected
 
 
@@ -270,7 +271,10 @@ def test_a_group_the_sdk_takes_is_what_pgsnap_sees_and_restores(peers: Peers) ->
     (sim.volume_path(vid) / "marker").write_text("after")
     (snap,) = backend.list_snapshots(vid)  # read-only: a backup snapshot to pgsnap
     assert (snap.id, snap.group_id, snap.name) == (
-        answer["volumeIdList"][0], answer["snapshotGroupId"], "sdk-taken.pgdata")
+        answer["volumeIdList"][0],
+        answer["snapshotGroupId"],
+        "sdk-taken.pgdata",
+    )
     assert not snap.secure
     assert backend.get_snapshot_group(answer["snapshotGroupId"]).snapshots == (snap,)
     backend.restore_volume(vid, snap.id)

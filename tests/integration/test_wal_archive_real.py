@@ -91,9 +91,7 @@ def test_memory_archive_gives_the_directory_archives_facts(pg_server: Any, tmp_p
             if batch == 2:
                 marks["time"] = conn.execute("SELECT clock_timestamp()").fetchone()[0]
                 conn.execute("SELECT pg_create_restore_point('seam_point')")
-                marks["xid"] = int(
-                    conn.execute("SELECT txid_current()").fetchone()[0]
-                )
+                marks["xid"] = int(conn.execute("SELECT txid_current()").fetchone()[0])
             conn.execute("SELECT pg_switch_wal()")
     server.switch_wal_and_wait_archived()
     server.wait_for_archive_idle()

@@ -121,8 +121,12 @@ class ExecutorMachine(RuleBasedStateMachine):
         self.state_file = self.root / "mock.json"
         backend = MockBackend(state_file=self.state_file, root=self.root / "snaps")
         data, wal = backend.add_volume("data"), backend.add_volume("wal")
-        self.layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
-                              Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
+        self.layout = Layout(
+            [
+                Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
+                Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal"),
+            ]
+        )
         self.catalog = DirectoryCatalog(self.root / "catalog")
         self.journals = self.root / "journal"
         self.log = self.root / LOG_NAME
@@ -150,9 +154,16 @@ class ExecutorMachine(RuleBasedStateMachine):
             if kill is not None and event.index - 1 == kill[0] and event.kind.value == kill[1]:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        return Executor(adapter=cast(DatabaseAdapter, self.db), backend=backend,
-                        catalog=self.catalog, archive=archive, layout=self.layout,
-                        journal_dir=self.journals, on_event=on_event, sleep=lambda s: None)
+        return Executor(
+            adapter=cast(DatabaseAdapter, self.db),
+            backend=backend,
+            catalog=self.catalog,
+            archive=archive,
+            layout=self.layout,
+            journal_dir=self.journals,
+            on_event=on_event,
+            sleep=lambda s: None,
+        )
 
     def _backup_wal(self) -> set[str]:
         from pgsnap.operations.catalog import required_wal_files
@@ -189,16 +200,26 @@ class ExecutorMachine(RuleBasedStateMachine):
     def plan_a_backup(self) -> Plan:
         self.counter += 1
         facts = BackupFacts(
-            server=self.db.describe(), archiver=ARCHIVER, layout=self.layout,
+            server=self.db.describe(),
+            archiver=ARCHIVER,
+            layout=self.layout,
             volumes=MockBackend(state_file=self.state_file).list_volumes(),
-            capabilities=MockBackend(state_file=self.state_file).capabilities, catalog=(),
-            archive_location="/archive", archive_timelines=(1,), host="db1",
-            volume_facts=directory_volumes(self.layout), paths=paths_of(self.db.describe()),
+            capabilities=MockBackend(state_file=self.state_file).capabilities,
+            catalog=(),
+            archive_location="/archive",
+            archive_timelines=(1,),
+            host="db1",
+            volume_facts=directory_volumes(self.layout),
+            paths=paths_of(self.db.describe()),
         )
         return plan_backup(facts, BackupRequest(f"b-{self.counter}", "p", wal_timeout=0.0))
 
-    @rule(target=plans, n=st.integers(1, 5), special=st.integers(0, 6),
-          kind=st.sampled_from(["barrier", "needs_process", "plain"]))
+    @rule(
+        target=plans,
+        n=st.integers(1, 5),
+        special=st.integers(0, 6),
+        kind=st.sampled_from(["barrier", "needs_process", "plain"]),
+    )
     def plan_test_steps(self, n: int, special: int, kind: str) -> Plan:
         self.counter += 1
         log = str(self.log)
@@ -211,16 +232,27 @@ class ExecutorMachine(RuleBasedStateMachine):
             elif i == special and kind == "needs_process":
                 steps.append(Step.of(tag, PropNeedsProcess(log, tag), description=tag, reason="t"))
             else:
-                steps.append(Step.of(tag, PropStep(log, tag), description=tag, reason="t",
-                                     undo=PropUndo(log, Ref(tag, "tag"))))
+                steps.append(
+                    Step.of(
+                        tag,
+                        PropStep(log, tag),
+                        description=tag,
+                        reason="t",
+                        undo=PropUndo(log, Ref(tag, "tag")),
+                    )
+                )
         return Plan("test", tuple(steps), f"fp-{self.counter}")
 
     @rule(plan=plans)
     def run_to_the_end(self, plan: Plan) -> None:
         self.run_here(plan)
 
-    @rule(plan=plans, data=st.data(), when=st.sampled_from(["started", "finished"]),
-          lose=st.booleans())
+    @rule(
+        plan=plans,
+        data=st.data(),
+        when=st.sampled_from(["started", "finished"]),
+        lose=st.booleans(),
+    )
     def run_and_kill(self, plan: Plan, data: st.DataObject, when: str, lose: bool) -> None:
         at = data.draw(st.integers(0, len(plan.steps) - 1), label="kill at step")
         ended_before = self.journal_of(plan) in self.ended
@@ -254,8 +286,12 @@ class ExecutorMachine(RuleBasedStateMachine):
     def storage_loses_a_snapshot_of_an_unfinished_backup(self, data: st.DataObject) -> None:
         """As a snapshot policy rotating a snapshot out, or an administrator."""
         backend = MockBackend(state_file=self.state_file)
-        done = {s for r in self.catalog.list() if r.state is BackupState.DONE
-                for s in r.snapshots.values()}
+        done = {
+            s
+            for r in self.catalog.list()
+            if r.state is BackupState.DONE
+            for s in r.snapshots.values()
+        }
         candidates = sorted(s.id for s in backend.list_snapshots() if s.id not in done)
         if candidates:
             backend.delete_snapshot(data.draw(st.sampled_from(candidates)))
@@ -304,8 +340,7 @@ class ExecutorMachine(RuleBasedStateMachine):
                 mine.add(record["step"])
             elif record["event"] == EventKind.SKIPPED.value:
                 assert record["step"] in mine, (
-                    f"plan {record['plan'][:12]} skipped {record['step']}, "
-                    "which it never finished"
+                    f"plan {record['plan'][:12]} skipped {record['step']}, which it never finished"
                 )
 
 

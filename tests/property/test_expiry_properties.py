@@ -47,10 +47,12 @@ from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
 
 MB = 1 << 20
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-LAYOUT = Layout([
-    Volume("vol-data", "data", VolumeRole.DATA, "/pg/data"),
-    Volume("vol-wal", "wal", VolumeRole.WAL, "/pg/wal"),
-])
+LAYOUT = Layout(
+    [
+        Volume("vol-data", "data", VolumeRole.DATA, "/pg/data"),
+        Volume("vol-wal", "wal", VolumeRole.WAL, "/pg/wal"),
+    ]
+)
 FORK = 60  # timeline 2 begins in segment 60 of timeline 1
 END1, END2 = 80, 140  # the last segment of timeline 1 and of timeline 2
 
@@ -60,10 +62,21 @@ def _backup(i: int, seg: int, state: BackupState, pinned: bool) -> BackupRecord:
     bid = f"b{i:03d}"
     when = T0 + dt.timedelta(hours=seg)
     return BackupRecord(
-        id=bid, label=bid, state=state, system_identifier="1", server_version=150018,
-        wal_segment_size=MB, layout=LAYOUT, start_lsn=LSN(seg * MB + 0x28), start_timeline=tli,
-        start_time=when, stop_lsn=LSN(seg * MB + 0x100), stop_timeline=tli,
-        stop_time=when + dt.timedelta(seconds=1), labelfile=f"LABEL: {bid}\n", spcmapfile="",
+        id=bid,
+        label=bid,
+        state=state,
+        system_identifier="1",
+        server_version=150018,
+        wal_segment_size=MB,
+        layout=LAYOUT,
+        start_lsn=LSN(seg * MB + 0x28),
+        start_timeline=tli,
+        start_time=when,
+        stop_lsn=LSN(seg * MB + 0x100),
+        stop_timeline=tli,
+        stop_time=when + dt.timedelta(seconds=1),
+        labelfile=f"LABEL: {bid}\n",
+        spcmapfile="",
         snapshot_group_id=f"cg-{bid}",
         snapshots={"vol-data": f"{bid}-d", "vol-wal": f"{bid}-w"},
         failure_reason="x" if state is BackupState.FAILED else None,
@@ -97,6 +110,8 @@ histories = st.lists(
     max_size=12,
     unique_by=lambda t: t[0],
 )
+
+
 @st.composite
 def policies(draw):
     kwargs = {
@@ -105,8 +120,10 @@ def policies(draw):
         "hourly": draw(st.integers(0, 3)),
         "daily": draw(st.integers(0, 3)),
     }
-    if kwargs["redundancy"] is None and kwargs["window"] is None and not (
-        kwargs["hourly"] or kwargs["daily"]
+    if (
+        kwargs["redundancy"] is None
+        and kwargs["window"] is None
+        and not (kwargs["hourly"] or kwargs["daily"])
     ):
         kwargs["redundancy"] = 1  # a policy that keeps nothing is refused (tested below)
     return RetentionPolicy(**kwargs)
@@ -136,9 +153,15 @@ def _apply(facts: ExpiryFacts, plan) -> ExpiryFacts:
 
 def _recovery_facts(f: ExpiryFacts) -> RecoveryFacts:
     return RecoveryFacts(
-        layout=LAYOUT, backups=f.backups, snapshots=f.snapshots, policies=(),
-        capabilities=frozenset(Capability), archive=f.archive, timelines=f.timelines,
-        archive_location="/archive", now=f.now,
+        layout=LAYOUT,
+        backups=f.backups,
+        snapshots=f.snapshots,
+        policies=(),
+        capabilities=frozenset(Capability),
+        archive=f.archive,
+        timelines=f.timelines,
+        archive_location="/archive",
+        now=f.now,
         volume_facts=tuple(
             VolumeFacts(v.id, Location.directory(v.mount_point), RestoreProfile(), v.mount_point)
             for v in LAYOUT.snapshotted
@@ -242,8 +265,15 @@ def test_orphans_a_journal_needs_are_never_deleted(history, groups, after_hours,
         gid = f"cg-orphan-{i}"
         extra = {"policy_id": "p"} if kind == "policy" else {}
         members = [
-            Snapshot(f"o{i}-{v}", v, name, now - dt.timedelta(hours=hours), group_id=gid,
-                     secure=secure, extra=extra)
+            Snapshot(
+                f"o{i}-{v}",
+                v,
+                name,
+                now - dt.timedelta(hours=hours),
+                group_id=gid,
+                secure=secure,
+                extra=extra,
+            )
             for v in ("vol-data", "vol-wal")
         ]
         snapshots += members

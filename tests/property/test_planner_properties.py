@@ -211,8 +211,9 @@ def volume_facts(draw, layout: Layout):
     for v in layout.snapshotted:
         if draw(st.booleans()):
             out.append(
-                VolumeFacts(v.id, Location.directory(v.mount_point), RestoreProfile(),
-                            v.mount_point)
+                VolumeFacts(
+                    v.id, Location.directory(v.mount_point), RestoreProfile(), v.mount_point
+                )
             )
             continue
         profile = RestoreProfile(
@@ -605,8 +606,11 @@ def test_each_restore_follows_its_volume_profile(sc: Scenario) -> None:
             + ["restore"]
             + (["wait-restore"] if prof.completes_later else [])
             + (["attach"] if prof.detaches else [])
-            + (["wait-device"] if prof.unmounts and vf.location.kind.value == "block_device"
-               else [])
+            + (
+                ["wait-device"]
+                if prof.unmounts and vf.location.kind.value == "block_device"
+                else []
+            )
             + (["mount"] if prof.unmounts else [])
         )
         mine = [i for i in ids if i.endswith(f"-{vid}")]

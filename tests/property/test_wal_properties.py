@@ -102,11 +102,20 @@ def test_parse_archive_name_near_misses(name):
 
 _NAMES = st.lists(
     st.one_of(
-        st.builds(lambda t, s: segment_name(t, s, 16 * 1024 * 1024),
-                  st.integers(1, 3), st.integers(0, 300)),
-        st.sampled_from(["00000002.history", "00000003.history", "junk",
-                         "000000010000000000000010.partial",
-                         "000000010000000000000010.00000028.backup"]),
+        st.builds(
+            lambda t, s: segment_name(t, s, 16 * 1024 * 1024),
+            st.integers(1, 3),
+            st.integers(0, 300),
+        ),
+        st.sampled_from(
+            [
+                "00000002.history",
+                "00000003.history",
+                "junk",
+                "000000010000000000000010.partial",
+                "000000010000000000000010.00000028.backup",
+            ]
+        ),
     ),
     max_size=120,
     unique=True,  # a directory listing names a file once
@@ -343,17 +352,19 @@ def _reference_index(names, segsz):
     ),
     st.sets(st.integers(0, 3600), max_size=30),
     st.lists(
-        st.sampled_from([
-            "00000000000000000000000A",  # timeline 0
-            "0000000100000000000000ff",  # lower case: PostgreSQL never writes it
-            "000000010000000 00000001",  # a space
-            "0000000100000000FFFFFFFF",  # past the last segment of a log
-            "0000000100000000000001FF",  # past it below 4 KiB segments per log
-            "000000010000000000000FFF",  # the last one at 1 MiB segments
-            "ZZZZZZZZ0000000000000001",
-            "000000010000000000000001.gz",
-            "00000002.history",
-        ]),
+        st.sampled_from(
+            [
+                "00000000000000000000000A",  # timeline 0
+                "0000000100000000000000ff",  # lower case: PostgreSQL never writes it
+                "000000010000000 00000001",  # a space
+                "0000000100000000FFFFFFFF",  # past the last segment of a log
+                "0000000100000000000001FF",  # past it below 4 KiB segments per log
+                "000000010000000000000FFF",  # the last one at 1 MiB segments
+                "ZZZZZZZZ0000000000000001",
+                "000000010000000000000001.gz",
+                "00000002.history",
+            ]
+        ),
         max_size=2,
         unique=True,
     ),
@@ -410,19 +421,13 @@ def test_the_listing_is_decoded_in_chunks_with_the_same_answer(monkeypatch):
     st.integers(0, 1 << 31),
     st.sampled_from(["", ".gz"]),
 )
-def test_backup_file_names_are_classified_as_parse_archive_name_says(
-    segsz, tli, seg, offset, comp
-):
+def test_backup_file_names_are_classified_as_parse_archive_name_says(segsz, tli, seg, offset, comp):
     """.backup names take a fast path (one per backup: thousands): the same verdict
     as parsing them, and the offset must lie inside a segment of this size."""
     name = f"{tli:08X}{0:08X}{seg:08X}.{offset:08X}.backup{comp}"
     idx = ArchiveIndex.build([name], segsz)
     entry = parse_archive_name(name)
-    ok = (
-        entry.kind is WalFileKind.BACKUP
-        and seg < 0x100000000 // segsz
-        and offset < segsz
-    )
+    ok = entry.kind is WalFileKind.BACKUP and seg < 0x100000000 // segsz and offset < segsz
     assert (idx.backup_names == (name,)) == ok
     assert (idx.unknown_names == (name,)) == (not ok)
 

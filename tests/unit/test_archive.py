@@ -312,8 +312,9 @@ def test_a_file_named_like_a_segment_but_of_the_wrong_size_is_not_wal(tmp_path):
     assert segment_name(1, 3, seg) not in names
     assert "00000002.history" in names
     assert segment_name(1, 3, seg) in arch.list_names()  # every file, without a size
-    assert arch.unusable(seg) == ((segment_name(1, 3, seg), f"5 bytes, not a {seg}-byte "
-                                   "WAL segment"),)
+    assert arch.unusable(seg) == (
+        (segment_name(1, 3, seg), f"5 bytes, not a {seg}-byte WAL segment"),
+    )
     index = arch.index(seg)
     assert [g.names(seg)[0] for g in index.gaps(1)] == [segment_name(1, 3, seg)]
     assert segment_name(1, 3, seg) in index.unknown_names
@@ -328,7 +329,9 @@ def test_compressed_segments_count_only_when_the_restore_command_fetches_them(tm
     assert plain.list_names(segment_size=seg) == (segment_name(1, 1, seg),)
     assert "gzip" not in plain.restore_command()
     gz = DirectoryWalArchive(tmp_path, gzip=True)
-    assert gz.list_names(segment_size=seg) == (segment_name(1, 1, seg),
-                                               segment_name(1, 2, seg) + ".gz")
+    assert gz.list_names(segment_size=seg) == (
+        segment_name(1, 1, seg),
+        segment_name(1, 2, seg) + ".gz",
+    )
     assert "gzip -dc" in gz.restore_command()
     assert [r[0] for r in gz.unusable(seg)] == [segment_name(1, 3, seg) + ".zst"]

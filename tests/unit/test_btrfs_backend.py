@@ -232,6 +232,7 @@ SELF_MOUNT = {
 DATA, WAL = "/mnt/root/srv/pg/data", "/mnt/root/srv/pg/wal"
 SNAPDIR = "/mnt/root/srv/pg/snapshots"
 
+
 class FakeRunner(ScriptedRunner):
     """Answers the commands the backend (and the Host it uses) runs; records them all.
 

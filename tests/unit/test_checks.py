@@ -42,9 +42,14 @@ def codes(found: Any) -> dict[str, str]:
 
 def archiver(last: str | None) -> ArchiverStatus:
     return ArchiverStatus(
-        archived_count=7, last_archived_wal=last,
-        last_archived_time=dt.datetime(2026, 11, 30, 1, 0, tzinfo=UTC), failed_count=0,
-        last_failed_wal=None, last_failed_time=None, wal_level="replica", archive_mode="on",
+        archived_count=7,
+        last_archived_wal=last,
+        last_archived_time=dt.datetime(2026, 11, 30, 1, 0, tzinfo=UTC),
+        failed_count=0,
+        last_failed_wal=None,
+        last_failed_time=None,
+        wal_level="replica",
+        archive_mode="on",
         archive_command="cp %p /elsewhere/%f",
     )
 
@@ -75,8 +80,13 @@ def test_a_backup_whose_own_wal_is_missing_cannot_be_restored() -> None:
 
 
 def test_a_gap_between_older_backups_is_a_warning() -> None:
-    old = _record(id="b-old", wal_segment_size=SEG, start_lsn="0/2000028", stop_lsn="0/2000100",
-                  start_time=dt.datetime(2026, 11, 29, tzinfo=UTC))
+    old = _record(
+        id="b-old",
+        wal_segment_size=SEG,
+        start_lsn="0/2000028",
+        stop_lsn="0/2000100",
+        start_time=dt.datetime(2026, 11, 29, tzinfo=UTC),
+    )
     names: tuple[str, ...] = (seg(2), seg(4), seg(5))
     (finding,) = check_findings(facts(names, backups=(old, BACKUP)))
     assert (finding.code, finding.severity) == ("wal_gap", Severity.WARNING)
@@ -124,10 +134,19 @@ def test_a_server_that_cannot_be_asked(running: bool | None, text: str) -> None:
 @pytest.mark.parametrize(
     ("changes", "text"),
     [
-        ({"os_user": "nosuchuser", "os_user_exists": False, "data_directory_owner": "postgres"},
-         "'nosuchuser' does not exist"),
-        ({"os_user": "alice", "os_user_exists": True, "data_directory_owner": "postgres",
-          "data_directory_uid": 999}, "belongs to 'postgres', not to os_user 'alice'"),
+        (
+            {"os_user": "nosuchuser", "os_user_exists": False, "data_directory_owner": "postgres"},
+            "'nosuchuser' does not exist",
+        ),
+        (
+            {
+                "os_user": "alice",
+                "os_user_exists": True,
+                "data_directory_owner": "postgres",
+                "data_directory_uid": 999,
+            },
+            "belongs to 'postgres', not to os_user 'alice'",
+        ),
         ({"data_directory_owner": "root", "data_directory_uid": 0}, "belongs to root"),
     ],
 )
@@ -138,8 +157,12 @@ def test_an_os_user_that_cannot_run_the_server(changes: dict[str, Any], text: st
 
 
 def test_the_right_os_user_is_fine() -> None:
-    assert check_findings(facts(os_user="postgres", data_directory_owner="postgres",
-                                data_directory_uid=999)) == ()
+    assert (
+        check_findings(
+            facts(os_user="postgres", data_directory_owner="postgres", data_directory_uid=999)
+        )
+        == ()
+    )
 
 
 def test_empty_archive_stands_in_for_an_unreadable_one() -> None:
@@ -221,7 +244,12 @@ def test_the_archive_report_is_what_pgsnap_wal_prints() -> None:
     report = archive_report("/srv/wal", ArchiveIndex.build(names, SEG), graph, SEG)
     assert not report.complete
     one, two = report.timelines
-    assert (one.parent, one.switchpoint, one.ranges, one.gaps) == (None, None, ((seg(4), seg(5)),), ())
+    assert (one.parent, one.switchpoint, one.ranges, one.gaps) == (
+        None,
+        None,
+        ((seg(4), seg(5)),),
+        (),
+    )
     assert [(g.first, g.last) for g in one.missing_before_switch] == [(seg(6), seg(6))]
     assert (two.parent, str(two.switchpoint)) == (1, "0/7000100")
     assert two.gaps == ((seg(8, 2), seg(8, 2)),)

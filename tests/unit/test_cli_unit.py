@@ -365,8 +365,9 @@ class _FailingCluster:
     def execute(self, *_args: object, **_kwargs: object) -> object:
         from pgsnap.errors import ExecutionError
 
-        raise ExecutionError(f"step restore failed: {self.error}", step_id="restore",
-                             cause=self.error)
+        raise ExecutionError(
+            f"step restore failed: {self.error}", step_id="restore", cause=self.error
+        )
 
 
 @pytest.mark.parametrize(
@@ -454,8 +455,11 @@ def test_resume_shows_an_interrupted_plan_and_waits_for_yes(run: Run, config: Pa
     cluster = load_cluster(config)
     default_operations().register(Interrupt.name, Interrupt, replace=True)
     try:
-        plan = Plan("recovery", (Step.of("custom", Interrupt(), description="a custom step",
-                                         reason="test"),), "fp-x")
+        plan = Plan(
+            "recovery",
+            (Step.of("custom", Interrupt(), description="a custom step", reason="test"),),
+            "fp-x",
+        )
         with pytest.raises(KeyboardInterrupt):
             cluster.executor().run(plan)
         code, out, _err = run("resume", "-c", str(config))
@@ -482,8 +486,10 @@ def test_the_database_host_can_be_reached_over_ssh(tmp_path: Path) -> None:
     from pgsnap.host import SshRunner
 
     path = write_config(tmp_path)
-    path.write_text(path.read_text() + '\n[host]\nssh = "db1.example.com"\nuser = "root"\n'
-                    'port = 2222\nidentity_file = "keys/id"\nname = "sdc-db1"\n')
+    path.write_text(
+        path.read_text() + '\n[host]\nssh = "db1.example.com"\nuser = "root"\n'
+        'port = 2222\nidentity_file = "keys/id"\nname = "sdc-db1"\n'
+    )
     cluster = load_cluster(path)
     assert isinstance(cluster.host.runner, SshRunner)
     assert cluster.host.description == "ssh root@db1.example.com:2222"
@@ -491,13 +497,17 @@ def test_the_database_host_can_be_reached_over_ssh(tmp_path: Path) -> None:
     assert cluster.adapter.host is cluster.host
 
 
-@pytest.mark.parametrize(("section", "match"), [
-    ('ssh = "db1"\nidentityfile = "x"', "identityfile"),
-    ('user = "root"', "no ssh destination"),
-    ('ssh = "db1"\nport = "22"', "port must be a number"),
-])
-def test_bad_host_sections_are_usage_errors(run: Run, tmp_path: Path, section: str,
-                                            match: str) -> None:
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ('ssh = "db1"\nidentityfile = "x"', "identityfile"),
+        ('user = "root"', "no ssh destination"),
+        ('ssh = "db1"\nport = "22"', "port must be a number"),
+    ],
+)
+def test_bad_host_sections_are_usage_errors(
+    run: Run, tmp_path: Path, section: str, match: str
+) -> None:
     path = write_config(tmp_path)
     path.write_text(path.read_text() + f"\n[host]\n{section}\n")
     code, _, err = run("list", "-c", str(path))
@@ -641,8 +651,9 @@ class _ClosedPipe:
         raise io.UnsupportedOperation("no file descriptor")
 
 
-def test_closed_stdout_exits_141_quietly(config: Path, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_closed_stdout_exits_141_quietly(
+    config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from pgsnap.cli import EXIT_BROKEN_PIPE
 
     assert EXIT_BROKEN_PIPE == 141 and 141 in EXIT_CODES
@@ -752,7 +763,7 @@ def test_unknown_keys_in_volume_host_and_timeouts(run: Run, tmp_path: Path) -> N
 
 def test_unknown_sections_are_refused_with_the_nearest_name(run: Run, tmp_path: Path) -> None:
     path = write_config(tmp_path)
-    path.write_text(path.read_text() + '\n[timeout]\nserver = 300\n')
+    path.write_text(path.read_text() + "\n[timeout]\nserver = 300\n")
     code, _, err = run("list", "-c", str(path))
     assert code == 2
     assert "unknown section [timeout]" in err
@@ -864,21 +875,32 @@ def test_timeouts_come_from_the_config_and_flags_win(
 ) -> None:
     path = write_config(tmp_path)
     path.write_text(
-        path.read_text()
-        + "\n[timeouts]\nconnect = 3\nwal = 90\nserver = 300\nrecovery = 1200\n"
+        path.read_text() + "\n[timeouts]\nconnect = 3\nwal = 90\nserver = 300\nrecovery = 1200\n"
         "restore = 7200\ndevice = 30\ncatalog_lock = 20\n"
     )
     for command in ("plan-recovery", "recover"):
-        kwargs = _recorded(run, monkeypatch, path, command, "--yes"
-                           ) if command == "recover" else _recorded(run, monkeypatch, path,
-                                                                    command)
+        kwargs = (
+            _recorded(run, monkeypatch, path, command, "--yes")
+            if command == "recover"
+            else _recorded(run, monkeypatch, path, command)
+        )
         assert kwargs["server_timeout"] == 300
         assert kwargs["recovery_timeout"] == 1200
         assert kwargs["restore_timeout"] == 7200
         assert kwargs["device_timeout"] == 30
     kwargs = _recorded(
-        run, monkeypatch, path, "plan-recovery", "--server-timeout", "900",
-        "--recovery-timeout", "5", "--restore-timeout", "60", "--device-timeout", "7.5",
+        run,
+        monkeypatch,
+        path,
+        "plan-recovery",
+        "--server-timeout",
+        "900",
+        "--recovery-timeout",
+        "5",
+        "--restore-timeout",
+        "60",
+        "--device-timeout",
+        "7.5",
     )
     assert (kwargs["server_timeout"], kwargs["recovery_timeout"]) == (900, 5)
     assert (kwargs["restore_timeout"], kwargs["device_timeout"]) == (60, 7.5)
@@ -907,8 +929,14 @@ def test_timeouts_come_from_the_config_and_flags_win(
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
 @pytest.mark.parametrize(
     "flag",
-    ["--server-timeout", "--recovery-timeout", "--restore-timeout", "--device-timeout",
-     "--connect-timeout", "--catalog-lock-timeout"],
+    [
+        "--server-timeout",
+        "--recovery-timeout",
+        "--restore-timeout",
+        "--device-timeout",
+        "--connect-timeout",
+        "--catalog-lock-timeout",
+    ],
 )
 def test_bad_timeout_flags_are_usage_errors(run: Run, config: Path, flag: str, value: str) -> None:
     code, out, err = run("plan-recovery", "-c", str(config), f"{flag}={value}")
@@ -917,9 +945,7 @@ def test_bad_timeout_flags_are_usage_errors(run: Run, config: Path, flag: str, v
 
 
 @pytest.mark.parametrize("value", ['"300"', "0", "-2", "true", "nan"])
-def test_bad_timeouts_in_the_config_are_usage_errors(
-    run: Run, tmp_path: Path, value: str
-) -> None:
+def test_bad_timeouts_in_the_config_are_usage_errors(run: Run, tmp_path: Path, value: str) -> None:
     path = write_config(tmp_path)
     path.write_text(path.read_text() + f"\n[timeouts]\nserver = {value}\n")
     code, _, err = run("list", "-c", str(path))
@@ -931,10 +957,26 @@ def test_bad_timeouts_in_the_config_are_usage_errors(
     ("command", "flags"),
     [
         ("backup", ["--wal-timeout", "--connect-timeout"]),
-        ("plan-recovery", ["--server-timeout", "--recovery-timeout", "--restore-timeout",
-                           "--device-timeout", "--connect-timeout"]),
-        ("recover", ["--server-timeout", "--recovery-timeout", "--restore-timeout",
-                     "--device-timeout", "--connect-timeout"]),
+        (
+            "plan-recovery",
+            [
+                "--server-timeout",
+                "--recovery-timeout",
+                "--restore-timeout",
+                "--device-timeout",
+                "--connect-timeout",
+            ],
+        ),
+        (
+            "recover",
+            [
+                "--server-timeout",
+                "--recovery-timeout",
+                "--restore-timeout",
+                "--device-timeout",
+                "--connect-timeout",
+            ],
+        ),
         ("resume", ["--connect-timeout"]),
         ("check", ["--connect-timeout"]),
     ],
@@ -1014,12 +1056,15 @@ def test_catalog_wal_index_setting(config: Path, tmp_path: Path, run: Run) -> No
     assert code == 2 and "[catalog] wal_index is 3" in err, err
 
 
-@pytest.mark.parametrize("conninfo", [
-    "host=/x port=1 user=u PassWord=" + SECRET,
-    "postgresql://u:" + SECRET + "@localhost:1/d",
-    "postgres://u:" + SECRET + "@localhost:1/d?sslmode=disable",
-    "postgresql://u@localhost:1/d?password=" + SECRET,
-])
+@pytest.mark.parametrize(
+    "conninfo",
+    [
+        "host=/x port=1 user=u PassWord=" + SECRET,
+        "postgresql://u:" + SECRET + "@localhost:1/d",
+        "postgres://u:" + SECRET + "@localhost:1/d?sslmode=disable",
+        "postgresql://u@localhost:1/d?password=" + SECRET,
+    ],
+)
 def test_every_form_of_a_password_in_conninfo_is_refused(
     run: Run, tmp_path: Path, conninfo: str
 ) -> None:
@@ -1044,8 +1089,13 @@ def test_list_does_not_import_the_database_driver(config: Path) -> None:
         "assert 'psycopg' not in sys.modules\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.strip().endswith("ok"), out.stdout + out.stderr
 
 
@@ -1071,9 +1121,7 @@ def test_a_misspelt_retention_key_is_refused(run: Run, tmp_path: Path) -> None:
         assert "did you mean 'redundancy'?" in err
 
 
-def test_list_shows_the_backups_when_the_forecast_cannot_be_made(
-    run: Run, tmp_path: Path
-) -> None:
+def test_list_shows_the_backups_when_the_forecast_cannot_be_made(run: Run, tmp_path: Path) -> None:
     path = write_config(tmp_path)
     (tmp_path / "archive").rmdir()  # the expiry facts need the archive
     code, out, err = run("list", "-c", str(path), "--redundancy", "1")

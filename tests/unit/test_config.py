@@ -36,14 +36,17 @@ def test_a_file_and_a_mapping_build_the_same_cluster(tmp_path: Path) -> None:
     assert tuple(from_file.backups()) == tuple(from_mapping.backups()) == ()
 
 
-def test_relative_paths_follow_the_file_or_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_relative_paths_follow_the_file_or_base(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "site" / "archive").mkdir(parents=True)
     conf = _mapping(write_config(tmp_path))
     conf["archive"] = {"path": "archive"}
     conf["catalog"] = {"path": "catalog"}
     file = tmp_path / "site" / "pgsnap.toml"
     file.write_text(
-        (tmp_path / "pgsnap.toml").read_text()
+        (tmp_path / "pgsnap.toml")
+        .read_text()
         .replace(f'path = "{tmp_path / "archive"}"', 'path = "archive"')
         .replace(f'path = "{tmp_path / "catalog"}"', 'path = "catalog"')
     )
@@ -57,18 +60,36 @@ def test_relative_paths_follow_the_file_or_base(tmp_path: Path, monkeypatch: pyt
 @pytest.mark.parametrize(
     ("edit", "message", "hint"),
     [
-        (lambda c: c.update(databse={}), "configuration mapping has an unknown section [databse]",
-         "did you mean [database]?"),
-        (lambda c: c["archive"].update(gzipped=True), "[archive] has an unknown key 'gzipped'",
-         "did you mean 'gzip'?"),
-        (lambda c: c["database"].update(password="hunter2"),
-         "the configuration file must not hold a password", "password_env"),
-        (lambda c: c.pop("catalog"), "configuration mapping lacks the [catalog] section",
-         "docs/cli.md"),
-        (lambda c: c.update(volume={"id": "v"}), "[[volume]] table (double brackets)", "docs/cli.md"),
+        (
+            lambda c: c.update(databse={}),
+            "configuration mapping has an unknown section [databse]",
+            "did you mean [database]?",
+        ),
+        (
+            lambda c: c["archive"].update(gzipped=True),
+            "[archive] has an unknown key 'gzipped'",
+            "did you mean 'gzip'?",
+        ),
+        (
+            lambda c: c["database"].update(password="hunter2"),
+            "the configuration file must not hold a password",
+            "password_env",
+        ),
+        (
+            lambda c: c.pop("catalog"),
+            "configuration mapping lacks the [catalog] section",
+            "docs/cli.md",
+        ),
+        (
+            lambda c: c.update(volume={"id": "v"}),
+            "[[volume]] table (double brackets)",
+            "docs/cli.md",
+        ),
     ],
 )
-def test_what_is_wrong_is_said_with_what_to_write(tmp_path: Path, edit, message: str, hint: str) -> None:
+def test_what_is_wrong_is_said_with_what_to_write(
+    tmp_path: Path, edit, message: str, hint: str
+) -> None:
     conf = _mapping(write_config(tmp_path))
     edit(conf)
     with pytest.raises(ConfigurationError) as info:
@@ -87,7 +108,13 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
     assert pgsnap.Cluster.from_config(conf).adapter is not None
     args = cluster_arguments(conf)
     assert sorted(args) == [
-        "adapter", "archive", "backend", "catalog", "journal_dir", "layout", "wal_index",
+        "adapter",
+        "archive",
+        "backend",
+        "catalog",
+        "journal_dir",
+        "layout",
+        "wal_index",
     ]
 
 

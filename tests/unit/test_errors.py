@@ -9,29 +9,40 @@ from pgsnap import errors
 
 
 def _all_errors():
-    return [obj for _, obj in inspect.getmembers(errors, inspect.isclass)
-            if issubclass(obj, errors.PgsnapError)]
+    return [
+        obj
+        for _, obj in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(obj, errors.PgsnapError)
+    ]
 
 
 SAMPLES = {
-    "step_id": "restore-vol-1", "action": "storage.restore_volume", "volume_id": "vol-1",
-    "snapshot_id": "snap-1", "plan_id": "ab" * 32, "state": "failed", "argv": ("umount", "/x"),
-    "returncode": 32, "path": "/pg/data", "target": "/pg/data", "device": "/dev/sdb",
+    "step_id": "restore-vol-1",
+    "action": "storage.restore_volume",
+    "volume_id": "vol-1",
+    "snapshot_id": "snap-1",
+    "plan_id": "ab" * 32,
+    "state": "failed",
+    "argv": ("umount", "/x"),
+    "returncode": 32,
+    "path": "/pg/data",
+    "target": "/pg/data",
+    "device": "/dev/sdb",
 }
 
 
 def _required(cls):
     """The keyword arguments the class's constructor requires, with sample values."""
     params = inspect.signature(cls).parameters.values()
-    return {p.name: SAMPLES[p.name] for p in params
-            if p.kind is p.KEYWORD_ONLY and p.default is p.empty}
+    return {
+        p.name: SAMPLES[p.name] for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    }
 
 
 @pytest.mark.parametrize("cls", _all_errors(), ids=lambda c: c.__name__)
 def test_every_error_pickles_with_its_data(cls):
     required = _required(cls)
-    err = cls("something broke", hint="do this", missing=("a", "b"), extra_detail="x",
-              **required)
+    err = cls("something broke", hint="do this", missing=("a", "b"), extra_detail="x", **required)
     copy = pickle.loads(pickle.dumps(err))
     assert type(copy) is cls
     assert str(copy) == str(err) == "something broke (hint: do this)"
@@ -43,9 +54,14 @@ def test_every_error_pickles_with_its_data(cls):
 
 
 def test_execution_errors_always_say_what_was_done_and_undone():
-    err = errors.ExecutionError("boom", step_id="s2", completed=["s0", "s1"], compensated=["s1"],
-                                compensation_failures=["s0: x"],
-                                cause=errors.BackendUnavailable("array down", backend="mock"))
+    err = errors.ExecutionError(
+        "boom",
+        step_id="s2",
+        completed=["s0", "s1"],
+        compensated=["s1"],
+        compensation_failures=["s0: x"],
+        cause=errors.BackendUnavailable("array down", backend="mock"),
+    )
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.step_id, copy.completed, copy.compensated) == ("s2", ("s0", "s1"), ("s1",))
     assert copy.compensation_failures == ("s0: x",)

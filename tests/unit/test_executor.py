@@ -99,10 +99,17 @@ class FakeDb:
 
     def describe(self):
         return ServerFacts(
-            version_num=150018, system_identifier="1", data_directory="/pg/data",
-            wal_directory="/pg/wal", wal_segment_size=MB, timeline=self.timeline,
-            checkpoint_lsn="0/1", redo_lsn="0/1", current_lsn="0/1",
-            in_recovery=self.in_recovery, settings={"wal_level": "replica"},
+            version_num=150018,
+            system_identifier="1",
+            data_directory="/pg/data",
+            wal_directory="/pg/wal",
+            wal_segment_size=MB,
+            timeline=self.timeline,
+            checkpoint_lsn="0/1",
+            redo_lsn="0/1",
+            current_lsn="0/1",
+            in_recovery=self.in_recovery,
+            settings={"wal_level": "replica"},
             replay_lsn=self.replay_lsn,
         )
 
@@ -182,15 +189,26 @@ def make_world(tmp_path=None, *, catalog=None, backend=None):
     backend = backend or MockBackend()
     data = backend.add_volume("data")
     wal = backend.add_volume("wal")
-    layout = Layout([Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
-                     Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal")])
+    layout = Layout(
+        [
+            Volume(data.id, "data", VolumeRole.DATA, "/pg/data"),
+            Volume(wal.id, "wal", VolumeRole.WAL, "/pg/wal"),
+        ]
+    )
     events: list[Event] = []
     db = FakeDb()
     catalog = catalog if catalog is not None else MemoryCatalog()
     archive = FakeArchive()
-    ex = Executor(adapter=cast(DatabaseAdapter, db), backend=backend, catalog=catalog,
-                  archive=archive, layout=layout, on_event=events.append, sleep=lambda s: None,
-                  journal_dir=None if tmp_path is None else tmp_path / "journal")
+    ex = Executor(
+        adapter=cast(DatabaseAdapter, db),
+        backend=backend,
+        catalog=catalog,
+        archive=archive,
+        layout=layout,
+        on_event=events.append,
+        sleep=lambda s: None,
+        journal_dir=None if tmp_path is None else tmp_path / "journal",
+    )
     return World(backend, layout, db, catalog, archive, ex, events)
 
 
@@ -207,10 +225,17 @@ def jworld(tmp_path):
 
 def backup_plan(world, wal_timeout=0.05, backup_id="b-1"):
     facts = BackupFacts(
-        server=world.db.describe(), archiver=ARCHIVER, layout=world.layout,
-        volumes=world.backend.list_volumes(), capabilities=world.backend.capabilities,
-        catalog=(), archive_location="/archive", archive_timelines=(1,), host="db1",
-        volume_facts=directory_volumes(world.layout), paths=paths_of(world.db.describe()),
+        server=world.db.describe(),
+        archiver=ARCHIVER,
+        layout=world.layout,
+        volumes=world.backend.list_volumes(),
+        capabilities=world.backend.capabilities,
+        catalog=(),
+        archive_location="/archive",
+        archive_timelines=(1,),
+        host="db1",
+        volume_facts=directory_volumes(world.layout),
+        paths=paths_of(world.db.describe()),
     )
     return plan_backup(facts, BackupRequest(backup_id, "test", wal_timeout=wal_timeout))
 
@@ -297,8 +322,15 @@ def counting_plan(n=4, *, kind="recovery", barrier_at=None, needs_process_at=Non
         elif i == needs_process_at:
             steps.append(Step.of(tag, NeedsProcess(tag), description=f"step {i}", reason="t"))
         else:
-            steps.append(Step.of(tag, Count(tag), description=f"step {i}", reason="test",
-                                 undo=Undo(tag, seen=Ref(tag, "n"))))
+            steps.append(
+                Step.of(
+                    tag,
+                    Count(tag),
+                    description=f"step {i}",
+                    reason="test",
+                    undo=Undo(tag, seen=Ref(tag, "n")),
+                )
+            )
     return Plan(kind, tuple(steps), fp)
 
 
@@ -325,8 +357,9 @@ def test_backup_success_records_everything(world):
 
 
 def test_snapshot_failure_leaves_no_backup_mode_no_snapshot_and_a_failed_record(world):
-    world.backend.inject_fault("create_snapshot_group",
-                               error=errors.BackendUnavailable("array down"))
+    world.backend.inject_fault(
+        "create_snapshot_group", error=errors.BackendUnavailable("array down")
+    )
     with pytest.raises(errors.ExecutionError) as info:
         world.ex.run(backup_plan(world))
     err = info.value
@@ -405,8 +438,11 @@ def test_dry_run_touches_nothing(jworld):
     assert jworld.db.log == []
     assert jworld.catalog.list() == ()
     assert {e.kind for e in jworld.events} == {EventKind.PLANNED}
-    assert not (jworld.ex.journal_dir and jworld.ex.journal_dir.exists()
-                and any(jworld.ex.journal_dir.iterdir()))
+    assert not (
+        jworld.ex.journal_dir
+        and jworld.ex.journal_dir.exists()
+        and any(jworld.ex.journal_dir.iterdir())
+    )
 
 
 # --------------------------------------------------------------------------- section 1 defects
@@ -576,9 +612,13 @@ def test_verify_checks_how_far_recovery_replayed(world):
     assert result.outputs["verify"]["replay_checked"] is True
     # After a shutdown the wait step's outcome says how far replay went.
     world.db.running = False
-    shutdown = VerifyRecovery(action=RecoveryAction.SHUTDOWN, min_replay_lsn=STOP_LSN, wait_step="w")
-    steps = (Step.of("w", Count("w"), description="w", reason="r"),
-             Step.of("v", shutdown, description="v", reason="r"))
+    shutdown = VerifyRecovery(
+        action=RecoveryAction.SHUTDOWN, min_replay_lsn=STOP_LSN, wait_step="w"
+    )
+    steps = (
+        Step.of("w", Count("w"), description="w", reason="r"),
+        Step.of("v", shutdown, description="v", reason="r"),
+    )
     SCRIPT["w"] = lambda ctx: None
     result = world.ex.run(Plan("recovery", steps, "fp2"))
     assert result.outputs["v"]["replay_checked"] is False  # unknown: said, not passed off
@@ -790,8 +830,12 @@ def test_backup_list_renders_for_notebooks():
     from pgsnap.cluster import BackupList
     from tests.unit.test_model import _record
 
-    backups = BackupList([_record(id="b-1"), _record(id="b-<2>", state=BackupState.FAILED,
-                                                     failure_reason="array down")])
+    backups = BackupList(
+        [
+            _record(id="b-1"),
+            _record(id="b-<2>", state=BackupState.FAILED, failure_reason="array down"),
+        ]
+    )
     assert isinstance(backups, tuple)
     assert backups[0].id == "b-1"
     html = backups._repr_html_()
@@ -823,8 +867,11 @@ def test_a_journal_removed_during_the_run_is_written_again_and_reported(jworld, 
     result = jworld.ex.run(plan)  # resumed from the journal written again
     assert result.resumed
     assert [(e.kind, e.step_id) for e in jworld.events[-4:]] == [
-        (EventKind.STARTED, "s2"), (EventKind.FINISHED, "s2"),
-        (EventKind.STARTED, "s3"), (EventKind.FINISHED, "s3")]
+        (EventKind.STARTED, "s2"),
+        (EventKind.FINISHED, "s2"),
+        (EventKind.STARTED, "s3"),
+        (EventKind.FINISHED, "s3"),
+    ]
 
 
 def test_a_run_is_refused_at_once_while_another_process_holds_the_cluster(jworld):
@@ -860,8 +907,14 @@ def test_prechecks_run_before_the_first_step(world):
 
     default_operations().register(Picky.name, Picky, replace=True)
     try:
-        plan = Plan("recovery", (Step.of("a", Count("a"), description="a", reason="r"),
-                                 Step.of("b", Picky(), description="b", reason="r")), "fp-p")
+        plan = Plan(
+            "recovery",
+            (
+                Step.of("a", Count("a"), description="a", reason="r"),
+                Step.of("b", Picky(), description="b", reason="r"),
+            ),
+            "fp-p",
+        )
         with pytest.raises(errors.InvariantError, match="not what the plan says") as info:
             world.ex.run(plan)
     finally:
@@ -885,8 +938,7 @@ def test_the_server_starts_on_restored_volumes_only_after_label_and_settings():
 
     restore = ("restore", RestoreVolume(volume_id="v", snapshot_id="s", backup_id="b"), None)
     label = ("label", WriteBackupLabel(backup_id="b", label_sha256="0" * 64), None)
-    settings = ("settings", WriteRecoverySettings(recovery_target=RecoveryTarget.immediate()),
-                None)
+    settings = ("settings", WriteRecoverySettings(recovery_target=RecoveryTarget.immediate()), None)
     start = ("start", StartServer(), None)
     ctx: Any = SimpleNamespace(step_id="start")
 

@@ -16,9 +16,10 @@ def journal(directory: Path, name: str, ended: RunState | None, age_days: float)
     """A journal whose run ended in ``ended`` (None: still running), last written
     ``age_days`` before NOW."""
     path = directory / f"recovery-{name}.journal"
-    lines = [{"journal": JOURNAL_VERSION, "plan": {}, "plan_id": name,
-              "started_at": NOW.isoformat()},
-             {"step": "a", "state": "done"}]
+    lines = [
+        {"journal": JOURNAL_VERSION, "plan": {}, "plan_id": name, "started_at": NOW.isoformat()},
+        {"step": "a", "state": "done"},
+    ]
     if ended is not None:
         lines.append({"at": NOW.isoformat(), "run": ended.value})
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))

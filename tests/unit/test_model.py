@@ -87,27 +87,46 @@ def test_target_value_must_match_kind():
 
 def test_recovery_settings_render_one_target():
     when = dt.datetime(2026, 11, 30, 12, 0, 1, 500, tzinfo=dt.timezone(dt.timedelta(hours=1)))
-    s = RecoverySettings("cp '/a/%f' '%p'", RecoveryTarget.time(when, inclusive=False),
-                         action=RecoveryAction.PAUSE)
+    s = RecoverySettings(
+        "cp '/a/%f' '%p'", RecoveryTarget.time(when, inclusive=False), action=RecoveryAction.PAUSE
+    )
     params = s.parameters()
     assert params["recovery_target_time"] == "2026-11-30 11:00:01.000500+00"
     assert params["recovery_target_inclusive"] == "off"
     assert params["recovery_target_action"] == "pause"
-    assert sum(k.startswith("recovery_target") and k not in (
-        "recovery_target_timeline", "recovery_target_action", "recovery_target_inclusive")
-        for k in params) == 1
+    assert (
+        sum(
+            k.startswith("recovery_target")
+            and k
+            not in (
+                "recovery_target_timeline",
+                "recovery_target_action",
+                "recovery_target_inclusive",
+            )
+            for k in params
+        )
+        == 1
+    )
     assert "restore_command = 'cp ''/a/%f'' ''%p'''" in s.lines()
-    assert RecoverySettings("x", RecoveryTarget.immediate()).parameters()["recovery_target"] == "immediate"
-    assert "recovery_target_inclusive" not in RecoverySettings("x", RecoveryTarget.name("rp")).parameters()
+    assert (
+        RecoverySettings("x", RecoveryTarget.immediate()).parameters()["recovery_target"]
+        == "immediate"
+    )
+    assert (
+        "recovery_target_inclusive"
+        not in RecoverySettings("x", RecoveryTarget.name("rp")).parameters()
+    )
 
 
 def _layout():
-    return Layout([
-        Volume("v1", "data", VolumeRole.DATA, "/pg/data"),
-        Volume("v2", "wal", VolumeRole.WAL, "/pg/wal"),
-        Volume("v3", "ts", VolumeRole.TABLESPACE, "/pg/ts", tablespace_oid=16384),
-        Volume("v4", "archive", VolumeRole.ARCHIVE, "/archive"),
-    ])
+    return Layout(
+        [
+            Volume("v1", "data", VolumeRole.DATA, "/pg/data"),
+            Volume("v2", "wal", VolumeRole.WAL, "/pg/wal"),
+            Volume("v3", "ts", VolumeRole.TABLESPACE, "/pg/ts", tablespace_oid=16384),
+            Volume("v4", "archive", VolumeRole.ARCHIVE, "/archive"),
+        ]
+    )
 
 
 def test_layout_rules():
@@ -127,14 +146,24 @@ def test_layout_rules():
 
 def _record(**kw):
     base = dict(
-        id="20261130T000000000Z", label="nightly", state=BackupState.DONE,
-        system_identifier="7300000000000000001", server_version=150018,
-        wal_segment_size=16 << 20, layout=_layout(), start_lsn="0/4000028", start_timeline=1,
-        start_time=dt.datetime(2026, 11, 30, 0, 0, 1, tzinfo=UTC), stop_lsn="0/4000100",
-        stop_timeline=1, stop_time=dt.datetime(2026, 11, 30, 0, 0, 2, 123456, tzinfo=UTC),
+        id="20261130T000000000Z",
+        label="nightly",
+        state=BackupState.DONE,
+        system_identifier="7300000000000000001",
+        server_version=150018,
+        wal_segment_size=16 << 20,
+        layout=_layout(),
+        start_lsn="0/4000028",
+        start_timeline=1,
+        start_time=dt.datetime(2026, 11, 30, 0, 0, 1, tzinfo=UTC),
+        stop_lsn="0/4000100",
+        stop_timeline=1,
+        stop_time=dt.datetime(2026, 11, 30, 0, 0, 2, 123456, tzinfo=UTC),
         labelfile="START WAL LOCATION: 0/4000028 (file 000000010000000000000004)\nLABEL: x\n",
-        spcmapfile="16384 /pg/ts\n", snapshot_group_id="cg-1",
-        snapshots={"v2": "s2", "v1": "s1", "v3": "s3"}, backup_mode_seconds=0.05,
+        spcmapfile="16384 /pg/ts\n",
+        snapshot_group_id="cg-1",
+        snapshots={"v2": "s2", "v1": "s1", "v3": "s3"},
+        backup_mode_seconds=0.05,
     )
     base.update(kw)
     return BackupRecord(**base)
@@ -175,12 +204,17 @@ def test_missing_field_and_wrong_type_are_format_errors():
         from_dict(BackupRecord, data)
 
 
-@pytest.mark.parametrize("target", [
-    RecoveryTarget.latest(), RecoveryTarget.immediate(),
-    RecoveryTarget.time(dt.datetime(2026, 1, 1, tzinfo=UTC), inclusive=False),
-    RecoveryTarget.lsn("0/3000060"), RecoveryTarget.xid(735),
-    RecoveryTarget.name("2026-01-01 00:00:00+00"),  # a name that looks like a time stays a name
-])
+@pytest.mark.parametrize(
+    "target",
+    [
+        RecoveryTarget.latest(),
+        RecoveryTarget.immediate(),
+        RecoveryTarget.time(dt.datetime(2026, 1, 1, tzinfo=UTC), inclusive=False),
+        RecoveryTarget.lsn("0/3000060"),
+        RecoveryTarget.xid(735),
+        RecoveryTarget.name("2026-01-01 00:00:00+00"),  # a name that looks like a time stays a name
+    ],
+)
 def test_target_round_trip(target):
     assert from_json(RecoveryTarget, to_json(target)) == target
 

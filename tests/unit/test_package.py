@@ -16,10 +16,12 @@ PACKAGE = pathlib.Path(pgsnap.__file__).parent
 
 
 def test_import_does_not_load_drivers():
-    code = ("import sys, pgsnap, pgsnap.model, pgsnap.wal, pgsnap.backends, pgsnap.cluster, "
-            "pgsnap.plan, pgsnap.executor, pgsnap.cli; "
-            "print(sorted(m for m in ('psycopg', 'requests', 'pgsnap.backends.mock') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, pgsnap, pgsnap.model, pgsnap.wal, pgsnap.backends, pgsnap.cluster, "
+        "pgsnap.plan, pgsnap.executor, pgsnap.cli; "
+        "print(sorted(m for m in ('psycopg', 'requests', 'pgsnap.backends.mock') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -133,8 +135,9 @@ def test_runtime_dependencies_are_what_the_runtime_imports():
     import tomllib
 
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
-    declared = {d.split("[")[0].split(">")[0].split("=")[0].strip().lower()
-                for d in project["dependencies"]}
+    declared = {
+        d.split("[")[0].split(">")[0].split("=")[0].strip().lower() for d in project["dependencies"]
+    }
     imported = set()
     for path in PACKAGE.rglob("*.py"):
         if "testing" in path.relative_to(PACKAGE).parts:
@@ -147,9 +150,11 @@ def test_runtime_dependencies_are_what_the_runtime_imports():
     third_party = {m for m in imported if m not in sys.stdlib_module_names and m != "pgsnap"}
     # Optional accelerators (extras, imported under try/except ImportError) and the
     # optional backends' libraries (imported lazily inside the backend) beside them.
-    optional = {d.split(">")[0].split("=")[0].strip().lower()
-                for extra in ("fast", "powerflex")
-                for d in project["optional-dependencies"][extra]}
+    optional = {
+        d.split(">")[0].split("=")[0].strip().lower()
+        for extra in ("fast", "powerflex")
+        for d in project["optional-dependencies"][extra]
+    }
     assert third_party - optional == declared
     assert optional <= third_party  # an extra nothing uses is a stale extra
 

@@ -106,7 +106,9 @@ def test_a_pin_is_a_plan_undone_by_the_pin_it_found(tmp_path):
         cluster.execute(stale)
     assert isinstance(cluster.catalog, ClusterLockProvider)
     lock = cluster.catalog.cluster_lock()
-    with lock.acquire(LockHolder("recovery", "e" * 64, 4242, "db9", T0)), \
-            pytest.raises(ClusterLockedError):
+    with (
+        lock.acquire(LockHolder("recovery", "e" * 64, 4242, "db9", T0)),
+        pytest.raises(ClusterLockedError),
+    ):
         cluster.unpin(record.id)
     assert cluster.unpin(record.id).pin is None

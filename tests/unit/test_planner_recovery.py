@@ -36,11 +36,13 @@ from pgsnap.wal import ArchiveIndex, TimelineGraph, parse_history, segment_name
 MB = 1 << 20
 UTC = dt.UTC
 T0 = dt.datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
-LAYOUT = Layout([
-    Volume("vol-data", "data", VolumeRole.DATA, "/pg/data"),
-    Volume("vol-wal", "wal", VolumeRole.WAL, "/pg/wal"),
-    Volume("vol-arch", "archive", VolumeRole.ARCHIVE, "/archive"),
-])
+LAYOUT = Layout(
+    [
+        Volume("vol-data", "data", VolumeRole.DATA, "/pg/data"),
+        Volume("vol-wal", "wal", VolumeRole.WAL, "/pg/wal"),
+        Volume("vol-arch", "archive", VolumeRole.ARCHIVE, "/archive"),
+    ]
+)
 
 
 def lsn(seg, off=0x28):
@@ -49,11 +51,21 @@ def lsn(seg, off=0x28):
 
 def backup(bid, start_seg, stop_seg, minute, *, tli=1, state=BackupState.DONE):
     return BackupRecord(
-        id=bid, label=bid, state=state, system_identifier="1", server_version=150018,
-        wal_segment_size=MB, layout=LAYOUT, start_lsn=lsn(start_seg), start_timeline=tli,
-        start_time=T0 + dt.timedelta(minutes=minute), stop_lsn=lsn(stop_seg, 0x100),
-        stop_timeline=tli, stop_time=T0 + dt.timedelta(minutes=minute, seconds=1),
-        labelfile=f"LABEL: {bid}\n", spcmapfile="",
+        id=bid,
+        label=bid,
+        state=state,
+        system_identifier="1",
+        server_version=150018,
+        wal_segment_size=MB,
+        layout=LAYOUT,
+        start_lsn=lsn(start_seg),
+        start_timeline=tli,
+        start_time=T0 + dt.timedelta(minutes=minute),
+        stop_lsn=lsn(stop_seg, 0x100),
+        stop_timeline=tli,
+        stop_time=T0 + dt.timedelta(minutes=minute, seconds=1),
+        labelfile=f"LABEL: {bid}\n",
+        spcmapfile="",
         snapshots={"vol-data": f"{bid}-d", "vol-wal": f"{bid}-w"},
     )
 
@@ -69,16 +81,32 @@ def directory_volumes(layout=LAYOUT):
     )
 
 
-def facts(backups, segs=range(1, 21), *, extra_names=(), histories=(), events=None,
-          caps=frozenset(Capability), policies=(), local=None, now=T0 + dt.timedelta(days=1),
-          volume_facts=None):
+def facts(
+    backups,
+    segs=range(1, 21),
+    *,
+    extra_names=(),
+    histories=(),
+    events=None,
+    caps=frozenset(Capability),
+    policies=(),
+    local=None,
+    now=T0 + dt.timedelta(days=1),
+    volume_facts=None,
+):
     names = [segment_name(1, s, MB) for s in segs] + list(extra_names)
     idx = ArchiveIndex.build(names, MB)
     return RecoveryFacts(
-        layout=LAYOUT, backups=tuple(backups), snapshots=snaps(*backups), policies=policies,
-        capabilities=caps, archive=idx,
-        timelines=TimelineGraph.from_histories(histories), archive_location="/archive",
-        now=now, events=events,
+        layout=LAYOUT,
+        backups=tuple(backups),
+        snapshots=snaps(*backups),
+        policies=policies,
+        capabilities=caps,
+        archive=idx,
+        timelines=TimelineGraph.from_histories(histories),
+        archive_location="/archive",
+        now=now,
+        events=events,
         archive_with_local_wal=ArchiveIndex.build(names + list(local), MB) if local else None,
         host="db1",
         volume_facts=directory_volumes() if volume_facts is None else volume_facts,
@@ -105,10 +133,16 @@ def test_time_equal_to_stop_time_is_not_strictly_after():
 
 def test_lsn_target_chooses_by_stop_lsn():
     f = facts([B1, B2])
-    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(12)))).summary[
-        "backup"].startswith("b2")
-    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(9)))).summary[
-        "backup"].startswith("b1")
+    assert (
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(12))))
+        .summary["backup"]
+        .startswith("b2")
+    )
+    assert (
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(9))))
+        .summary["backup"]
+        .startswith("b1")
+    )
 
 
 def test_target_before_every_backup_is_refused_with_earliest_point():
@@ -195,16 +229,21 @@ def test_kept_wal_volume_extends_the_reach():
     plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(40))))
     assert "vol-wal" not in plan.summary["restore"]
     with pytest.raises(errors.TargetOutOfRange):  # WAL volume lost: only the archive counts
-        plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(40)),
-                                         lost={VolumeRole.DATA, VolumeRole.WAL}))
+        plan_recovery(
+            f, RecoveryRequest(RecoveryTarget.lsn(lsn(40)), lost={VolumeRole.DATA, VolumeRole.WAL})
+        )
 
 
 def test_time_in_the_future_and_after_the_last_commit():
     f = facts([B1], now=T0 + dt.timedelta(hours=1))
     with pytest.raises(errors.TargetOutOfRange, match="future"):
         plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(hours=2))))
-    ev = WalEvents(commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
-                   scanned_from=lsn(2), scanned_to=lsn(21, 0), complete=True)
+    ev = WalEvents(
+        commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
+        scanned_from=lsn(2),
+        scanned_to=lsn(21, 0),
+        complete=True,
+    )
     f = attrs.evolve(f, events=ev)
     with pytest.raises(errors.TargetOutOfRange, match="after the last commit"):
         plan_recovery(f, RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=30))))
@@ -217,29 +256,46 @@ def test_a_time_target_is_checked_by_reading_only_up_to_a_commit_after_it():
     target time; the WAL after it is not read. The plan is then checked (no warning),
     and it states no 'last commit' it did not see."""
     f = facts([B1], now=T0 + dt.timedelta(hours=1))
-    prefix = WalEvents(commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
-                       scanned_from=lsn(2), scanned_to=lsn(8, 0), complete=True)
-    plan = plan_recovery(attrs.evolve(f, events=prefix),
-                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))))
+    prefix = WalEvents(
+        commits=((lsn(5), T0 + dt.timedelta(minutes=3), 800),),
+        scanned_from=lsn(2),
+        scanned_to=lsn(8, 0),
+        complete=True,
+    )
+    plan = plan_recovery(
+        attrs.evolve(f, events=prefix),
+        RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))),
+    )
     assert not plan.warnings, plan.warnings
     assert "last commit" not in plan.summary["recoverable to"]
     # no commit after the time in what was read, and the read stopped early: unproven
-    plan = plan_recovery(attrs.evolve(f, events=prefix),
-                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=30))))
+    plan = plan_recovery(
+        attrs.evolve(f, events=prefix),
+        RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=30))),
+    )
     assert any("read only up to" in w for w in plan.warnings), plan.warnings
     # a hole between the backup and the commit: unproven too
     holed = attrs.evolve(prefix, spans=((lsn(2), lsn(3, 0)), (lsn(4, 0), lsn(8, 0))))
-    plan = plan_recovery(attrs.evolve(f, events=holed),
-                         RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))))
+    plan = plan_recovery(
+        attrs.evolve(f, events=holed),
+        RecoveryRequest(RecoveryTarget.time(T0 + dt.timedelta(minutes=2))),
+    )
     assert plan.warnings
 
 
 def test_restore_point_located_by_scan():
-    ev = WalEvents(restore_points=((lsn(12, 0x80), "rp1"),), scanned_from=lsn(2),
-                   scanned_to=lsn(21, 0), complete=True)
+    ev = WalEvents(
+        restore_points=((lsn(12, 0x80), "rp1"),),
+        scanned_from=lsn(2),
+        scanned_to=lsn(21, 0),
+        complete=True,
+    )
     f = facts([B1, B2], events=ev)
-    assert plan_recovery(f, RecoveryRequest(RecoveryTarget.name("rp1"))).summary[
-        "backup"].startswith("b2")
+    assert (
+        plan_recovery(f, RecoveryRequest(RecoveryTarget.name("rp1")))
+        .summary["backup"]
+        .startswith("b2")
+    )
     with pytest.raises(errors.TargetOutOfRange, match="not in the reachable WAL"):
         plan_recovery(f, RecoveryRequest(RecoveryTarget.name("nope")))
     # without a scan: allowed, with a warning
@@ -276,15 +332,33 @@ def test_steps_restore_only_lost_volumes_and_keep_wal():
     f = facts([B1], policies=(SnapshotPolicy("pol-1", "hourly", ("vol-data",)),))
     plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
     ids = [s.id for s in plan.steps]
-    assert ids == ["verify-wal", "pause-policies", "stop-server", "safety-snapshot",
-                   "record-safety-snapshot", "restore-vol-data",
-                   "prepare-datadir", "write-label", "write-recovery-settings", "start-server",
-                   "wait-recovery", "verify", "clear-recovery-settings", "resume-policies"]
+    assert ids == [
+        "verify-wal",
+        "pause-policies",
+        "stop-server",
+        "safety-snapshot",
+        "record-safety-snapshot",
+        "restore-vol-data",
+        "prepare-datadir",
+        "write-label",
+        "write-recovery-settings",
+        "start-server",
+        "wait-recovery",
+        "verify",
+        "clear-recovery-settings",
+        "resume-policies",
+    ]
     assert plan.step("prepare-datadir").params == {"clear_wal": False}
     assert any("WAL volume vol-wal" in k for k in plan.kept)
-    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5)),
-                                            lost={VolumeRole.DATA, VolumeRole.WAL},
-                                            action=RecoveryAction.PAUSE, safety_snapshot=False))
+    plan = plan_recovery(
+        f,
+        RecoveryRequest(
+            RecoveryTarget.lsn(lsn(5)),
+            lost={VolumeRole.DATA, VolumeRole.WAL},
+            action=RecoveryAction.PAUSE,
+            safety_snapshot=False,
+        ),
+    )
     ids = [s.id for s in plan.steps]
     assert "restore-vol-wal" in ids and "safety-snapshot" not in ids
     assert "clear-recovery-settings" not in ids  # paused: the settings are still needed
@@ -309,7 +383,9 @@ def test_fingerprint_changes_with_the_facts():
     f = facts([B1, B2])
     req = RecoveryRequest(RecoveryTarget.lsn(lsn(12)))
     fp = plan_recovery(f, req).fingerprint
-    assert plan_recovery(facts([B1, B2], segs=range(1, 30)), req).fingerprint == fp  # more WAL: same
+    assert (
+        plan_recovery(facts([B1, B2], segs=range(1, 30)), req).fingerprint == fp
+    )  # more WAL: same
     other = attrs.evolve(f, snapshots=tuple(s for s in f.snapshots if s.id != "b2-w"))
     assert plan_recovery(other, req).fingerprint != fp
 
@@ -317,9 +393,13 @@ def test_fingerprint_changes_with_the_facts():
 def block_volumes(profile, *, mounted=True):
     return tuple(
         VolumeFacts(
-            v.id, Location.device(f"/dev/disk/by-id/{v.id}"), profile, f"/dev/sd{v.id[-1]}",
+            v.id,
+            Location.device(f"/dev/disk/by-id/{v.id}"),
+            profile,
+            f"/dev/sd{v.id[-1]}",
             Mount(f"/dev/sd{v.id[-1]}", v.mount_point, "xfs", ("rw", "noatime"))
-            if mounted else None,
+            if mounted
+            else None,
         )
         for v in LAYOUT.snapshotted
     )
@@ -330,9 +410,14 @@ def test_detach_profile_builds_unmount_detach_restore_attach_wait_mount():
     plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.lsn(lsn(5))))
     ids = [s.id for s in plan.steps]
     start = ids.index("record-safety-snapshot") + 1
-    assert ids[start:start + 7] == [
-        "unmount-vol-data", "detach-vol-data", "restore-vol-data", "attach-vol-data",
-        "wait-device-vol-data", "mount-vol-data", "prepare-datadir",
+    assert ids[start : start + 7] == [
+        "unmount-vol-data",
+        "detach-vol-data",
+        "restore-vol-data",
+        "attach-vol-data",
+        "wait-device-vol-data",
+        "mount-vol-data",
+        "prepare-datadir",
     ]
     unmount = plan.step("unmount-vol-data")
     assert unmount.params == {"mount_point": "/pg/data", "volume_id": "vol-data"}
@@ -345,19 +430,25 @@ def test_detach_profile_builds_unmount_detach_restore_attach_wait_mount():
     restore = plan.step("restore-vol-data")
     assert restore.params["backup_id"] == B1.id  # checked against the catalog when it runs
     assert restore.compensation_params == {
-        "volume_id": "vol-data", "snapshot_id": {"$ref": ["safety-snapshot", "snapshots",
-                                                         "vol-data"]}, "backup_id": None}
+        "volume_id": "vol-data",
+        "snapshot_id": {"$ref": ["safety-snapshot", "snapshots", "vol-data"]},
+        "backup_id": None,
+    }
     assert plan.point_of_no_return == "start-server"
 
 
 def test_unmount_only_profile_and_a_volume_not_mounted_now():
-    f = facts([B1], volume_facts=block_volumes(RestoreProfile(RestorePreparation.UNMOUNT),
-                                               mounted=False))
+    f = facts(
+        [B1], volume_facts=block_volumes(RestoreProfile(RestorePreparation.UNMOUNT), mounted=False)
+    )
     ids = [s.id for s in plan_recovery(f, RecoveryRequest()).steps]
     assert "unmount-vol-data" not in ids  # nothing is mounted: nothing to unmount
     assert "detach-vol-data" not in ids and "attach-vol-data" not in ids
-    assert ids.index("restore-vol-data") < ids.index("wait-device-vol-data") < ids.index(
-        "mount-vol-data")
+    assert (
+        ids.index("restore-vol-data")
+        < ids.index("wait-device-vol-data")
+        < ids.index("mount-vol-data")
+    )
 
 
 def test_a_restore_that_completes_later_is_waited_for():
@@ -432,8 +523,11 @@ def test_an_xid_in_a_gap_is_refused_with_what_is_reachable():
     """Issue 19: an xid or restore point that may lie in a WAL gap between two backups
     raised WalGapError with reachable_lsn=None; time and LSN targets in the same gap
     said where the WAL ends."""
-    ev = WalEvents(commits=((lsn(12), T0 + dt.timedelta(minutes=13), 800),),
-                   spans=((lsn(2), LSN(6 * MB)), (lsn(10), LSN(15 * MB))), complete=True)
+    ev = WalEvents(
+        commits=((lsn(12), T0 + dt.timedelta(minutes=13), 800),),
+        spans=((lsn(2), LSN(6 * MB)), (lsn(10), LSN(15 * MB))),
+        complete=True,
+    )
     f = facts([B1, B2], segs=[*range(1, 6), *range(9, 15)], events=ev)
     for target in (RecoveryTarget.xid(999), RecoveryTarget.name("nowhere")):
         with pytest.raises(errors.WalGapError) as info:
@@ -453,8 +547,11 @@ def test_a_backup_consistent_at_a_switchpoint_is_on_the_new_timeline():
     history = parse_history(f"1\t{switch}\tno recovery target specified\n", 2)
     names = [segment_name(1, s, MB) for s in range(1, 4)]
     names += [segment_name(2, s, MB) for s in range(3, 8)] + ["00000002.history"]
-    f = attrs.evolve(facts([B1], segs=()), archive=ArchiveIndex.build(names, MB),
-                     timelines=TimelineGraph.from_histories([history]))
+    f = attrs.evolve(
+        facts([B1], segs=()),
+        archive=ArchiveIndex.build(names, MB),
+        timelines=TimelineGraph.from_histories([history]),
+    )
     plan = plan_recovery(f, RecoveryRequest())
     assert plan.summary["backup"].startswith("b1")
     assert plan.summary["timeline path"].startswith("1 (until 0/300100) -> 2")

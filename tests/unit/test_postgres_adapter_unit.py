@@ -315,8 +315,13 @@ def test_the_adapter_imports_psycopg_only_to_talk_to_the_server(tmp_path: Path) 
         "a.is_running()\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, cwd=Path(__file__).resolve().parents[2])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert out.stdout.strip() == "ok", out.stderr
 
 
@@ -499,7 +504,7 @@ def test_last_startup_offset_finds_the_latest_start(tmp_path):
     second = b"2026-11-30 LOG:  starting PostgreSQL 15.18 on x86_64\nrecovery stopping\n"
     log.write_bytes(first + b"x" * 5000 + b"\n" + second)
     host = Host()
-    assert log.read_bytes()[last_startup_offset(host, str(log)):] == second
+    assert log.read_bytes()[last_startup_offset(host, str(log)) :] == second
     assert last_startup_offset(host, str(log)) == len(first) + 5001
     log.write_bytes(b"no start here\n")
     assert last_startup_offset(host, str(log)) == 0
@@ -528,7 +533,7 @@ def test_a_zombie_postmaster_is_not_a_live_server(tmp_path):
 
 _LOG_VOCABULARY = [
     "2026-12-01 00:00:00.000 UTC [1] LOG:  starting point-in-time recovery to XID 900",
-    "2026-12-01 00:00:00.000 UTC [1] LOG:  restored log file \"000000010000000000000003\" "
+    '2026-12-01 00:00:00.000 UTC [1] LOG:  restored log file "000000010000000000000003" '
     "from archive",
     "2026-12-01 00:00:00.000 UTC [1] LOG:  redo starts at 0/3000028",
     "2026-12-01 00:00:00.000 UTC [1] LOG:  recovery stopping after commit of transaction 900",

@@ -239,20 +239,58 @@ ERROR_BODIES = [
         PowerFlexSnapshotLimit,
         "rc 182",
     ),
-    ({"message": "Could not find the volume", "httpStatusCode": 500, "errorCode": 79},
-     PowerFlexNotFound, "Could not find the volume"),
-    ({"message": "Invalid id: must be a hexadecimal number", "httpStatusCode": 500,
-      "errorCode": 0}, PowerFlexNotFound, "hexadecimal"),
-    ({"message": "Volume name already in use. Please use a different name.",
-      "httpStatusCode": 500, "errorCode": 99}, PowerFlexNameInUse, "already in use"),
-    ({"message": "Error with details", "httpStatusCode": 500, "errorCode": 104,
-      "details": [{"error": "VOL_MAPPED", "rc": 0, "errorMessage": "Volume is mapped"}]},
-     PowerFlexVolumeMapped, "Volume is mapped"),
-    ({"message": "Error with details", "httpStatusCode": 500, "errorCode": 0,
-      "details": [{"error": "SECURE_SNAPSHOT_NOT_EXPIRED"}]},
-     PowerFlexSecureSnapshot, "SECURE_SNAPSHOT_NOT_EXPIRED"),
-    ({"message": "Requested volume size exceeds the volume allocation limit",
-      "httpStatusCode": 500, "errorCode": 133}, PowerFlexAPIError, "allocation limit"),
+    (
+        {"message": "Could not find the volume", "httpStatusCode": 500, "errorCode": 79},
+        PowerFlexNotFound,
+        "Could not find the volume",
+    ),
+    (
+        {
+            "message": "Invalid id: must be a hexadecimal number",
+            "httpStatusCode": 500,
+            "errorCode": 0,
+        },
+        PowerFlexNotFound,
+        "hexadecimal",
+    ),
+    (
+        {
+            "message": "Volume name already in use. Please use a different name.",
+            "httpStatusCode": 500,
+            "errorCode": 99,
+        },
+        PowerFlexNameInUse,
+        "already in use",
+    ),
+    (
+        {
+            "message": "Error with details",
+            "httpStatusCode": 500,
+            "errorCode": 104,
+            "details": [{"error": "VOL_MAPPED", "rc": 0, "errorMessage": "Volume is mapped"}],
+        },
+        PowerFlexVolumeMapped,
+        "Volume is mapped",
+    ),
+    (
+        {
+            "message": "Error with details",
+            "httpStatusCode": 500,
+            "errorCode": 0,
+            "details": [{"error": "SECURE_SNAPSHOT_NOT_EXPIRED"}],
+        },
+        PowerFlexSecureSnapshot,
+        "SECURE_SNAPSHOT_NOT_EXPIRED",
+    ),
+    (
+        {
+            "message": "Requested volume size exceeds the volume allocation limit",
+            "httpStatusCode": 500,
+            "errorCode": 133,
+        },
+        PowerFlexAPIError,
+        "allocation limit",
+    ),
     (b"<html><body>Internal error</body></html>", PowerFlexAPIError, "not JSON"),
 ]
 
@@ -316,16 +354,22 @@ def test_bodies_carry_numbers_and_booleans_as_strings(sim: PowerFlexSimulator) -
 
 def test_snapshot_names_fit_and_are_deterministic() -> None:
     names = snapshot_names("20261201T060000123Z", ["pgdata", "pgwal", "tablespace.one"])
-    assert names == ("20261201T060000123Z.pgdata", "20261201T060000123Z.pgwal",
-                     "20261201T060000123Z.tablespace_")
+    assert names == (
+        "20261201T060000123Z.pgdata",
+        "20261201T060000123Z.pgwal",
+        "20261201T060000123Z.tablespace_",
+    )
     long = snapshot_names("pgsnap-safety-20261201T060000123456Z", ["a-very-long-volume-name"])
-    assert long == snapshot_names("pgsnap-safety-20261201T060000123456Z",
-                                  ["a-very-long-volume-name"])
+    assert long == snapshot_names(
+        "pgsnap-safety-20261201T060000123456Z", ["a-very-long-volume-name"]
+    )
     assert all(len(n) <= NAME_MAX for n in long)
     assert long[0].startswith("pgsnap-safety-2~")
     other = snapshot_names("pgsnap-safety-20261201T060000123457Z", ["a-very-long-volume-name"])
     assert other != long
-    same = snapshot_names("b", ["pgdata-volume-one-xxxxxxxxxxxxxxxxxx", "pgdata-volume-one-xxxxxxxxxxxxxxxxxy"])
+    same = snapshot_names(
+        "b", ["pgdata-volume-one-xxxxxxxxxxxxxxxxxx", "pgdata-volume-one-xxxxxxxxxxxxxxxxxy"]
+    )
     assert len(set(same)) == 2 and all(len(n) <= NAME_MAX for n in same)
     spaced = snapshot_names("my backup", ["d"])
     assert " " not in spaced[0] and re.match(r"^[!-~]+$", spaced[0])
@@ -502,8 +546,10 @@ def test_a_vtree_at_its_limit_fails_the_group_clearly(sim: PowerFlexSimulator) -
     full, other = sim.add_volume("full"), sim.add_volume("other")
     limit = 1022 if sim.major >= 5 else 126
     # Fill the V-Tree in one raw call (the simulator's own API), as old backups would.
-    body = {"snapshotDefs": [{"volumeId": full, "snapshotName": f"old{n}"} for n in range(limit)],
-            "accessModeLimit": "ReadOnly"}
+    body = {
+        "snapshotDefs": [{"volumeId": full, "snapshotName": f"old{n}"} for n in range(limit)],
+        "accessModeLimit": "ReadOnly",
+    }
     backend.client.post(
         f"/instances/System::{sim.system_id}/action/"
         + ("createSnapshot" if sim.major >= 5 else "snapshotVolumes"),
@@ -570,8 +616,14 @@ def test_secrets_appear_in_no_log_repr_or_error(
     assert len(errors) == 4
     secrets = [sim.credentials[1], "Wr0ng-Secret", *sim.issued_tokens()]
     assert len(secrets) > 3
-    texts = [caplog.text, repr(backend), repr(backend.client), repr(bad),
-             *(str(e) for e in errors), *(repr(e.__dict__) for e in errors)]
+    texts = [
+        caplog.text,
+        repr(backend),
+        repr(backend.client),
+        repr(bad),
+        *(str(e) for e in errors),
+        *(repr(e.__dict__) for e in errors),
+    ]
     for secret in secrets:
         for text in texts:
             assert secret not in text
@@ -758,13 +810,15 @@ def sim45(tmp_path: Path) -> Iterator[PowerFlexSimulator]:
         yield sim
 
 
-def tls_failure(front: TlsFront, sim: PowerFlexSimulator, verify: bool | str,
-                gateway: str | None = None) -> PowerFlexTLSError:
+def tls_failure(
+    front: TlsFront, sim: PowerFlexSimulator, verify: bool | str, gateway: str | None = None
+) -> PowerFlexTLSError:
     """What list_volumes raises through ``front``; checks it was not retried."""
     sleeps: list[float] = []
     user, password = sim.credentials
-    backend = PowerFlexBackend(gateway or front.url, user, password, verify=verify,
-                               sleep=sleeps.append, retry_attempts=5)
+    backend = PowerFlexBackend(
+        gateway or front.url, user, password, verify=verify, sleep=sleeps.append, retry_attempts=5
+    )
     with pytest.raises(PowerFlexTLSError) as info:
         backend.list_volumes()
     err = info.value
@@ -820,8 +874,7 @@ def test_a_certificate_for_another_host_names_the_mismatch(
 ) -> None:
     cert = certs["other-host"]  # issued for pfgw.example, by a CA the client trusts
     with TlsFront(sim45.url, cert) as front:
-        err = tls_failure(front, sim45, verify=str(cert.ca),
-                          gateway=f"https://{host}:{front.port}")
+        err = tls_failure(front, sim45, verify=str(cert.ca), gateway=f"https://{host}:{front.port}")
     assert f"certificate verify failed: {text}" in str(err)
     assert f"not issued for {host}" in str(err.hint)
     assert "subjectAltName" in str(err.hint)
@@ -830,8 +883,9 @@ def test_a_certificate_for_another_host_names_the_mismatch(
 def test_https_to_a_plain_http_port_is_a_tls_error_not_a_retry(sim45: PowerFlexSimulator) -> None:
     sleeps: list[float] = []
     user, password = sim45.credentials
-    backend = PowerFlexBackend(sim45.url.replace("http://", "https://"), user, password,
-                               sleep=sleeps.append)
+    backend = PowerFlexBackend(
+        sim45.url.replace("http://", "https://"), user, password, sleep=sleeps.append
+    )
     with pytest.raises(PowerFlexTLSError, match="WRONG_VERSION_NUMBER") as info:
         backend.list_volumes()
     assert sleeps == []
@@ -848,8 +902,9 @@ def test_a_connection_cut_behind_the_tls_front_is_still_retried(
     with TlsFront(sim45.url, cert) as front:
         sleeps: list[float] = []
         user, password = sim45.credentials
-        backend = PowerFlexBackend(front.url, user, password, verify=str(cert.ca),
-                                   sleep=sleeps.append)
+        backend = PowerFlexBackend(
+            front.url, user, password, verify=str(cert.ca), sleep=sleeps.append
+        )
         fault = sim45.inject(Fault("drop", method="GET", path_contains=LISTING, times=2))
         assert backend.list_volumes() == ()
         assert fault.fired == 2
@@ -888,7 +943,10 @@ def test_mapping_speaks_the_versions_dialect(sim: PowerFlexSimulator) -> None:
     else:
         add, remove, key, listing = "addMappedSdc", "removeMappedSdc", "sdcId", "Sdc"
     assert (sim.count(action=add), sim.count(action=remove)) == (1, 1)
-    others = {"addMappedSdc", "removeMappedSdc", "addMappedHost", "removeMappedHost"} - {add, remove}
+    others = {"addMappedSdc", "removeMappedSdc", "addMappedHost", "removeMappedHost"} - {
+        add,
+        remove,
+    }
     assert all(sim.count(action=a) == 0 for a in others)
     assert f"/types/{listing}/instances" in sent
     assert json.loads(sent[f"/instances/Volume::{vid}/action/{add}"].body or b"")[key] == sdc

@@ -22,11 +22,27 @@ from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator, TlsFront, ma
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 # The snapshot volume sample of ansible-powerflex (snapshot.py RETURN), its keys.
 ANS_SNAPSHOT_KEYS = {
-    "id", "name", "volumeType", "ancestorVolumeId", "vtreeId", "consistencyGroupId",
-    "storagePoolId", "sizeInKb", "creationTime", "accessModeLimit", "secureSnapshotExpTime",
-    "lockedAutoSnapshot", "autoSnapshotGroupId", "snplIdOfAutoSnapshot",
-    "snplIdOfSourceVolume", "mappedSdcInfo", "notGenuineSnapshot", "managedBy", "dataLayout",
-    "volumeReplicationState", "links",
+    "id",
+    "name",
+    "volumeType",
+    "ancestorVolumeId",
+    "vtreeId",
+    "consistencyGroupId",
+    "storagePoolId",
+    "sizeInKb",
+    "creationTime",
+    "accessModeLimit",
+    "secureSnapshotExpTime",
+    "lockedAutoSnapshot",
+    "autoSnapshotGroupId",
+    "snplIdOfAutoSnapshot",
+    "snplIdOfSourceVolume",
+    "mappedSdcInfo",
+    "notGenuineSnapshot",
+    "managedBy",
+    "dataLayout",
+    "volumeReplicationState",
+    "links",
 }
 
 
@@ -41,8 +57,11 @@ class Gw:
         if sim.major < 4:
             self.s.auth = ("", token)  # "the user part is ignored and can be empty"
         else:
-            r = self.s.post(sim.url + "/rest/auth/login",
-                            json={"username": user, "password": password}, timeout=5)
+            r = self.s.post(
+                sim.url + "/rest/auth/login",
+                json={"username": user, "password": password},
+                timeout=5,
+            )
             self.s.headers["Authorization"] = "Bearer " + r.json()["access_token"]
 
     def get(self, path: str) -> requests.Response:
@@ -86,16 +105,18 @@ def test_login_schemes(sim: PowerFlexSimulator) -> None:
     else:
         assert bad.headers["Content-Type"] == "text/html"  # 4.x 401 bodies may be HTML
         assert bad.text.lstrip().startswith("<html>")
-        login = requests.post(sim.url + "/rest/auth/login",
-                              json={"username": user, "password": password}, timeout=5).json()
+        login = requests.post(
+            sim.url + "/rest/auth/login", json={"username": user, "password": password}, timeout=5
+        ).json()
         assert {"access_token", "refresh_token"} <= set(login)
         # goscaleio uses the /api/login token as Bearer on 4.x
         s = requests.Session()
         s.headers["Authorization"] = "Bearer " + r.json()
         assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
         s.headers["Authorization"] = "Bearer " + login["access_token"]
-        out = s.post(sim.url + "/rest/auth/logout",
-                     json={"refresh_token": login["refresh_token"]}, timeout=5)
+        out = s.post(
+            sim.url + "/rest/auth/logout", json={"refresh_token": login["refresh_token"]}, timeout=5
+        )
         assert out.status_code == 204  # PPF requires 204
         assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
 
@@ -108,22 +129,35 @@ def test_pypowerflex_flow_around_every_call(tmp_path: Path) -> None:
             s = requests.Session()
             t = s.get(sim.url + "/api/login", auth=(user, password), timeout=5).json()
             assert s.get(sim.url + "/api/version", auth=(user, t), timeout=5).json() == "4.5"
-            login = s.post(sim.url + "/rest/auth/login",
-                           json={"username": user, "password": password}, timeout=5).json()
+            login = s.post(
+                sim.url + "/rest/auth/login",
+                json={"username": user, "password": password},
+                timeout=5,
+            ).json()
             s.headers["Authorization"] = "Bearer " + login["access_token"]
             assert s.get(sim.url + "/api/types/Volume/instances", timeout=5).json() == []
-            assert s.post(sim.url + "/rest/auth/logout",
-                          json={"refresh_token": login["refresh_token"]},
-                          timeout=5).status_code == 204
+            assert (
+                s.post(
+                    sim.url + "/rest/auth/logout",
+                    json={"refresh_token": login["refresh_token"]},
+                    timeout=5,
+                ).status_code
+                == 204
+            )
 
 
 def test_snapshot_volumes_as_documented(sim: PowerFlexSimulator) -> None:
     gw = Gw(sim)
     a, b = sim.add_volume("vol-a"), sim.add_volume("vol-b")
-    body = {"snapshotDefs": [{"volumeId": a, "snapshotName": "snap1"},
-                             {"volumeId": b, "snapshotName": "snap2"}],
-            "accessModeLimit": "ReadOnly", "retentionPeriodInMin": "60",
-            "allowOnExtManagedVol": "TRUE"}
+    body = {
+        "snapshotDefs": [
+            {"volumeId": a, "snapshotName": "snap1"},
+            {"volumeId": b, "snapshotName": "snap2"},
+        ],
+        "accessModeLimit": "ReadOnly",
+        "retentionPeriodInMin": "60",
+        "allowOnExtManagedVol": "TRUE",
+    }
     r = gw.post(f"/instances/System::{sim.system_id}/action/{gw.snap_action()}", body)
     assert r.status_code == 200
     answer = r.json()
@@ -139,14 +173,15 @@ def test_snapshot_volumes_as_documented(sim: PowerFlexSimulator) -> None:
         assert s["mappedSdcInfo"] is None
         assert isinstance(s["sizeInKb"], int) and isinstance(s["creationTime"], int)
         assert s["secureSnapshotExpTime"] >= s["creationTime"] + 3600
-        assert s["vtreeId"] == gw.get(f"/instances/Volume::{s['ancestorVolumeId']}").json()["vtreeId"]
+        assert (
+            s["vtreeId"] == gw.get(f"/instances/Volume::{s['ancestorVolumeId']}").json()["vtreeId"]
+        )
         assert s["volumeType"] == ("ReadOnlySnapshot" if sim.major >= 5 else "Snapshot")
         assert {"rel": "self", "href": f"/api/instances/Volume::{s['id']}"} in s["links"]
     base = gw.get(f"/instances/Volume::{a}").json()
     assert base["ancestorVolumeId"] is None and base["consistencyGroupId"] is None
     # The call without ::id (CIN, CS) works too; one volume still gets a group id.
-    r = gw.post(f"/instances/System/action/{gw.snap_action()}",
-                {"snapshotDefs": [{"volumeId": a}]})
+    r = gw.post(f"/instances/System/action/{gw.snap_action()}", {"snapshotDefs": [{"volumeId": a}]})
     single = gw.get(f"/instances/Volume::{r.json()['volumeIdList'][0]}").json()
     assert single["consistencyGroupId"] == r.json()["snapshotGroupId"]
     if sim.major >= 5:
@@ -169,17 +204,27 @@ def test_errors_as_documented(sim: PowerFlexSimulator) -> None:
     assert (r.status_code, r.json()["errorCode"]) == (500, 79)  # LXD
     r = gw.get("/instances/Volume::not-hex")
     assert r.status_code == 500 and "must be a hexadecimal number" in r.json()["message"]
-    r = gw.post("/types/Volume/instances",
-                {"name": "x" * 32, "volumeSizeInGb": "8", "storagePoolId": sim.pool_id,
-                 "volumeType": "ThinProvisioned"})
+    r = gw.post(
+        "/types/Volume/instances",
+        {
+            "name": "x" * 32,
+            "volumeSizeInGb": "8",
+            "storagePoolId": sim.pool_id,
+            "volumeType": "ThinProvisioned",
+        },
+    )
     assert r.status_code == 500
     assert r.json()["errorCode"] == 226
     assert r.json()["message"] == "The given name exceeds the allowed length of 31 characters."
-    r = gw.post("/types/Volume/instances", {"name": "vol-a", "volumeSizeInKb": "8388608",
-                                             "storagePoolId": sim.pool_id})
+    r = gw.post(
+        "/types/Volume/instances",
+        {"name": "vol-a", "volumeSizeInKb": "8388608", "storagePoolId": sim.pool_id},
+    )
     assert r.json()["message"] == "Volume name already in use. Please use a different name."
-    r = gw.post("/types/Volume/instances", {"name": "has space", "volumeSizeInGb": 8,
-                                             "storagePoolId": sim.pool_id})
+    r = gw.post(
+        "/types/Volume/instances",
+        {"name": "has space", "volumeSizeInGb": 8, "storagePoolId": sim.pool_id},
+    )
     assert "Spaces are not allowed" in r.json()["message"]
     body = r.json()
     assert set(body) >= {"message", "httpStatusCode", "errorCode"}
@@ -193,8 +238,9 @@ def test_vtree_limit_is_rc_182(sim: PowerFlexSimulator) -> None:
     a = sim.add_volume("vol-a")
     limit = 1022 if sim.major >= 5 else 126
     path = f"/instances/System::{sim.system_id}/action/{gw.snap_action()}"
-    ok = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": f"s{n}"}
-                                         for n in range(limit)]})
+    ok = gw.post(
+        path, {"snapshotDefs": [{"volumeId": a, "snapshotName": f"s{n}"} for n in range(limit)]}
+    )
     assert ok.status_code == 200 and len(ok.json()["volumeIdList"]) == limit
     r = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": "one-more"}]})
     assert r.status_code == 500
@@ -214,9 +260,16 @@ def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
     sdc = sim.add_sdc("db1", guid="0A0B0C0D-1111-4222-8333-444455556666")
     (sim.volume_path(a) / "f").write_text("one")
     path = f"/instances/System::{sim.system_id}/action/{gw.snap_action()}"
-    g = gw.post(path, {"snapshotDefs": [{"volumeId": a, "snapshotName": "a1"},
-                                        {"volumeId": b, "snapshotName": "b1"}],
-                       "accessModeLimit": "ReadOnly"}).json()
+    g = gw.post(
+        path,
+        {
+            "snapshotDefs": [
+                {"volumeId": a, "snapshotName": "a1"},
+                {"volumeId": b, "snapshotName": "b1"},
+            ],
+            "accessModeLimit": "ReadOnly",
+        },
+    ).json()
     sa, sb = g["volumeIdList"]
     (sim.volume_path(a) / "f").write_text("two")
     restore = "restore" if sim.major >= 5 else "overwriteVolumeContent"
@@ -229,12 +282,19 @@ def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
     # Map by GUID with the documented body (on 5.x through the Host, as PyPowerFlex gen2);
     # mappedSdcInfo becomes a list.
     add = "addMappedHost" if sim.major >= 5 else "addMappedSdc"
-    r = gw.post(f"/instances/Volume::{a}/action/{add}",
-                {"guid": "0a0b0c0d-1111-4222-8333-444455556666",
-                 "allowMultipleMappings": "TRUE", "accessMode": "ReadWrite"})
+    r = gw.post(
+        f"/instances/Volume::{a}/action/{add}",
+        {
+            "guid": "0a0b0c0d-1111-4222-8333-444455556666",
+            "allowMultipleMappings": "TRUE",
+            "accessMode": "ReadWrite",
+        },
+    )
     assert r.status_code == 200 and r.json() == {}
     info = gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"]
-    assert [(m["sdcId"], m["sdcName"], m["accessMode"]) for m in info] == [(sdc, "db1", "ReadWrite")]
+    assert [(m["sdcId"], m["sdcName"], m["accessMode"]) for m in info] == [
+        (sdc, "db1", "ReadWrite")
+    ]
     assert {"sdcIp", "limitIops", "limitBwInMbps", "isDirectBufferMapping"} <= set(info[0])
     r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sa})
     assert r.status_code == 500  # the simulator refuses a mapped target (the strict side)
@@ -248,8 +308,10 @@ def test_overwrite_restore_remove_and_map(sim: PowerFlexSimulator) -> None:
     assert gw.get(f"/instances/Volume::{a}").json()["mappedSdcInfo"] is None
     r = gw.post(f"/instances/Volume::{a}/action/{restore}", {"srcVolumeId": sa})
     assert r.status_code == 200 and (sim.volume_path(a) / "f").read_text() == "one"
-    r = gw.post(f"/instances/System::{sim.system_id}/action/removeConsistencyGroupSnapshots",
-                {"snapGroupId": g["snapshotGroupId"]})
+    r = gw.post(
+        f"/instances/System::{sim.system_id}/action/removeConsistencyGroupSnapshots",
+        {"snapGroupId": g["snapshotGroupId"]},
+    )
     assert r.json() == {"numberOfVolumes": 2}
     r = gw.post(f"/instances/Volume::{b}/action/removeVolume", {"removeMode": "ONLY_ME"})
     assert r.status_code == 200 and r.json() == {}
@@ -261,26 +323,41 @@ def test_sdcs_and_policies_as_documented(sim: PowerFlexSimulator) -> None:
     gw = Gw(sim)
     sim.add_sdc("db1", ip="10.1.2.3")
     sdcs = gw.get("/types/Sdc/instances").json()
-    assert {"id", "name", "sdcGuid", "sdcIp", "sdcApproved", "mdmConnectionState",
-            "systemId"} <= set(sdcs[0])
+    assert {
+        "id",
+        "name",
+        "sdcGuid",
+        "sdcIp",
+        "sdcApproved",
+        "mdmConnectionState",
+        "systemId",
+    } <= set(sdcs[0])
     r = gw.post("/types/Sdc/instances/action/queryIdByKey", {"ip": "10.1.2.3"})
     assert r.json() == sdcs[0]["id"]
     a = sim.add_volume("vol-a")
-    created = gw.post("/types/SnapshotPolicy/instances", {
-        "name": "sp1", "autoSnapshotCreationCadenceInMin": "120",
-        "numOfRetainedSnapshotsPerLevel": ["40"], "paused": "false",
-        "snapshotAccessMode": "ReadOnly", "secureSnapshots": "false"}).json()
+    created = gw.post(
+        "/types/SnapshotPolicy/instances",
+        {
+            "name": "sp1",
+            "autoSnapshotCreationCadenceInMin": "120",
+            "numOfRetainedSnapshotsPerLevel": ["40"],
+            "paused": "false",
+            "snapshotAccessMode": "ReadOnly",
+            "secureSnapshots": "false",
+        },
+    ).json()
     pid = created["id"]
     add = "assignSnapshotPolicy" if sim.major >= 5 else "addSourceVolumeToSnapshotPolicy"
-    assert gw.post(f"/instances/SnapshotPolicy::{pid}/action/{add}",
-                   {"sourceVolumeId": a}).status_code == 200
+    assert (
+        gw.post(f"/instances/SnapshotPolicy::{pid}/action/{add}", {"sourceVolumeId": a}).status_code
+        == 200
+    )
     assert gw.get(f"/instances/Volume::{a}").json()["snplIdOfSourceVolume"] == pid
     policy = gw.get(f"/instances/SnapshotPolicy::{pid}").json()
     assert policy["snapshotPolicyState"] == "Active"
     assert policy["autoSnapshotCreationCadenceInMin"] == 120
     assert policy["numOfRetainedSnapshotsPerLevel"] == [40]
-    assert gw.post(f"/instances/SnapshotPolicy::{pid}/action/pauseSnapshotPolicy",
-                   {}).json() == {}
+    assert gw.post(f"/instances/SnapshotPolicy::{pid}/action/pauseSnapshotPolicy", {}).json() == {}
     assert gw.get(f"/instances/SnapshotPolicy::{pid}").json()["snapshotPolicyState"] == "Paused"
     sources = gw.get(f"/instances/SnapshotPolicy::{pid}/relationships/SourceVolume").json()
     assert [v["id"] for v in sources] == [a]
@@ -320,19 +397,29 @@ def test_hosts_are_sdcs_and_nvme_hosts_under_one_id(sim: PowerFlexSimulator) -> 
     assert {"nqn", "maxNumPaths", "maxNumSysPorts", "systemId", "links"} <= set(host)
     assert {"rel": "self", "href": f"/api/instances/Host::{sdc}"} in host["links"]
     nqn = "nqn.2014-08.org.nvmexpress:uuid:79e90a42-47c9-a0f6-d9d3-51c47c72c7c1"
-    created = gw.post("/types/Host/instances", {"nqn": nqn, "name": "nvme1",
-                                                 "maxNumPaths": "6", "maxNumSysPorts": "10"})
+    created = gw.post(
+        "/types/Host/instances",
+        {"nqn": nqn, "name": "nvme1", "maxNumPaths": "6", "maxNumSysPorts": "10"},
+    )
     assert created.status_code == 200 and HEX16.match(created.json()["id"])
     hid = created.json()["id"]
     nvme = gw.get(f"/instances/Host::{hid}").json()
     assert (nvme["hostType"], nvme["nqn"], nvme["maxNumPaths"], nvme["maxNumSysPorts"]) == (
-        "NVMeHost", nqn, 6, 10)
+        "NVMeHost",
+        nqn,
+        6,
+        10,
+    )
     assert nvme["sdcGuid"] is None and nvme["sdcIp"] is None
     # The Sdc listing holds the NVMe hosts too (ansible-powerflex filters them out).
     assert {s["hostType"] for s in gw.get("/types/Sdc/instances").json()} == {"SdcHost", "NVMeHost"}
     assert gw.post("/types/Host/instances", {"name": "no-nqn"}).status_code == 400
-    assert gw.post(f"/instances/Host::{hid}/action/modifyMaxNumPaths",
-                   {"newMaxNumPaths": "4"}).status_code == 200
+    assert (
+        gw.post(
+            f"/instances/Host::{hid}/action/modifyMaxNumPaths", {"newMaxNumPaths": "4"}
+        ).status_code
+        == 200
+    )
     assert gw.get(f"/instances/Host::{hid}").json()["maxNumPaths"] == 4
     # Removed as an SDC is (goscaleio DeleteNvmeHost, LXD): Sdc::<id>/action/removeSdc.
     assert gw.post(f"/instances/Sdc::{hid}/action/removeSdc", {}).status_code == 200
@@ -345,8 +432,10 @@ def test_mapping_through_hosts_follows_the_version(sim: PowerFlexSimulator) -> N
     gw = Gw(sim)
     sdc = sim.add_sdc("db1")
     a = sim.add_volume("vol-a")
-    host_add = gw.post(f"/instances/Volume::{a}/action/addMappedHost",
-                       {"hostId": sdc, "accessMode": "ReadWrite", "volumeClass": "defaultclass"})
+    host_add = gw.post(
+        f"/instances/Volume::{a}/action/addMappedHost",
+        {"hostId": sdc, "accessMode": "ReadWrite", "volumeClass": "defaultclass"},
+    )
     sdc_add = f"/instances/Volume::{a}/action/addMappedSdc"
     if sim.major < 4:
         assert host_add.status_code == 404  # no Host objects on 3.x
@@ -374,8 +463,10 @@ def test_mapping_through_hosts_follows_the_version(sim: PowerFlexSimulator) -> N
     assert r.status_code == 200
     if sim.major >= 5:
         assert gw.post(sdc_add, {"sdcId": sdc}).status_code == 404  # gen2: Hosts only
-        assert gw.post(f"/instances/Volume::{a}/action/removeMappedSdc",
-                       {"allSdcs": ""}).status_code == 404
+        assert (
+            gw.post(f"/instances/Volume::{a}/action/removeMappedSdc", {"allSdcs": ""}).status_code
+            == 404
+        )
     else:
         assert gw.post(sdc_add, {"sdcId": nvme}).status_code == 500  # not an SDC
         assert gw.post(sdc_add, {"sdcId": sdc}).status_code == 200
@@ -397,8 +488,9 @@ def test_basic_token_authentication_on_every_version(sim: PowerFlexSimulator) ->
     s.auth = (user, "not-a-token")
     assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 401
     if sim.major >= 4:
-        login = requests.post(sim.url + "/rest/auth/login",
-                              json={"username": user, "password": password}, timeout=5).json()
+        login = requests.post(
+            sim.url + "/rest/auth/login", json={"username": user, "password": password}, timeout=5
+        ).json()
         s.auth = ("", login["access_token"])
         assert s.get(sim.url + "/api/types/System/instances", timeout=5).status_code == 200
     else:  # 3.x knows no Bearer
@@ -422,8 +514,9 @@ def test_a_version_needing_a_session_takes_the_basic_token(version: str, tmp_pat
 # --------------------------------------------------------------------------- the TLS front
 
 
-def test_the_tls_front_serves_the_simulator_over_https(sim: PowerFlexSimulator,
-                                                       tmp_path: Path) -> None:
+def test_the_tls_front_serves_the_simulator_over_https(
+    sim: PowerFlexSimulator, tmp_path: Path
+) -> None:
     cert = make_certificate(tmp_path / "certs")
     with TlsFront(sim.url, cert) as front:
         url = front.url

@@ -150,9 +150,10 @@ def test_a_hold_keeps_the_backup_an_unfinished_recovery_restores_from():
     assert not [s for s in plan.steps if s.action == "catalog.delete_backup"]
     assert any("recovery plan x has not ended" in k for k in plan.kept)
     # The fingerprint covers the holds: the plan goes stale when a run ends.
-    assert plan.fingerprint != plan_expiry(attrs.evolve(facts, holds=()), RetentionPolicy(
-        redundancy=1
-    )).fingerprint
+    assert (
+        plan.fingerprint
+        != plan_expiry(attrs.evolve(facts, holds=()), RetentionPolicy(redundancy=1)).fingerprint
+    )
 
 
 def test_hold_of_journal_reads_group_names_outputs_and_restore_sources():
@@ -160,16 +161,26 @@ def test_hold_of_journal_reads_group_names_outputs_and_restore_sources():
         "kind": "recovery",
         "id": "0123456789abcdef",
         "steps": [
-            {"id": "safety-snapshot", "action": "storage.snapshot_group",
-             "params": {"volume_ids": ["vol-data"], "group_name": "s-20260101T000000000Z"}},
-            {"id": "restore-vol-data", "action": "storage.restore_volume",
-             "params": {"volume_id": "vol-data", "snapshot_id": "b1-d"},
-             "compensation": "storage.restore_volume",
-             "compensation_params": {"volume_id": "vol-data",
-                                     "snapshot_id": {"$ref": ["safety-snapshot", "snapshots",
-                                                              "vol-data"]}}},
-            {"id": "delete", "action": "storage.delete_snapshot_group",
-             "params": {"group_id": "cg-9"}},
+            {
+                "id": "safety-snapshot",
+                "action": "storage.snapshot_group",
+                "params": {"volume_ids": ["vol-data"], "group_name": "s-20260101T000000000Z"},
+            },
+            {
+                "id": "restore-vol-data",
+                "action": "storage.restore_volume",
+                "params": {"volume_id": "vol-data", "snapshot_id": "b1-d"},
+                "compensation": "storage.restore_volume",
+                "compensation_params": {
+                    "volume_id": "vol-data",
+                    "snapshot_id": {"$ref": ["safety-snapshot", "snapshots", "vol-data"]},
+                },
+            },
+            {
+                "id": "delete",
+                "action": "storage.delete_snapshot_group",
+                "params": {"group_id": "cg-9"},
+            },
         ],
     }
     hold = hold_of_journal(
@@ -244,8 +255,9 @@ def _rebuild_facts(snapshots, label, *, layout=LAYOUT, backups=(), names=None, *
         volume_ids=frozenset(v.id for v in layout.volumes),
         layout=layout,
         sources=(
-            RebuildSource("000000010000000000000050.00000028.backup", text,
-                          parse_backup_file(text)),
+            RebuildSource(
+                "000000010000000000000050.00000028.backup", text, parse_backup_file(text)
+            ),
         ),
         archive=ArchiveIndex.build(names or _names([(1, 0, 90)]), MB),
         timelines=TimelineGraph.from_histories([]),
@@ -300,15 +312,18 @@ def test_what_cannot_be_rebuilt_is_said_and_why():
 
 
 def test_a_file_labelled_for_another_backup_is_never_matched_by_time():
-    other = HISTORY_FILE.format(label="pgsnap 20260101T050000999Z").replace(
-        "0/5000028", "0/5100028"
-    ).replace("0/5000100", "0/5100100")
+    other = (
+        HISTORY_FILE.format(label="pgsnap 20260101T050000999Z")
+        .replace("0/5000028", "0/5100028")
+        .replace("0/5000100", "0/5100100")
+    )
     facts = _rebuild_facts(
         (*_group("20260101T050000000Z", "cg-1", AT), *_group("20260101T050000999Z", "cg-2", AT)),
         "nightly",
     )
-    second = RebuildSource("000000010000000000000051.00000028.backup", other,
-                           parse_backup_file(other))
+    second = RebuildSource(
+        "000000010000000000000051.00000028.backup", other, parse_backup_file(other)
+    )
     report = plan_rebuild(attrs.evolve(facts, sources=(*facts.sources, second)))
     got = {r.id: (r.label, r.start_lsn) for r in report.rebuilt}
     assert got == {

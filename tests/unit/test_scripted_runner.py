@@ -18,8 +18,11 @@ def test_answers_from_the_script_newest_first_and_records_every_call() -> None:
     assert runner.run(["lvs", "-o", "name"], user="postgres").stdout == b"old"
     refused = runner.run(["lvcreate", "-n", "a"], stdin=b"x")
     assert (refused.returncode, refused.stderr) == (5, b"exists")
-    assert runner.calls == [["lvs", "--reportformat", "json"], ["lvs", "-o", "name"],
-                            ["lvcreate", "-n", "a"]]
+    assert runner.calls == [
+        ["lvs", "--reportformat", "json"],
+        ["lvs", "-o", "name"],
+        ["lvcreate", "-n", "a"],
+    ]
     assert runner.run_as == [None, "postgres", None]
     assert runner.stdin == {2: b"x"}
     assert runner.commands("lvs") == runner.calls[:2]

@@ -47,11 +47,25 @@ def workload(
     return w, done
 
 
-def read(archive: Path, hi: int, *, index: WalIndex | None, query: WalQuery | None = None,
-         lo: int = MB, **kw):
+def read(
+    archive: Path,
+    hi: int,
+    *,
+    index: WalIndex | None,
+    query: WalQuery | None = None,
+    lo: int = MB,
+    **kw,
+):
     return read_events(
-        [str(archive)], ONE, LSN(lo), LSN(hi), segment_size=MB, system_identifier=SID,
-        query=query, index=index, **kw,
+        [str(archive)],
+        ONE,
+        LSN(lo),
+        LSN(hi),
+        segment_size=MB,
+        system_identifier=SID,
+        query=query,
+        index=index,
+        **kw,
     )
 
 
@@ -204,15 +218,19 @@ def test_a_torn_tail_in_pg_wal_ends_where_a_full_read_ends(tmp_path: Path) -> No
     assert ref.end_of_wal is not None
     idx = WalIndex(tmp_path / "idx")
     for _ in range(2):
-        got = read_events(dirs, ONE, LSN(MB), LSN(hi), segment_size=MB, system_identifier=SID,
-                          index=idx)
+        got = read_events(
+            dirs, ONE, LSN(MB), LSN(hi), segment_size=MB, system_identifier=SID, index=idx
+        )
         assert got.events.end_of_wal == ref.end_of_wal
         assert got.events.last_commit() == ref.last_commit()
         assert got.events.complete
     assert got.indexed > 0
     # nothing from pg_wal is indexed
-    assert all(not s.name.endswith(f"{last:08X}")
-               for s in [idx.get(SID, MB, segment_name(1, last, MB))] if s)
+    assert all(
+        not s.name.endswith(f"{last:08X}")
+        for s in [idx.get(SID, MB, segment_name(1, last, MB))]
+        if s
+    )
 
 
 def test_a_timeline_path_uses_the_child_file(tmp_path: Path) -> None:
@@ -235,8 +253,16 @@ def test_a_timeline_path_uses_the_child_file(tmp_path: Path) -> None:
     idx = WalIndex(tmp_path / "idx")
     q = WalQuery(xid=53, lsns=(LSN(switch),))
     for _ in range(2):
-        got = read_events([str(tmp_path / "a")], path, LSN(MB), LSN(hi), segment_size=MB,
-                          system_identifier=SID, index=idx, query=q)
+        got = read_events(
+            [str(tmp_path / "a")],
+            path,
+            LSN(MB),
+            LSN(hi),
+            segment_size=MB,
+            system_identifier=SID,
+            index=idx,
+            query=q,
+        )
         ref = scan_events([str(tmp_path / "a")], path, LSN(MB), LSN(hi), segment_size=MB)
         assert got.events.commit_of(53) == ref.commit_of(53) is not None
         assert got.events.commit_of(93) is None  # timeline 1's, after the fork
@@ -244,8 +270,16 @@ def test_a_timeline_path_uses_the_child_file(tmp_path: Path) -> None:
         assert got.events.last_commit() == ref.last_commit()
     assert got.indexed > 0
     # timeline 1 alone: its own files, its own answers
-    one = read_events([str(tmp_path / "a")], ONE, LSN(MB), LSN((w1.pos // MB + 1) * MB),
-                      segment_size=MB, system_identifier=SID, index=idx, query=WalQuery(xid=93))
+    one = read_events(
+        [str(tmp_path / "a")],
+        ONE,
+        LSN(MB),
+        LSN((w1.pos // MB + 1) * MB),
+        segment_size=MB,
+        system_identifier=SID,
+        index=idx,
+        query=WalQuery(xid=93),
+    )
     assert one.events.commit_of(93) is not None and one.events.commit_of(53) is None
 
 
@@ -255,14 +289,23 @@ def test_a_timeline_path_uses_the_child_file(tmp_path: Path) -> None:
 @st.composite
 def scenarios(draw: st.DrawFn):
     n = draw(st.integers(1, 30))
-    return draw(st.lists(st.tuples(
-        st.sampled_from(["commit", "abort", "rp", "filler", "big"]),
-        st.integers(0, 10**6),
-    ), min_size=n, max_size=n))
+    return draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["commit", "abort", "rp", "filler", "big"]),
+                st.integers(0, 10**6),
+            ),
+            min_size=n,
+            max_size=n,
+        )
+    )
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=scenarios(), data=st.data())
 def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
     """Any workload, any earlier reads filling the index, any question: the planner's
@@ -296,9 +339,15 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
             b = data.draw(st.integers(a + 1, hi))
         read(root / "a", b, index=idx, lo=a)
     lo = data.draw(st.sampled_from([MB, data.draw(st.integers(MB, hi - 1))]))
-    end = data.draw(st.sampled_from([
-        hi, data.draw(st.integers(lo + 1, hi)), max(lo + 1, data.draw(boundary)),
-    ]))
+    end = data.draw(
+        st.sampled_from(
+            [
+                hi,
+                data.draw(st.integers(lo + 1, hi)),
+                max(lo + 1, data.draw(boundary)),
+            ]
+        )
+    )
     q = WalQuery(
         xid=data.draw(st.sampled_from([None, *xids, 7])),
         time=data.draw(st.sampled_from([None, *times, T0 - dt.timedelta(1), T0 + dt.timedelta(1)])),
@@ -307,7 +356,9 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
     got = read(root / "a", end, index=idx, query=q, lo=lo).events
     ref = full(root / "a", end, lo=lo)
     bounds = [LSN(s * MB) for s in range(lo // MB + 1, end // MB + 1)]
-    assert answers(got, q, sorted(set(names)), bounds) == answers(ref, q, sorted(set(names)), bounds)
+    assert answers(got, q, sorted(set(names)), bounds) == answers(
+        ref, q, sorted(set(names)), bounds
+    )
     assert got.restore_points == ref.restore_points
     assert attrs.evolve(got, commits=()) == attrs.evolve(ref, commits=())
 
@@ -325,7 +376,9 @@ def test_segments_verified_whole_are_remembered_by_size_and_time(tmp_path):
     assert again.verified("43", 1 << 20) == {}  # another cluster's are kept apart
     again.note_verified("42", 1 << 20, {"000000010000000000000004": (1 << 20, 124)})
     assert sorted(WalIndex(tmp_path / "idx").verified("42", 1 << 20)) == [
-        "000000010000000000000003", "000000010000000000000004"]
+        "000000010000000000000003",
+        "000000010000000000000004",
+    ]
     # A damaged file is an empty one, rebuilt by the next write.
     path = tmp_path / "idx" / f"42-{1 << 20}" / "verified.json"
     path.write_text("{not json")

@@ -1001,14 +1001,16 @@ def test_segment_problem_says_why_a_file_cannot_be_replayed(tmp_path):
         path = tmp_path / file_name
         path.write_bytes(data)
         try:
-            return segment_problem(path, segment_size=MB, system_identifier=str(SYSID),
-                                   major=15, **kw)
+            return segment_problem(
+                path, segment_size=MB, system_identifier=str(SYSID), major=15, **kw
+            )
         finally:
             path.unlink()
 
     assert judged(good) is None
-    assert judged(good[:8192]) == ("8192 bytes, not a 1048576-byte segment (a truncated or "
-                                   "partial copy)")
+    assert judged(good[:8192]) == (
+        "8192 bytes, not a 1048576-byte segment (a truncated or partial copy)"
+    )
     other = bytearray(good)
     other[24:32] = struct.pack("<Q", 99)
     problem = judged(bytes(other))
