@@ -331,38 +331,16 @@ def btrfs_cluster(
     directories under the server's base directory (outside the volumes).
     Snapshots go to ``snapshot_dir`` (default ``<mount>/snapshots``).
     """
-    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
     from pgsnap.backends.btrfs import BtrfsBackend  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.host import Host  # noqa: PLC0415
-    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
+    from pgsnap.model import Volume, VolumeRole  # noqa: PLC0415
+    from pgsnap.testing.sandbox import server_cluster  # noqa: PLC0415
 
     host = host or Host()
     backend = BtrfsBackend(snapshot_dir or str(fs.mount_point / "snapshots"), host=host)
     data, wal = str(server.data_dir), str(server.wal_dir)
-    layout = Layout(
-        (
-            Volume(data, "pgdata", VolumeRole.DATA, data),
-            Volume(wal, "pgwal", VolumeRole.WAL, wal),
-        )
+    volumes = (
+        Volume(data, "pgdata", VolumeRole.DATA, data),
+        Volume(wal, "pgwal", VolumeRole.WAL, wal),
     )
-    adapter = PostgresAdapter(
-        server.conninfo(),
-        data_directory=data,
-        bindir=str(server.bindir),
-        os_user=server.os_user,
-        log_file=str(server.log_file),
-        host=host,
-    )
-    options: dict[str, Any] = {"journal_dir": server.base_dir / "journal", **cluster_options}
-    return Cluster(
-        adapter=adapter,
-        backend=backend,
-        archive=DirectoryWalArchive(server.archive_dir),
-        catalog=DirectoryCatalog(server.base_dir / "catalog"),
-        layout=layout,
-        on_event=on_event,
-        **options,
-    )
+    return server_cluster(server, backend, volumes, host=host, on_event=on_event, **cluster_options)

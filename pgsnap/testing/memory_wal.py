@@ -18,16 +18,12 @@ Example::
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import io
 import logging
-import lzma
 import os
 import shutil
 import tempfile
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Final
@@ -35,7 +31,12 @@ from typing import Final
 import attrs
 
 from pgsnap.errors import ArchiveError
-from pgsnap.wal.archive import DirectoryWalArchive, read_histories
+from pgsnap.wal.archive import (
+    DECOMPRESSORS,
+    DirectoryWalArchive,
+    decompress_content,
+    read_histories,
+)
 from pgsnap.wal.continuity import ArchiveIndex
 from pgsnap.wal.files import ArchivedFile, ReadStream, check_file_name
 from pgsnap.wal.names import COMPRESSION_SUFFIXES, WalFileKind, parse_archive_name
@@ -47,12 +48,6 @@ log = logging.getLogger(__name__)
 
 MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
 """Largest ``.history``/``.backup`` file :meth:`MemoryWalArchive.read_text` reads (1 MiB)."""
-
-_DECOMPRESSORS: Final = {
-    "gz": gzip.decompress,
-    "bz2": bz2.decompress,
-    "xz": lzma.decompress,
-}
 
 
 @attrs.frozen
@@ -151,7 +146,7 @@ class MemoryWalArchive:
         if entry.kind is not WalFileKind.SEGMENT:
             return True
         if entry.compression is not None:
-            return entry.compression in _DECOMPRESSORS
+            return entry.compression in DECOMPRESSORS
         return not check_sizes or len(self._files[name].data) == segment_size
 
     def list_names(
@@ -203,28 +198,12 @@ class MemoryWalArchive:
                 path=self.location,
                 name=name,
             )
-        compression = parse_archive_name(name).compression
-        if compression is None:
-            return stored.data
-        decompress = _DECOMPRESSORS.get(compression)
-        if decompress is None:
-            raise ArchiveError(
-                f"cannot decompress {name}: the memory archive has no {compression} codec",
-                hint="store it uncompressed or gzip-, bzip2- or xz-compressed",
-                path=self.location,
-                name=name,
-                compression=compression,
-            )
-        try:
-            return decompress(stored.data)
-        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
-            raise ArchiveError(
-                f"{name} in {self.location} is not valid {compression} data: {exc}",
-                hint="the file is damaged; put a good copy in the archive",
-                path=self.location,
-                name=name,
-                reason=str(exc),
-            ) from exc
+        return decompress_content(
+            name,
+            stored.data,
+            self.location,
+            hint="store it uncompressed or gzip-, bzip2- or xz-compressed",
+        )
 
     def open(self, name: str) -> ReadStream:
         """The decompressed content of ``name``, as an in-memory stream.
@@ -273,7 +252,7 @@ class MemoryWalArchive:
             compression = parse_archive_name(name).compression
             plain = name
             if compression is not None:
-                if compression not in _DECOMPRESSORS or not name.endswith(f".{compression}"):
+                if compression not in DECOMPRESSORS or not name.endswith(f".{compression}"):
                     continue
                 plain = name[: -len(compression) - 1]
             if plain in written:

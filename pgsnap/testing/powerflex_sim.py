@@ -1869,12 +1869,9 @@ def powerflex_cluster(
     ``sim`` (``backend_options`` are passed to it). A running server is
     stopped while its directories move, and started again.
     """
-    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
     from pgsnap.backends.powerflex import PowerFlexBackend  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.cluster import Cluster  # noqa: PLC0415
-    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
-    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
+    from pgsnap.model import Volume, VolumeRole  # noqa: PLC0415
+    from pgsnap.testing.sandbox import server_cluster  # noqa: PLC0415
 
     user, password = sim.credentials
     backend = PowerFlexBackend(sim.url, user, password, **dict(backend_options or {}))
@@ -1900,20 +1897,4 @@ def powerflex_cluster(
         volumes.append(Volume(vid, name, role, str(path)))
     if was_running:
         server.start()
-    adapter = PostgresAdapter(
-        server.conninfo(),
-        data_directory=str(server.data_dir),
-        bindir=str(server.bindir),
-        os_user=server.os_user,
-        log_file=str(server.log_file),
-        host=host,
-    )
-    options: dict[str, Any] = {"journal_dir": server.base_dir / "journal", **cluster_options}
-    return Cluster(
-        adapter=adapter,
-        backend=backend,
-        archive=DirectoryWalArchive(server.archive_dir),
-        catalog=DirectoryCatalog(server.base_dir / "catalog"),
-        layout=Layout(tuple(volumes)),
-        **options,
-    )
+    return server_cluster(server, backend, volumes, host=host, **cluster_options)

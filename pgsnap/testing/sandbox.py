@@ -18,7 +18,7 @@ directory. Two modes:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,50 @@ if TYPE_CHECKING:
     from pgsnap.host import Host
     from pgsnap.testing.pgserver import PgServer
 
-__all__ = ["mock_cluster"]
+__all__ = ["mock_cluster", "server_cluster"]
+
+
+def server_cluster(
+    server: PgServer,
+    backend: Any,
+    volumes: Sequence[Volume],
+    *,
+    host: Host | None = None,
+    **cluster_options: Any,
+) -> Cluster:
+    """A :class:`~pgsnap.cluster.Cluster` for ``server`` on ``backend`` with ``volumes``.
+
+    The one assembly behind :func:`mock_cluster`,
+    :func:`~pgsnap.testing.btrfs.btrfs_cluster` and
+    :func:`~pgsnap.testing.powerflex_sim.powerflex_cluster`: a
+    :class:`~pgsnap.adapters.postgres.PostgresAdapter` for the server (through
+    ``host``, default this machine), its archive directory, a directory
+    catalog and a journal under its base directory. Extra keyword arguments
+    go to :class:`~pgsnap.cluster.Cluster` (``journal_dir`` among them).
+    """
+    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
+    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+    from pgsnap.cluster import Cluster  # noqa: PLC0415
+    from pgsnap.host import Host  # noqa: PLC0415
+    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
+
+    adapter = PostgresAdapter(
+        server.conninfo(),
+        data_directory=str(server.data_dir),
+        bindir=str(server.bindir),
+        os_user=server.os_user,
+        log_file=str(server.log_file),
+        host=host or Host(),
+    )
+    options: dict[str, Any] = {"journal_dir": server.base_dir / "journal", **cluster_options}
+    return Cluster(
+        adapter=adapter,
+        backend=backend,
+        archive=DirectoryWalArchive(server.archive_dir),
+        catalog=DirectoryCatalog(server.base_dir / "catalog"),
+        layout=Layout(tuple(volumes)),
+        **options,
+    )
 
 
 def mock_cluster(
@@ -51,12 +94,8 @@ def mock_cluster(
     (default: this machine; in block mode it must be this machine). Extra
     keyword arguments go to :class:`~pgsnap.cluster.Cluster`.
     """
-    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-    from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.host import Host  # noqa: PLC0415
-    from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
     # A state file, so processes share the storage as they would an array (a run killed
     # in a child process leaves what it did for the next one to see).
@@ -85,24 +124,7 @@ def mock_cluster(
         for name, role, path in directories:
             vol = backend.add_volume(name, path=path)
             volumes.append(Volume(vol.id, name, role, str(path)))
-    adapter = PostgresAdapter(
-        server.conninfo(),
-        data_directory=str(server.data_dir),
-        bindir=str(server.bindir),
-        os_user=server.os_user,
-        log_file=str(server.log_file),
-        host=host,
-    )
-    options: dict[str, Any] = {"journal_dir": server.base_dir / "journal", **cluster_options}
-    return Cluster(
-        adapter=adapter,
-        backend=backend,
-        archive=DirectoryWalArchive(server.archive_dir),
-        catalog=DirectoryCatalog(server.base_dir / "catalog"),
-        layout=Layout(tuple(volumes)),
-        on_event=on_event,
-        **options,
-    )
+    return server_cluster(server, backend, volumes, host=host, on_event=on_event, **cluster_options)
 
 
 def _on_a_device(

@@ -37,7 +37,13 @@ from pgsnap.wal.names import (
 from pgsnap.wal.reader import WalDirectory
 from pgsnap.wal.timelines import TimelineGraph, TimelineHistory, parse_history
 
-__all__ = ["DirectoryWalArchive", "archived_segment_size", "read_histories"]
+__all__ = [
+    "DECOMPRESSORS",
+    "DirectoryWalArchive",
+    "archived_segment_size",
+    "decompress_content",
+    "read_histories",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +52,41 @@ _SEGMENT_NAME_LEN: Final = 24
 MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
 """Largest ``.history``/``.backup`` file :meth:`DirectoryWalArchive.read_text` reads (1 MiB)."""
 
-_DECOMPRESSORS: Final = {
+DECOMPRESSORS: Final = {
     "gz": gzip.decompress,
     "bz2": bz2.decompress,
     "xz": lzma.decompress,
 }
+"""The compressions an archive's small files and stored segments are read in with the
+standard library alone (lz4 and zstd need a module or a program)."""
+
+
+def decompress_content(name: str, data: bytes, where: str, *, hint: str) -> bytes:
+    """``data``, the stored content of ``name`` in the archive ``where``, decompressed
+    as its name says (as it is without a compression suffix). ``ArchiveError`` for a
+    codec the standard library lacks (``hint`` says what to do) or damaged data."""
+    comp = parse_archive_name(name).compression
+    if comp is None:
+        return data
+    decompress = DECOMPRESSORS.get(comp)
+    if decompress is None:
+        raise ArchiveError(
+            f"cannot decompress {name}: {comp} needs a library pgsnap does not use",
+            hint=hint,
+            path=where,
+            name=name,
+            compression=comp,
+        )
+    try:
+        return decompress(data)
+    except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
+        raise ArchiveError(
+            f"{name} in {where} is not valid {comp} data: {exc}",
+            hint="the file is damaged; restore it from another copy",
+            path=where,
+            name=name,
+            reason=str(exc),
+        ) from exc
 
 
 def _is_hex(name: str) -> bool:
@@ -328,26 +364,12 @@ class DirectoryWalArchive:
                 path=self._path,
                 name=name,
             )
-        comp = parse_archive_name(name).compression
-        if comp is None:
-            return data
-        decompress = _DECOMPRESSORS.get(comp)
-        if decompress is None:
-            raise ArchiveError(
-                f"cannot decompress {name}: {comp} needs a library pgsnap does not use",
-                hint="store .history and .backup files uncompressed or gzip-compressed",
-                path=self._path,
-                name=name,
-            )
-        try:
-            out = decompress(data)
-        except (OSError, EOFError, ValueError, lzma.LZMAError, zlib.error) as exc:
-            raise ArchiveError(
-                f"{name} in {self._path} is not valid {comp} data: {exc}",
-                hint="the file is damaged; restore it from another copy",
-                path=self._path,
-                name=name,
-            ) from exc
+        out = decompress_content(
+            name,
+            data,
+            self._path,
+            hint="store .history and .backup files uncompressed or gzip-compressed",
+        )
         if len(out) > max_size:
             raise ArchiveError(
                 f"{name} in {self._path} decompresses to more than {max_size} bytes",
