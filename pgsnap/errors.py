@@ -51,9 +51,12 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   └── DeviceNotFound (LookupError)    a device did not appear on the host (device)
     ├── ArchiveError                        the WAL archive cannot be read
     │   └── DamagedSegmentError             an archived segment is truncated or foreign
-    └── CatalogError                        the catalog cannot be read or written
-        ├── BackupNotFound (LookupError)
-        └── CatalogLockedError              another writer holds the lock
+    ├── CatalogError                        the catalog cannot be read or written
+    │   ├── BackupNotFound (LookupError)
+    │   └── CatalogLockedError              another writer holds the lock
+    └── CopyError                           a copy off the array cannot be written or read
+        ├── CopyNotFound (LookupError)      no copy (manifest) or chunk of that id in the target
+        └── DamagedChunkError               a stored chunk does not hash to its name (chunk)
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ __all__ = [
     "CommandError",
     "CommandTimeout",
     "ConfigurationError",
+    "CopyError",
+    "CopyNotFound",
+    "DamagedChunkError",
     "DamagedSegmentError",
     "DatabaseError",
     "DeviceNotFound",
@@ -595,3 +601,16 @@ class CatalogLockedError(CatalogError):
     """Another process holds the catalog lock."""
 
     retryable: ClassVar[bool] = True
+
+
+class CopyError(PgsnapError):
+    """A copy of a backup off the array (a copy target: a directory or object
+    storage) cannot be written or read."""
+
+
+class CopyNotFound(CopyError, LookupError):
+    """The copy target holds no copy (manifest) or chunk of that id."""
+
+
+class DamagedChunkError(CopyError):
+    """A stored chunk does not decode, or does not hash to its name (``chunk``)."""

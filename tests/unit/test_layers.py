@@ -29,7 +29,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.plan",),
     ("pgsnap.operations", "pgsnap.adapters", "pgsnap.backends", "pgsnap.catalog"),
     ("pgsnap.protocols",),
-    ("pgsnap.wal", "pgsnap.host", "pgsnap._journal", "pgsnap.locks", "pgsnap._registry"),
+    (
+        "pgsnap.wal",
+        "pgsnap.copies",
+        "pgsnap.host",
+        "pgsnap._journal",
+        "pgsnap.locks",
+        "pgsnap._registry",
+    ),
     ("pgsnap.model",),
     ("pgsnap.errors", "pgsnap._version", "pgsnap._moved"),
 )

@@ -1,0 +1,268 @@
+"""The manifest of a copy: every file of a backup's trees, and the chunks that hold them.
+
+A copy is a manifest plus content-addressed chunks in a copy target. The
+manifest names the backup, the trees copied (a name each: ``pgdata``, a
+tablespace, the WAL from the backup's start to its stop), and for every
+entry of every tree its kind, mode, owner, time and, for a file, its size,
+its SHA-256 and the ids of its chunks in order. A chunk's id is the SHA-256
+of its content, so a chunk already in the target is never sent again and
+every copy is restorable on its own.
+
+The JSON is versioned (``{"format": "pgsnap-copy-manifest", "version": 1}``);
+a reader refuses another major format with :class:`~pgsnap.errors.FormatError`.
+:meth:`Manifest.digest` is the SHA-256 of the exact JSON text, recorded
+with the copy so a changed manifest is noticed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import attrs
+
+from pgsnap.errors import FormatError
+
+__all__ = [
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "EntryKind",
+    "FileEntry",
+    "Manifest",
+    "is_chunk_id",
+    "is_copy_id",
+]
+
+MANIFEST_FORMAT: Final = "pgsnap-copy-manifest"
+MANIFEST_VERSION: Final = 1
+
+_CHUNK_ID: Final = re.compile(r"[0-9a-f]{64}")
+_COPY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def is_chunk_id(value: object) -> bool:
+    """True for a chunk id: 64 lower-case hex digits (a SHA-256)."""
+    return isinstance(value, str) and _CHUNK_ID.fullmatch(value) is not None
+
+
+def is_copy_id(value: object) -> bool:
+    """True for a copy id: letters, digits, ``.``, ``_`` and ``-``, at most 128, not
+    starting with punctuation (it names a file or an object key)."""
+    return isinstance(value, str) and _COPY_ID.fullmatch(value) is not None
+
+
+class EntryKind(enum.Enum):
+    """What an entry of a tree is."""
+
+    DIRECTORY = "dir"
+    FILE = "file"
+    SYMLINK = "symlink"
+
+
+def _relative(value: str) -> str:
+    """A tree-relative POSIX path: ``""`` (the tree's top) or components without ``..``."""
+    if value == "":
+        return value
+    parts = value.split("/")
+    if value.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in value:
+        raise FormatError(
+            f"manifest path {value!r} is not a relative path inside its tree",
+            hint="the manifest is damaged or was not written by pgsnap",
+        )
+    return value
+
+
+@attrs.frozen
+class FileEntry:
+    """One entry of a copied tree.
+
+    ``path`` is relative to the tree (``""`` is the tree's top directory);
+    ``mode`` holds the permission bits (with set-id and sticky bits);
+    ``mtime_ns`` the modification time. A file has ``size``, ``sha256`` and
+    its ``chunks`` in order; a symbolic link its ``link`` target.
+    """
+
+    tree: str
+    path: str = attrs.field(converter=_relative)
+    kind: EntryKind
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    size: int = 0
+    sha256: str | None = None
+    chunks: tuple[str, ...] = ()
+    link: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as JSON values (keys that do not apply left out)."""
+        out: dict[str, Any] = {
+            "tree": self.tree,
+            "path": self.path,
+            "kind": self.kind.value,
+            "mode": self.mode,
+            "uid": self.uid,
+            "gid": self.gid,
+            "mtime_ns": self.mtime_ns,
+        }
+        if self.kind is EntryKind.FILE:
+            out.update(size=self.size, sha256=self.sha256, chunks=list(self.chunks))
+        if self.kind is EntryKind.SYMLINK:
+            out["link"] = self.link
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> FileEntry:
+        """An entry from :meth:`to_dict`'s shape; :class:`FormatError` naming ``where``."""
+        try:
+            kind = EntryKind(data["kind"])
+            entry = cls(
+                tree=_text(data["tree"], f"{where}.tree"),
+                path=_text(data["path"], f"{where}.path"),
+                kind=kind,
+                mode=_int(data["mode"], f"{where}.mode"),
+                uid=_int(data["uid"], f"{where}.uid"),
+                gid=_int(data["gid"], f"{where}.gid"),
+                mtime_ns=_int(data["mtime_ns"], f"{where}.mtime_ns"),
+                size=_int(data.get("size", 0), f"{where}.size"),
+                sha256=data.get("sha256"),
+                chunks=tuple(data.get("chunks", ())),
+                link=data.get("link"),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise FormatError(
+                f"manifest {where} is malformed: {exc}",
+                hint="the manifest is damaged or was not written by pgsnap",
+            ) from exc
+        if kind is EntryKind.FILE and (
+            not is_chunk_id(entry.sha256) or not all(map(is_chunk_id, entry.chunks))
+        ):
+            raise FormatError(
+                f"manifest {where} has a malformed checksum or chunk id",
+                hint="the manifest is damaged or was not written by pgsnap",
+            )
+        if kind is EntryKind.SYMLINK and not isinstance(entry.link, str):
+            raise FormatError(f"manifest {where} is a symbolic link without a target")
+        return entry
+
+
+def _text(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{where} is not text")
+    return value
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{where} is not a whole number")
+    return value
+
+
+@attrs.frozen
+class Manifest:
+    """What one copy holds (see the module docstring).
+
+    ``trees`` names the trees in the order they were copied; ``files`` maps
+    names of small whole files kept beside them (``backup_label``,
+    ``tablespace_map``) to their text. ``chunk_size`` is the size of every
+    chunk but a file's last; ``codec`` how chunks were compressed when written
+    (each stored chunk also says so itself).
+    """
+
+    copy_id: str
+    backup_id: str
+    created_at: dt.datetime
+    chunk_size: int
+    codec: str
+    trees: tuple[str, ...]
+    entries: tuple[FileEntry, ...]
+    files: Mapping[str, str] = attrs.field(factory=dict)
+
+    def chunk_ids(self) -> frozenset[str]:
+        """Every chunk the copy needs."""
+        return frozenset(c for e in self.entries for c in e.chunks)
+
+    def entries_of(self, tree: str) -> Iterator[FileEntry]:
+        """The entries of one tree, in manifest order (parents before children)."""
+        return (e for e in self.entries if e.tree == tree)
+
+    @property
+    def size(self) -> int:
+        """Bytes of file content the copy holds (before compression)."""
+        return sum(e.size for e in self.entries if e.kind is EntryKind.FILE)
+
+    def to_json(self) -> str:
+        """The manifest as JSON text (keys sorted: the same manifest, the same text)."""
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "version": MANIFEST_VERSION,
+            "copy_id": self.copy_id,
+            "backup_id": self.backup_id,
+            "created_at": self.created_at.isoformat(),
+            "chunk_size": self.chunk_size,
+            "codec": self.codec,
+            "trees": list(self.trees),
+            "files": dict(sorted(self.files.items())),
+            "entries": [e.to_dict() for e in self.entries],
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+
+    def digest(self) -> str:
+        """The SHA-256 of :meth:`to_json`."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """A manifest from :meth:`to_json`; :class:`FormatError` when it is not one."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise FormatError(
+                f"a copy manifest is not JSON: {exc}",
+                hint="the manifest is damaged; copy the backup again",
+            ) from exc
+        if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+            raise FormatError(
+                "not a pgsnap copy manifest",
+                hint="the target holds something else under that name",
+            )
+        if doc.get("version") != MANIFEST_VERSION:
+            raise FormatError(
+                f"copy manifest version {doc.get('version')!r} is not supported "
+                f"(this pgsnap reads version {MANIFEST_VERSION})",
+                hint="read it with the pgsnap release that wrote it, or a newer one",
+            )
+        try:
+            created = dt.datetime.fromisoformat(_text(doc["created_at"], "created_at"))
+            files = doc.get("files", {})
+            if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+                raise TypeError("files is not a mapping of names to text")
+            entries = doc["entries"]
+            if not isinstance(entries, list):
+                raise TypeError("entries is not a list")
+            manifest = cls(
+                copy_id=_text(doc["copy_id"], "copy_id"),
+                backup_id=_text(doc["backup_id"], "backup_id"),
+                created_at=created,
+                chunk_size=_int(doc["chunk_size"], "chunk_size"),
+                codec=_text(doc["codec"], "codec"),
+                trees=tuple(_text(t, "trees[]") for t in doc["trees"]),
+                entries=tuple(
+                    FileEntry.from_dict(e, f"entries[{i}]") for i, e in enumerate(entries)
+                ),
+                files=dict(files),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            raise FormatError(
+                f"a copy manifest is malformed: {exc}",
+                hint="the manifest is damaged or was not written by pgsnap",
+            ) from exc
+        unknown = {e.tree for e in manifest.entries} - set(manifest.trees)
+        if unknown:
+            raise FormatError(f"a copy manifest names trees it does not list: {sorted(unknown)}")
+        return manifest

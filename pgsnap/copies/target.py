@@ -1,0 +1,219 @@
+"""Where copies go: the :class:`CopyTarget` protocol and a directory target.
+
+A copy target holds manifests (one per copy, by copy id) and chunks (by
+chunk id). Writes are atomic: a reader sees a whole object or none. A chunk
+is immutable once written (its name is its content's hash), so writing one
+that exists is skipped. :class:`DirectoryCopyTarget` keeps them in a local
+directory (an NFS or backup-appliance mount)::
+
+    <root>/chunks/<first two hex digits>/<chunk id>
+    <root>/manifests/<copy id>.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from pgsnap.copies.manifest import is_chunk_id, is_copy_id
+from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
+
+__all__ = ["CopyTarget", "DirectoryCopyTarget"]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class CopyTarget(Protocol):
+    """Where off-array copies of backups are kept (see the module docstring)."""
+
+    @property
+    def location(self) -> str:
+        """Where the target is, for messages (a path or URL, never a secret)."""
+        ...
+
+    def has_chunk(self, chunk: str) -> bool:
+        """True when the chunk is stored (whole)."""
+        ...
+
+    def put_chunk(self, chunk: str, data: bytes) -> bool:
+        """Store a chunk (as :func:`~pgsnap.copies.chunks.encode_chunk` made it) unless
+        it is there; True when it was written, False when it was there already."""
+        ...
+
+    def get_chunk(self, chunk: str) -> bytes:
+        """A stored chunk's bytes; :class:`~pgsnap.errors.CopyNotFound` if absent."""
+        ...
+
+    def chunk_ids(self) -> Iterator[str]:
+        """Every stored chunk's id (in no particular order)."""
+        ...
+
+    def delete_chunk(self, chunk: str) -> None:
+        """Remove a chunk (absent: nothing to do)."""
+        ...
+
+    def put_manifest(self, copy_id: str, text: str) -> None:
+        """Store (or replace) a copy's manifest, atomically."""
+        ...
+
+    def get_manifest(self, copy_id: str) -> str:
+        """A copy's manifest text; :class:`~pgsnap.errors.CopyNotFound` if absent."""
+        ...
+
+    def manifest_ids(self) -> tuple[str, ...]:
+        """The ids of the copies whose manifests are stored, sorted."""
+        ...
+
+    def delete_manifest(self, copy_id: str) -> None:
+        """Remove a copy's manifest (absent: nothing to do)."""
+        ...
+
+
+def _check_chunk(chunk: str) -> str:
+    if not is_chunk_id(chunk):
+        raise ConfigurationError(
+            f"{chunk!r} is not a chunk id", hint="a chunk id is 64 lower-case hex digits"
+        )
+    return chunk
+
+
+def _check_copy(copy_id: str) -> str:
+    if not is_copy_id(copy_id):
+        raise ConfigurationError(
+            f"{copy_id!r} is not a copy id",
+            hint="letters, digits, '.', '_' and '-' only, at most 128",
+        )
+    return copy_id
+
+
+class DirectoryCopyTarget:
+    """A copy target in a local directory (created, mode 0700, on first write)."""
+
+    __slots__ = ("_root",)
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(os.path.abspath(os.fspath(root)))
+
+    def __repr__(self) -> str:
+        return f"DirectoryCopyTarget({str(self._root)!r})"
+
+    @property
+    def location(self) -> str:
+        """The target's directory."""
+        return str(self._root)
+
+    @property
+    def root(self) -> Path:
+        """The target's directory."""
+        return self._root
+
+    def _chunk_path(self, chunk: str) -> Path:
+        _check_chunk(chunk)
+        return self._root / "chunks" / chunk[:2] / chunk
+
+    def _manifest_path(self, copy_id: str) -> Path:
+        return self._root / "manifests" / f"{_check_copy(copy_id)}.json"
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Write ``path`` atomically: a temporary file beside it, fsync, rename, fsync."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as exc:
+            raise CopyError(
+                f"cannot write {path} in the copy target {self._root}: {exc.strerror or exc}",
+                hint="check the target directory's permissions and free space",
+                path=str(path),
+            ) from exc
+
+    def _read(self, path: Path, what: str) -> bytes:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise CopyNotFound(
+                f"{what} is not in the copy target {self._root}",
+                hint="list the target's copies; a chunk missing from a copy is damage "
+                "(pgsnap verify-copy names the files it breaks)",
+                path=str(path),
+            ) from None
+        except OSError as exc:
+            raise CopyError(
+                f"cannot read {path} in the copy target {self._root}: {exc.strerror or exc}",
+                hint="check the target directory's permissions",
+                path=str(path),
+            ) from exc
+
+    def has_chunk(self, chunk: str) -> bool:
+        """True when the chunk's file exists."""
+        return self._chunk_path(chunk).is_file()
+
+    def put_chunk(self, chunk: str, data: bytes) -> bool:
+        """Write the chunk's file unless it exists."""
+        path = self._chunk_path(chunk)
+        if path.is_file():
+            return False
+        self._write(path, data)
+        return True
+
+    def get_chunk(self, chunk: str) -> bytes:
+        """The chunk file's bytes."""
+        return self._read(self._chunk_path(chunk), f"chunk {chunk}")
+
+    def chunk_ids(self) -> Iterator[str]:
+        """The chunk files' names (temporary files left out)."""
+        base = self._root / "chunks"
+        if not base.is_dir():
+            return
+        for sub in sorted(base.iterdir()):
+            if sub.is_dir():
+                for f in sorted(sub.iterdir()):
+                    if is_chunk_id(f.name):
+                        yield f.name
+
+    def delete_chunk(self, chunk: str) -> None:
+        """Remove the chunk's file."""
+        with contextlib.suppress(FileNotFoundError):
+            self._chunk_path(chunk).unlink()
+
+    def put_manifest(self, copy_id: str, text: str) -> None:
+        """Write ``manifests/<copy id>.json`` atomically."""
+        self._write(self._manifest_path(copy_id), text.encode())
+
+    def get_manifest(self, copy_id: str) -> str:
+        """The text of ``manifests/<copy id>.json``."""
+        return self._read(self._manifest_path(copy_id), f"copy {copy_id}").decode()
+
+    def manifest_ids(self) -> tuple[str, ...]:
+        """The copy ids with a manifest file."""
+        base = self._root / "manifests"
+        if not base.is_dir():
+            return ()
+        return tuple(
+            sorted(p.name[: -len(".json")] for p in base.glob("*.json") if is_copy_id(p.stem))
+        )
+
+    def delete_manifest(self, copy_id: str) -> None:
+        """Remove ``manifests/<copy id>.json``."""
+        with contextlib.suppress(FileNotFoundError):
+            self._manifest_path(copy_id).unlink()
