@@ -79,7 +79,8 @@ EXIT_CODES = {
     1: "execution failed (compensations ran; see the message)",
     2: "bad usage or configuration",
     3: "plan refused: the request cannot succeed (the message says why and the alternative)",
-    4: "check found blocking problems (a backup cannot be taken, or a recovery is at risk)",
+    4: "check found blocking problems (a backup cannot be taken, or a recovery is at risk), "
+    "or verify-copy found a copy missing or damaged chunks",
     5: "the plan is stale, or has already run: plan again",
     6: "another pgsnap run holds the cluster, or an interrupted run must be resumed first "
     "(nothing was changed)",
@@ -507,6 +508,29 @@ def _until(text: str) -> dt.datetime:
     return until
 
 
+def cmd_copy(args: argparse.Namespace) -> int:
+    """Copy a backup off the array: its snapshots' trees to a copy target."""
+    cluster = _load(args)[0]
+    if args.dry_run:
+        _out(cluster.plan_copy(args.backup, args.to, copy_id=args.copy_id).explain())
+        return EXIT_OK
+    copy = cluster.copy(args.backup, args.to, copy_id=args.copy_id)
+    _out(
+        f"copy {copy.copy_id} of backup {args.backup} in {copy.target}: {copy.files} files, "
+        f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "
+        f"({copy.chunks_new} chunks new, {copy.chunks_reused} already there) "
+        f"in {copy.seconds:.1f} s"
+    )
+    return EXIT_OK
+
+
+def cmd_verify_copy(args: argparse.Namespace) -> int:
+    """Check a copy's chunks: all of them, or a sample."""
+    report = _load(args)[0].verify_copy(args.copy, args.to, sample=args.sample)
+    _out(report.explain())
+    return EXIT_OK if report.ok else EXIT_CHECK
+
+
 def cmd_unpin(args: argparse.Namespace) -> int:
     """Remove a backup's pin."""
     record = _load(args)[0].unpin(args.backup)
@@ -736,6 +760,32 @@ def _parser() -> argparse.ArgumentParser:
     pn.add_argument("--reason", required=True, help="why it is kept")
     pn.add_argument("--until", help="ISO time with a zone (default: forever)")
     pn.set_defaults(func=cmd_pin)
+
+    cp = sub.add_parser(
+        "copy",
+        parents=[common],
+        help="copy a backup off the array (its snapshots' files, chunked and compressed)",
+        description="Copy a backup's data and tablespace snapshots, read in place, to a copy "
+        "target: chunks named by their SHA-256 (only those the target lacks are sent) and, "
+        "last, a manifest. The copy is recorded on the backup.",
+    )
+    with_config(cp)
+    cp.add_argument("backup", help="the backup id")
+    cp.add_argument("--to", help="the copy target directory (default: [copies] path)")
+    cp.add_argument("--copy-id", help="the copy's id (default: <backup id>.<n>)")
+    cp.add_argument("--dry-run", action="store_true", help="print the plan only")
+    cp.set_defaults(func=cmd_copy)
+
+    vc = sub.add_parser(
+        "verify-copy",
+        parents=[common],
+        help="check that a copy's chunks are all there and whole",
+    )
+    with_config(vc)
+    vc.add_argument("copy", help="the copy id")
+    vc.add_argument("--to", help="the copy target directory (default: [copies] path)")
+    vc.add_argument("--sample", type=float, help="check this share of the chunks (0 < SAMPLE <= 1)")
+    vc.set_defaults(func=cmd_verify_copy)
 
     up = sub.add_parser("unpin", parents=[common], help="remove a backup's pin")
     with_config(up)

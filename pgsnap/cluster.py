@@ -35,6 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
+from pgsnap.copies import DirectoryCopyTarget, VerifyReport, verify_copy
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -53,6 +54,7 @@ from pgsnap.executor import Event, ExecutionResult, Executor
 from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
+    CopyRecord,
     Layout,
     Pin,
     RecoveryAction,
@@ -68,6 +70,7 @@ from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
 from pgsnap.planner.checks import CheckFacts, check_findings
+from pgsnap.planner.copy import CopyRequest, plan_copy
 from pgsnap.planner.expiry import (
     RetentionPolicy,
     plan_delete,
@@ -489,6 +492,7 @@ class Cluster:
         on_event: Callable[[Event], None] | None = None,
         max_scan_segments: int = 256,
         wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
+        copy_target: str | os.PathLike[str] | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -501,6 +505,8 @@ class Cluster:
         self.on_event = on_event
         self.max_scan_segments = max_scan_segments
         self.wal_index = _wal_index(wal_index, catalog)
+        self.copy_target = None if copy_target is None else os.path.abspath(copy_target)
+        """Where :meth:`copy` puts copies when it is not told (``[copies] path``)."""
 
     @classmethod
     def from_config(
@@ -867,6 +873,19 @@ class Cluster:
             f"the pin of backup {backup_id} changed",
         )
 
+    def _check_fresh_copy(self, plan: Plan) -> None:
+        """Refuse a copy plan made before its backup's snapshots or copies changed."""
+        backup_id = str(plan.request.get("backup_id"))
+        _same_plan(
+            plan,
+            lambda: self.plan_copy(
+                backup_id,
+                str(plan.request.get("target")),
+                copy_id=str(plan.request.get("copy_id")),
+            ),
+            f"backup {backup_id}'s snapshots or copies changed",
+        )
+
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
 
@@ -882,6 +901,9 @@ class Cluster:
             return
         if plan.kind in ("pin", "unpin"):
             self._check_fresh_pin(plan)
+            return
+        if plan.kind == "copy":
+            self._check_fresh_copy(plan)
             return
         if plan.kind != "recovery" or not plan.request:
             return
@@ -1002,6 +1024,61 @@ class Cluster:
         """Plan and execute an unpin (:meth:`plan_unpin`); return the record."""
         self.execute(self.plan_unpin(backup_id))
         return self.catalog.get(backup_id)
+
+    def plan_copy(
+        self,
+        backup_id: str,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        copy_id: str | None = None,
+    ) -> Plan:
+        """The plan that copies backup ``backup_id`` off the array to the directory
+        ``target`` (default :attr:`copy_target`): see :func:`pgsnap.planner.copy.plan_copy`."""
+        where = target if target is not None else self.copy_target
+        if where is None:
+            raise ConfigurationError(
+                "no copy target: say where copies go",
+                hint="pgsnap copy BACKUP --to DIR, or [copies] path = DIR in the configuration",
+            )
+        record = self.catalog.get(backup_id)
+        request = CopyRequest(
+            backup_id=record.id, target_dir=os.path.abspath(where), copy_id=copy_id
+        )
+        return plan_copy(record, self.observer.snapshot_access(record), request)
+
+    def copy(
+        self,
+        backup_id: str,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        copy_id: str | None = None,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> CopyRecord:
+        """Plan and execute a copy of backup ``backup_id`` off the array
+        (:meth:`plan_copy`); return the copy as the catalog now records it."""
+        plan = self.plan_copy(backup_id, target, copy_id=copy_id)
+        self.execute(plan, on_event=on_event)
+        wanted = str(plan.request["copy_id"])
+        record = self.catalog.get(backup_id)
+        return next(c for c in record.copies if c.copy_id == wanted)
+
+    def verify_copy(
+        self,
+        copy_id: str,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        sample: float | None = None,
+    ) -> VerifyReport:
+        """Check that every chunk of copy ``copy_id`` in the directory ``target``
+        (default :attr:`copy_target`) is there and whole, or a ``sample`` of them
+        (``0 < sample <= 1``): :func:`pgsnap.copies.verify_copy`. Reads only."""
+        where = target if target is not None else self.copy_target
+        if where is None:
+            raise ConfigurationError(
+                "no copy target: say where the copy is",
+                hint="pgsnap verify-copy COPY --to DIR, or [copies] path = DIR",
+            )
+        return verify_copy(DirectoryCopyTarget(where), copy_id, sample=sample)
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

@@ -131,6 +131,7 @@ _SECTIONS = (
     "catalog",
     "timeouts",
     "retention",
+    "copies",
     "volume",
 )
 RETENTION_KEYS: Final = (
@@ -158,6 +159,7 @@ _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
 _ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
+_COPIES_KEYS = ("path",)
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -533,7 +535,15 @@ def cluster_arguments(
         "layout": layout,
         "journal_dir": rel(journal),
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
+        "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
     }
+
+
+def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
+    """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
+    _check_keys(section, _COPIES_KEYS, "[copies]")
+    where = _text(section, "path", "[copies]")
+    return None if where is None else rel(where)
 
 
 def load_retention(source: Source) -> dict[str, Any]:

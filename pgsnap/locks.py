@@ -3,17 +3,19 @@
 The executor takes the lock before the first step of a run and holds it to
 the last (:class:`~pgsnap.executor.Executor`). Which runs may overlap is
 :data:`LOCK_MODES`: backups share the lock (PostgreSQL allows concurrent
-non-exclusive backups, and each has its own snapshot group), and so do pins
-and unpins (one catalog record each); every other plan kind (a recovery,
-an expiry, a delete, a kind pgsnap does not know) holds it alone:
+non-exclusive backups, and each has its own snapshot group), and so do pins,
+unpins (one catalog record each) and copies (they read snapshots, which only
+an expiry, a delete or a recovery, each exclusive, could take away); every
+other plan kind (a recovery, an expiry, a delete, a kind pgsnap does not
+know) holds it alone:
 
-=============  ===============  ==========  =================
-running        backup / pin     recovery    expiry / delete
-=============  ===============  ==========  =================
-backup / pin   allowed          refused     refused
-recovery       refused          refused     refused
-expiry         refused          refused     refused
-=============  ===============  ==========  =================
+====================  ===================  ==========  =================
+running               backup / pin / copy  recovery    expiry / delete
+====================  ===================  ==========  =================
+backup / pin / copy   allowed              refused     refused
+recovery              refused              refused     refused
+expiry                refused              refused     refused
+====================  ===================  ==========  =================
 
 A run that cannot take the lock fails at once with
 :class:`~pgsnap.errors.ClusterLockedError` naming the holders (plan kind
@@ -80,7 +82,12 @@ class LockMode(enum.Enum):
 
 
 LOCK_MODES: Final[Mapping[str, LockMode]] = MappingProxyType(
-    {"backup": LockMode.SHARED, "pin": LockMode.SHARED, "unpin": LockMode.SHARED}
+    {
+        "backup": LockMode.SHARED,
+        "pin": LockMode.SHARED,
+        "unpin": LockMode.SHARED,
+        "copy": LockMode.SHARED,
+    }
 )
 """The plan kinds that share the lock; every other kind holds it exclusively."""
 

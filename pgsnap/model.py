@@ -36,6 +36,7 @@ __all__ = [
     "BackupStart",
     "BackupState",
     "BackupStop",
+    "CopyRecord",
     "Layout",
     "Location",
     "LocationKind",
@@ -50,6 +51,7 @@ __all__ = [
     "ServerFacts",
     "Severity",
     "Snapshot",
+    "SnapshotAccess",
     "SnapshotGroup",
     "SnapshotPolicy",
     "StorageProblem",
@@ -704,6 +706,40 @@ class Pin:
 
 
 @attrs.frozen
+class SnapshotAccess:
+    """How a snapshot's content can be read without touching its origin
+    (:meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access`).
+
+    ``path`` is a directory on the database host holding the snapshot's tree,
+    read-only in spirit (a btrfs read-only snapshot, the mock's copy): a copy
+    reads it in place. (Snapshots that must first be attached and mounted, as
+    LVM's and PowerFlex's, come with the rest of issue 21.)
+    """
+
+    path: str
+
+
+@attrs.frozen
+class CopyRecord:
+    """A copy of a backup off the array, as the catalog keeps it on the backup's record.
+
+    ``target`` is the copy target's location (never a secret), ``manifest_digest``
+    the SHA-256 of the manifest written there; the rest is what the copy did.
+    """
+
+    copy_id: str
+    target: str
+    manifest_digest: str
+    created_at: dt.datetime = attrs.field(converter=_utc)
+    files: int = 0
+    bytes_read: int = 0
+    bytes_sent: int = 0
+    chunks_new: int = 0
+    chunks_reused: int = 0
+    seconds: float = 0.0
+
+
+@attrs.frozen
 class BackupRecord:
     """A backup in the catalog: what was taken, where it starts and ends.
 
@@ -743,6 +779,8 @@ class BackupRecord:
     directory's link resolved): where a surviving WAL volume's WAL is found again."""
     pin: Pin | None = None
     """Kept by retention whatever the policy says (``pgsnap pin``)."""
+    copies: tuple[CopyRecord, ...] = ()
+    """Copies of the backup off the array (``pgsnap copy``), oldest first."""
 
     @property
     def is_usable(self) -> bool:

@@ -27,6 +27,8 @@ from pgsnap.errors import (
     HostError,
     HostFileNotFound,
     PgsnapError,
+    SnapshotNotFound,
+    UnsupportedCapability,
     VolumeNotFound,
     WalNameError,
 )
@@ -40,6 +42,7 @@ from pgsnap.model import (
     Mount,
     RecoveryTarget,
     ServerFacts,
+    SnapshotAccess,
     StorageProblem,
     TargetKind,
     VolumeRole,
@@ -61,6 +64,7 @@ from pgsnap.protocols import (
     Catalog,
     DatabaseAdapter,
     LocalWalArchive,
+    ReadableSnapshots,
     StorageBackend,
     StorageHealth,
     WalArchive,
@@ -463,6 +467,31 @@ class Observer:
             volume_facts=self._volume_facts(),
             paths=self._path_facts(server),
         )
+
+    def snapshot_access(self, record: BackupRecord) -> dict[str, SnapshotAccess]:
+        """Where each data and tablespace snapshot of ``record`` can be read (volume id
+        → access), for a copy; a snapshot that is gone is left out (the copy planner
+        refuses then). :class:`~pgsnap.errors.UnsupportedCapability` when the backend
+        cannot expose its snapshots in place."""
+        if not isinstance(self.backend, ReadableSnapshots):
+            raise UnsupportedCapability(
+                f"the {self.backend.name} backend's snapshots cannot be read in place yet, "
+                "so its backups cannot be copied",
+                hint="copies work on the mock (directory volumes) and btrfs now; LVM and "
+                "PowerFlex snapshots, which must be activated or mapped and mounted, "
+                "come later",
+                backend=self.backend.name,
+            )
+        found: dict[str, SnapshotAccess] = {}
+        for vol in record.layout.volumes:
+            snap = record.snapshots.get(vol.id)
+            if snap is None or vol.role not in (VolumeRole.DATA, VolumeRole.TABLESPACE):
+                continue
+            try:
+                found[vol.id] = self.backend.snapshot_access(snap)
+            except SnapshotNotFound:
+                log.info("backup %s: snapshot %s of %s is gone", record.id, snap, vol.id)
+        return found
 
     def expiry_facts(self) -> ExpiryFacts:
         """Observe what the expiry planner needs: the catalog, the storage's snapshots,

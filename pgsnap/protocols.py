@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         SafetySnapshot,
         ServerFacts,
         Snapshot,
+        SnapshotAccess,
         SnapshotGroup,
         SnapshotPolicy,
         StorageProblem,
@@ -59,6 +60,7 @@ __all__ = [
     "ClusterLockProvider",
     "DatabaseAdapter",
     "LocalWalArchive",
+    "ReadableSnapshots",
     "RecoveryOutcome",
     "Runner",
     "StorageBackend",
@@ -231,6 +233,25 @@ class StorageBackend(Protocol):
 
     def resume_policy(self, policy_id: str) -> None:
         """Let a paused policy run again; idempotent."""
+        ...
+
+
+@runtime_checkable
+class ReadableSnapshots(Protocol):
+    """Optional for a :class:`StorageBackend`: its snapshots can be read in place,
+    without touching their origins, for a copy off the array (``pgsnap copy``).
+
+    ``isinstance(backend, ReadableSnapshots)`` tells. The mock (directory
+    volumes) and btrfs (read-only snapshot subvolumes) have it; LVM and
+    PowerFlex, whose snapshots must first be activated or mapped and mounted,
+    will say so another way (issue 21).
+    """
+
+    def snapshot_access(self, snapshot_id: str) -> SnapshotAccess:
+        """Where the snapshot's tree can be read on the database host.
+        :class:`~pgsnap.errors.SnapshotNotFound` if it is gone;
+        :class:`~pgsnap.errors.UnsupportedCapability` for one that cannot be
+        read in place (an in-memory or block-device snapshot)."""
         ...
 
 

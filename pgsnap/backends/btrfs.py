@@ -150,6 +150,7 @@ from pgsnap.model import (
     RestorePreparation,
     RestoreProfile,
     Snapshot,
+    SnapshotAccess,
     SnapshotGroup,
     SnapshotPolicy,
     StorageVolume,
@@ -890,6 +891,10 @@ class BtrfsBackend(CommandBackend):
         vol = self._volume(view, volume_id)
         before = RestorePreparation.UNMOUNT if vol.self_mounts else RestorePreparation.NOTHING
         return RestoreProfile(before=before)
+
+    def snapshot_access(self, snapshot_id: str) -> SnapshotAccess:
+        """The read-only snapshot subvolume's directory on the host: read in place."""
+        return SnapshotAccess(path=self._snapshot(self._view(), snapshot_id).path)
 
     def wait_for_restore(self, volume_id: str, *, timeout: float) -> None:
         """Return at once: a swap is complete when :meth:`restore_volume` returns."""

@@ -103,6 +103,9 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "archive.wait_for_wal": f"{_OPS}.catalog:WaitForWal",
         "archive.verify_wal": f"{_OPS}.catalog:VerifyWal",
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",
+        "copy.send": f"{_OPS}.copies:SendCopy",
+        "copy.delete_manifest": f"{_OPS}.copies:DeleteCopyManifest",
+        "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

@@ -74,6 +74,7 @@ class Target(enum.Enum):
     HOST = "host"
     ARCHIVE = "archive"
     CATALOG = "catalog"
+    COPY = "copy"
 
 
 class Resume(enum.Enum):

@@ -151,3 +151,44 @@ def test_the_demo_runs_on_btrfs(fs: LoopBtrfs, capsys: pytest.CaptureFixture[str
     assert "btrfs subvolumes" in out
     assert "restore-" in out
     assert loops() == before
+
+
+def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
+    btrfs_env: Callable[[], Env], pg_server: Any, tmp_path: Any
+) -> None:
+    """Issue 21: the read-only snapshot subvolume is copied in place (no load on the
+    origin), every snapshot of the backup deleted, the server stopped; the copy alone,
+    restored into an empty directory elsewhere, replays to a restore point."""
+    from pgsnap.copies import DirectoryCopyTarget, restore_trees
+    from pgsnap.copies.manifest import Manifest
+
+    env = btrfs_env()
+    env.create_table()
+    env.write(1)
+    record = env.cluster.backup("btrfs-copy")
+    env.write(2)
+    env.server.sql("SELECT pg_create_restore_point('copied')")
+    env.write(3)
+    env.server.switch_wal_and_wait_archived()
+    target = tmp_path / "copies"
+    copy = env.cluster.copy(record.id, target)
+    assert copy.files > 100 and env.cluster.verify_copy(copy.copy_id, target).ok
+    assert record.snapshot_group_id is not None
+    env.cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    env.server.stop(mode="immediate")
+
+    store = DirectoryCopyTarget(target)
+    manifest = Manifest.from_json(store.get_manifest(copy.copy_id))
+    restored = pg_server.prepare(archive_dir=env.server.archive_dir)
+    restored.data_dir.rmdir()
+    restore_trees(manifest, store, {"pgdata": restored.data_dir})
+    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
+    wal = restored.data_dir / "pg_wal"  # a link to the WAL subvolume that is gone
+    assert wal.is_symlink()
+    wal.unlink()
+    wal.symlink_to(restored.wal_dir)
+    restored.write_backup_label(manifest.files["backup_label"])
+    restored.enable_recovery(recovery_target_name="copied", recovery_target_action="promote")
+    restored.start()
+    restored.wait_for_promotion()
+    assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]

@@ -9,6 +9,7 @@ point. The test checks which rows exist.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,11 @@ from typing import Any
 import pytest
 
 from pgsnap.copies import DirectoryCopyTarget, copy_trees, restore_trees, verify_copy
+from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import VolumeRole
 from pgsnap.testing.sandbox import mock_cluster
+
+from .conftest import CliEnv, backed_up
 
 pytestmark = pytest.mark.postgres
 
@@ -77,3 +81,61 @@ def test_a_copy_recovers_the_cluster_when_every_snapshot_is_gone(
     restored.wait_for_promotion()
     assert rows(restored) == [1, 2]
     assert restored.sql("SELECT count(*) FROM t WHERE batch = 1")[0][0] == 100
+
+
+def test_cluster_copy_is_a_plan_recorded_on_the_backup_and_sends_only_changes(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(server)
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t SELECT 1 FROM generate_series(1, 2000)")
+    first = cluster.backup("one")
+    server.sql("INSERT INTO t VALUES (2)")
+    second = cluster.backup("two")
+    target = tmp_path / "copies"
+    events: list[Any] = []
+    c1 = cluster.copy(first.id, target, on_event=events.append)
+    c2 = cluster.copy(second.id, target)
+    assert [c.copy_id for c in cluster.catalog.get(first.id).copies] == [c1.copy_id]
+    assert [c.copy_id for c in cluster.catalog.get(second.id).copies] == [c2.copy_id]
+    assert c1.target == str(target) and c1.chunks_new > 0 and c1.files > 100
+    # The second backup differs in a few pages: most of its chunks are already there.
+    assert c2.chunks_reused > c2.chunks_new and c2.bytes_sent < c1.bytes_sent / 2
+    assert any(e.kind.value == "progress" for e in events)
+    report = cluster.verify_copy(c2.copy_id, target)
+    assert report.ok and report.chunks_checked == report.chunks_total
+    manifest = DirectoryCopyTarget(target).get_manifest(c2.copy_id)
+    assert hashlib.sha256(manifest.encode()).hexdigest() == c2.manifest_digest
+
+    # Refused, with the reason: a copy id that exists; a backup whose snapshots are gone.
+    with pytest.raises(PlanningError, match="already has a copy"):
+        cluster.plan_copy(first.id, target, copy_id=c1.copy_id)
+    assert first.snapshot_group_id is not None
+    cluster.backend.delete_snapshot_group(first.snapshot_group_id)
+    with pytest.raises(PlanningError, match="no readable snapshot"):
+        cluster.plan_copy(first.id, target)
+    with pytest.raises(ConfigurationError, match="no copy target"):
+        cluster.plan_copy(second.id)
+
+
+def test_pgsnap_copy_and_verify_copy(cli_env: CliEnv) -> None:
+    env = cli_env
+    record = backed_up(env)
+    target = env.work / "copies"
+    code, out, err = env.run("copy", record["id"], "--to", str(target), "--dry-run")
+    assert code == 0 and "copy pgdata" in out, err
+    code, out, err = env.run("copy", record["id"], "--to", str(target), "--copy-id", "c1")
+    assert code == 0, err
+    assert out.startswith(f"copy c1 of backup {record['id']} in {target}: ")
+    (listed,) = env.run_json("list")
+    assert [c["copy_id"] for c in listed["copies"]] == ["c1"]
+    code, out, err = env.run("verify-copy", "c1", "--to", str(target))
+    assert code == 0 and "all present and whole" in out, err
+    some = next((target / "chunks").glob("*/*"))
+    some.write_bytes(b"PGSC\x00damaged")
+    code, out, err = env.run("verify-copy", "c1", "--to", str(target))
+    assert code == 4 and "damaged chunk" in out, (out, err)
+    code, _out, err = env.run("copy", record["id"])
+    assert code == 2 and "no copy target" in err

@@ -96,7 +96,7 @@ def test_the_lock_table_across_processes(tmp_path: Path, running: str, new: str)
 
 
 def test_modes_come_from_the_plan_kind() -> None:
-    shared = {"backup", "pin", "unpin"}  # pins: one record each, like a backup's own
+    shared = {"backup", "pin", "unpin", "copy"}  # pins: one record each; copies read snapshots
     assert dict(LOCK_MODES) == dict.fromkeys(shared, LockMode.SHARED)
     assert lock_mode("backup") is LockMode.SHARED
     assert all(lock_mode(k) is LockMode.EXCLUSIVE for k in KINDS if k not in shared)

@@ -1302,3 +1302,23 @@ def test_simulated_host_is_a_host_named_like_its_base() -> None:
     assert host.devices is backend.devices
     assert "db1" in repr(host)
     assert isinstance(backend.simulated_host(), SimulatedHost)
+
+
+def test_directory_snapshots_can_be_read_in_place_for_a_copy(tmp_path: Path) -> None:
+    from pgsnap.protocols import ReadableSnapshots
+
+    backend = MockBackend(root=tmp_path / "root")
+    assert isinstance(backend, ReadableSnapshots)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "PG_VERSION").write_text("15\n")
+    vol = backend.add_volume("pgdata", path=data)
+    memory = backend.add_volume("mem")
+    group = backend.create_snapshot_group([vol.id, memory.id], "g")
+    (data / "PG_VERSION").write_text("changed\n")
+    where = backend.snapshot_access(group.for_volume(vol.id).id)
+    assert (Path(where.path) / "PG_VERSION").read_text() == "15\n"
+    with pytest.raises(UnsupportedCapability, match="in memory"):
+        backend.snapshot_access(group.for_volume(memory.id).id)
+    with pytest.raises(SnapshotNotFound):
+        backend.snapshot_access("snap-9999")

@@ -159,3 +159,20 @@ def test_backup_facts_list_the_archive_when_nothing_was_archived_yet(tmp_path):
     facts = observer.backup_facts()
     assert facts.archive_system_identifier == "7377777777777777777"  # newest timeline's
     assert facts.archive_timelines == (1, 3)
+
+
+def test_a_backend_whose_snapshots_cannot_be_read_in_place_cannot_copy() -> None:
+    """Issue 21: LVM and PowerFlex snapshots must be activated or mapped first; until
+    then the observer refuses a copy with the reason, before anything is planned."""
+    import pytest
+
+    from pgsnap.errors import UnsupportedCapability
+    from pgsnap.observe import Observer
+
+    class NotReadable:
+        name = "opaque"
+
+    observer = Observer.__new__(Observer)
+    object.__setattr__(observer, "backend", NotReadable())
+    with pytest.raises(UnsupportedCapability, match="cannot be read in place"):
+        observer.snapshot_access(None)  # type: ignore[arg-type]

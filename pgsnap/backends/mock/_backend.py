@@ -63,6 +63,7 @@ from pgsnap.model import (
     RestoreProfile,
     Severity,
     Snapshot,
+    SnapshotAccess,
     SnapshotGroup,
     SnapshotPolicy,
     StorageProblem,
@@ -550,6 +551,22 @@ class MockBackend:
             ]
             found.sort(key=lambda s: (s.record.created_at, s.seq))
             return tuple(s.record for s in found)
+
+    def snapshot_access(self, snapshot_id: str) -> SnapshotAccess:
+        """The directory holding a directory snapshot's copy (``root/snapshots/<id>/tree``),
+        readable in place; an in-memory snapshot cannot be read so
+        (:class:`~pgsnap.errors.UnsupportedCapability`)."""
+        self._enter("snapshot_access", snapshot_id)
+        with self._reading():
+            snap = self._snap(snapshot_id)
+            if snap.home is None:
+                raise UnsupportedCapability(
+                    f"snapshot {snapshot_id} of the mock is in memory: it has no tree to read",
+                    hint="give the mock's volumes directories (path=) to copy their snapshots",
+                    backend=_NAME,
+                    snapshot_id=snapshot_id,
+                )
+            return SnapshotAccess(path=str(snap.tree))
 
     def get_snapshot_group(self, group_id: str) -> SnapshotGroup:
         """A group (with the snapshots it still has); ``SnapshotNotFound`` if gone."""

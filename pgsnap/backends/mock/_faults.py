@@ -25,6 +25,7 @@ FAULT_POINTS: Final = frozenset(
     (
         *STORAGE_BACKEND_METHODS,
         "storage_problems",
+        "snapshot_access",
         "ex_run_policy",
         "ex_expire_secure",
         "snapshot_volume",
