@@ -35,7 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import DirectoryCopyTarget, VerifyReport, verify_copy
+from pgsnap.copies import VerifyReport, open_target, verify_copy
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -468,6 +468,12 @@ def _same_plan(plan: Plan, replan: Callable[[], Plan], changed: str) -> None:
         )
 
 
+def _target_location(where: str | os.PathLike[str]) -> str:
+    """A copy target's location: ``s3://...`` as it is, a path made absolute."""
+    text = os.fspath(where)
+    return text if text.startswith("s3://") else os.path.abspath(text)
+
+
 class Cluster:
     """One PostgreSQL cluster under pgsnap's care. See the module docstring.
 
@@ -493,6 +499,7 @@ class Cluster:
         max_scan_segments: int = 256,
         wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
         copy_target: str | os.PathLike[str] | None = None,
+        copy_target_options: Mapping[str, str] | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -505,8 +512,10 @@ class Cluster:
         self.on_event = on_event
         self.max_scan_segments = max_scan_segments
         self.wal_index = _wal_index(wal_index, catalog)
-        self.copy_target = None if copy_target is None else os.path.abspath(copy_target)
+        self.copy_target = None if copy_target is None else _target_location(copy_target)
         """Where :meth:`copy` puts copies when it is not told (``[copies] path``)."""
+        self.copy_target_options: dict[str, str] = dict(copy_target_options or {})
+        """An S3 target's options (``[copies]`` ``endpoint_url``, ``access_key_env``...)."""
 
     @classmethod
     def from_config(
@@ -1041,8 +1050,12 @@ class Cluster:
                 hint="pgsnap copy BACKUP --to DIR, or [copies] path = DIR in the configuration",
             )
         record = self.catalog.get(backup_id)
+        location = _target_location(where)
         request = CopyRequest(
-            backup_id=record.id, target_dir=os.path.abspath(where), copy_id=copy_id
+            backup_id=record.id,
+            target_dir=location,
+            copy_id=copy_id,
+            target_options=self.copy_target_options if location.startswith("s3://") else {},
         )
         return plan_copy(record, self.observer.snapshot_access(record), request)
 
@@ -1078,7 +1091,9 @@ class Cluster:
                 "no copy target: say where the copy is",
                 hint="pgsnap verify-copy COPY --to DIR, or [copies] path = DIR",
             )
-        return verify_copy(DirectoryCopyTarget(where), copy_id, sample=sample)
+        location = _target_location(where)
+        options = self.copy_target_options if location.startswith("s3://") else {}
+        return verify_copy(open_target(location, options), copy_id, sample=sample)
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

@@ -159,7 +159,7 @@ _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
 _ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
-_COPIES_KEYS = ("path",)
+_COPIES_KEYS = ("path", "endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -536,6 +536,7 @@ def cluster_arguments(
         "journal_dir": rel(journal),
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
         "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
+        "copy_target_options": _copy_options(_table(conf, "copies") or {}, rel),
     }
 
 
@@ -543,7 +544,20 @@ def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | No
     """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
     _check_keys(section, _COPIES_KEYS, "[copies]")
     where = _text(section, "path", "[copies]")
-    return None if where is None else rel(where)
+    if where is None or where.startswith("s3://"):
+        return where
+    return rel(where)
+
+
+def _copy_options(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[str, str]:
+    """An S3 copy target's options under ``[copies]`` (names of environment variables
+    for the keys, never the keys)."""
+    out: dict[str, str] = {}
+    for key in _COPIES_KEYS[1:]:
+        value = _text(section, key, "[copies]")
+        if value is not None:
+            out[key] = rel(value) if key == "ca_bundle" else value
+    return out
 
 
 def load_retention(source: Source) -> dict[str, Any]:

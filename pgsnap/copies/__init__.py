@@ -28,11 +28,12 @@ from pgsnap.copies.copier import (
     verify_copy,
 )
 from pgsnap.copies.manifest import EntryKind, FileEntry, Manifest, is_chunk_id, is_copy_id
-from pgsnap.copies.target import CopyTarget, DirectoryCopyTarget
+from pgsnap.copies.target import TARGET_OPTIONS, CopyTarget, DirectoryCopyTarget, open_target
 
 __all__ = [
     "CODECS",
     "DEFAULT_CHUNK_SIZE",
+    "TARGET_OPTIONS",
     "CopyProgress",
     "CopyStats",
     "CopyTarget",
@@ -48,6 +49,7 @@ __all__ = [
     "encode_chunk",
     "is_chunk_id",
     "is_copy_id",
+    "open_target",
     "restore_trees",
     "verify_copy",
 ]

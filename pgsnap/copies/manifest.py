@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import attrs
 
-from pgsnap.errors import FormatError
+from pgsnap.errors import ConfigurationError, FormatError
 
 __all__ = [
     "MANIFEST_FORMAT",
@@ -34,6 +34,8 @@ __all__ = [
     "EntryKind",
     "FileEntry",
     "Manifest",
+    "check_chunk_id",
+    "check_copy_id",
     "is_chunk_id",
     "is_copy_id",
 ]
@@ -54,6 +56,25 @@ def is_copy_id(value: object) -> bool:
     """True for a copy id: letters, digits, ``.``, ``_`` and ``-``, at most 128, not
     starting with punctuation (it names a file or an object key)."""
     return isinstance(value, str) and _COPY_ID.fullmatch(value) is not None
+
+
+def check_chunk_id(chunk: str) -> str:
+    """``chunk``, or a ConfigurationError when it is not a chunk id (before it names a file)."""
+    if not is_chunk_id(chunk):
+        raise ConfigurationError(
+            f"{chunk!r} is not a chunk id", hint="a chunk id is 64 lower-case hex digits"
+        )
+    return chunk
+
+
+def check_copy_id(copy_id: str) -> str:
+    """``copy_id``, or a ConfigurationError when it is not a copy id."""
+    if not is_copy_id(copy_id):
+        raise ConfigurationError(
+            f"{copy_id!r} is not a copy id",
+            hint="letters, digits, '.', '_' and '-' only, at most 128",
+        )
+    return copy_id
 
 
 class EntryKind(enum.Enum):

@@ -16,14 +16,14 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pgsnap.copies.manifest import is_chunk_id, is_copy_id
+from pgsnap.copies.manifest import check_chunk_id, check_copy_id, is_chunk_id, is_copy_id
 from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
 
-__all__ = ["CopyTarget", "DirectoryCopyTarget"]
+__all__ = ["TARGET_OPTIONS", "CopyTarget", "DirectoryCopyTarget", "open_target"]
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +75,6 @@ class CopyTarget(Protocol):
         ...
 
 
-def _check_chunk(chunk: str) -> str:
-    if not is_chunk_id(chunk):
-        raise ConfigurationError(
-            f"{chunk!r} is not a chunk id", hint="a chunk id is 64 lower-case hex digits"
-        )
-    return chunk
-
-
-def _check_copy(copy_id: str) -> str:
-    if not is_copy_id(copy_id):
-        raise ConfigurationError(
-            f"{copy_id!r} is not a copy id",
-            hint="letters, digits, '.', '_' and '-' only, at most 128",
-        )
-    return copy_id
-
-
 class DirectoryCopyTarget:
     """A copy target in a local directory (created, mode 0700, on first write)."""
 
@@ -114,11 +97,11 @@ class DirectoryCopyTarget:
         return self._root
 
     def _chunk_path(self, chunk: str) -> Path:
-        _check_chunk(chunk)
+        check_chunk_id(chunk)
         return self._root / "chunks" / chunk[:2] / chunk
 
     def _manifest_path(self, copy_id: str) -> Path:
-        return self._root / "manifests" / f"{_check_copy(copy_id)}.json"
+        return self._root / "manifests" / f"{check_copy_id(copy_id)}.json"
 
     def _write(self, path: Path, data: bytes) -> None:
         """Write ``path`` atomically: a temporary file beside it, fsync, rename, fsync."""
@@ -217,3 +200,36 @@ class DirectoryCopyTarget:
         """Remove ``manifests/<copy id>.json``."""
         with contextlib.suppress(FileNotFoundError):
             self._manifest_path(copy_id).unlink()
+
+
+TARGET_OPTIONS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+"""The options of an S3 target (``[copies]`` in the configuration): none is a secret."""
+
+
+def open_target(location: str, options: Mapping[str, str] | None = None) -> CopyTarget:
+    """The copy target at ``location``: ``s3://bucket/prefix`` (an
+    :class:`~pgsnap.copies.s3.S3CopyTarget` with ``options``, see
+    :data:`TARGET_OPTIONS`) or an absolute directory path."""
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - set(TARGET_OPTIONS))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown copy target option(s) {', '.join(unknown)}",
+            hint=f"use {', '.join(TARGET_OPTIONS)}",
+        )
+    if location.startswith("s3://"):
+        from pgsnap.copies.s3 import S3CopyTarget  # noqa: PLC0415 - boto3 only when used
+
+        bucket, _, prefix = location[len("s3://") :].partition("/")
+        return S3CopyTarget(bucket, prefix, **opts)
+    if not os.path.isabs(location):
+        raise ConfigurationError(
+            f"the copy target {location!r} is neither s3://bucket/prefix nor an absolute path",
+            hint="e.g. [copies] path = '/mnt/backups/pgsnap' or 's3://backups/pgsnap'",
+        )
+    if opts:
+        raise ConfigurationError(
+            f"options {', '.join(sorted(opts))} are for an S3 target, not a directory",
+            hint="leave them out, or give an s3:// target",
+        )
+    return DirectoryCopyTarget(location)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from pgsnap.copies import CopyProgress, DirectoryCopyTarget, copy_trees, default_codec
+from pgsnap.copies import CopyProgress, copy_trees, default_codec, open_target
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
 from pgsnap.errors import BackupNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class SendCopy(Operation):
-    """Copy ``trees`` (name → a snapshot's directory) to the directory target
-    ``target`` as copy ``copy_id`` of backup ``backup_id``, with the backup label
-    and tablespace map in the manifest."""
+    """Copy ``trees`` (name → a snapshot's directory) to the copy target
+    ``target_dir`` (a directory or ``s3://bucket/prefix``, with ``target_options``)
+    as copy ``copy_id`` of backup ``backup_id``, with the backup label and
+    tablespace map in the manifest."""
 
     name = "copy.send"
     target = _Target.COPY
@@ -49,6 +50,7 @@ class SendCopy(Operation):
     spcmapfile: str = ""
     chunk_size: int = DEFAULT_CHUNK_SIZE
     codec: str = ""
+    target_options: Mapping[str, str] = attrs.field(factory=dict)
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         if not isinstance(ctx.host.runner, LocalRunner):
@@ -101,7 +103,7 @@ class SendCopy(Operation):
             files["tablespace_map"] = self.spcmapfile
         manifest, stats = copy_trees(
             self.trees,
-            DirectoryCopyTarget(self.target_dir),
+            open_target(self.target_dir, self.target_options),
             copy_id=self.copy_id,
             backup_id=self.backup_id,
             files=files,
@@ -131,9 +133,10 @@ class DeleteCopyManifest(Operation):
 
     copy_id: str
     target_dir: str
+    target_options: Mapping[str, str] = attrs.field(factory=dict)
 
     def run(self, ctx: OperationContext) -> Outputs:
-        DirectoryCopyTarget(self.target_dir).delete_manifest(self.copy_id)
+        open_target(self.target_dir, self.target_options).delete_manifest(self.copy_id)
         return {}
 
 

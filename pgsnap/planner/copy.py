@@ -37,7 +37,8 @@ copied_roles = (VolumeRole.DATA, VolumeRole.TABLESPACE)
 
 @attrs.frozen
 class CopyRequest:
-    """What to copy where: ``backup_id`` to the directory ``target_dir``; ``copy_id``
+    """What to copy where: ``backup_id`` to ``target_dir`` (an absolute directory
+    path or ``s3://bucket/prefix``); ``copy_id``
     (default ``<backup id>.<n>``, the backup's next), ``chunk_size`` and ``codec`` ("" : zstd
     when installed, else zlib)."""
 
@@ -46,6 +47,8 @@ class CopyRequest:
     copy_id: str | None = None
     chunk_size: int = DEFAULT_CHUNK_SIZE
     codec: str = ""
+    target_options: Mapping[str, str] = attrs.field(factory=dict)
+    """The S3 target's options (:data:`pgsnap.copies.TARGET_OPTIONS`): no secret."""
 
 
 def _tree_name(record: BackupRecord, volume_id: str) -> str:
@@ -77,10 +80,10 @@ def plan_copy(
             hint="copy a DONE backup (pgsnap list shows them)",
             backup_id=record.id,
         )
-    if not os.path.isabs(request.target_dir):
+    if not (request.target_dir.startswith("s3://") or os.path.isabs(request.target_dir)):
         raise ConfigurationError(
-            f"the copy target {request.target_dir!r} is not an absolute path",
-            hint="give a directory, e.g. [copies] path = '/mnt/backups/pgsnap'",
+            f"the copy target {request.target_dir!r} is neither an absolute path nor s3://",
+            hint="e.g. [copies] path = '/mnt/backups/pgsnap' or 's3://backups/pgsnap'",
         )
     copy_id = request.copy_id or _next_copy_id(record)
     if not is_copy_id(copy_id):
@@ -117,6 +120,7 @@ def plan_copy(
         spcmapfile=record.spcmapfile or "",
         chunk_size=request.chunk_size,
         codec=request.codec,
+        target_options=request.target_options,
     )
     steps = (
         Step.of(
@@ -124,7 +128,11 @@ def plan_copy(
             sent,
             description=f"copy {', '.join(trees)} of backup {record.id} to {request.target_dir}",
             reason="off the array: a backup that outlives the storage that holds the database",
-            undo=DeleteCopyManifest(copy_id=copy_id, target_dir=request.target_dir),
+            undo=DeleteCopyManifest(
+                copy_id=copy_id,
+                target_dir=request.target_dir,
+                target_options=request.target_options,
+            ),
         ),
         Step.of(
             "record",

