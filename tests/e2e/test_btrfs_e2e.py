@@ -21,6 +21,7 @@ from pgsnap.backends.btrfs import BtrfsBackend, parse_subvolume_list
 from pgsnap.model import RecoveryTarget, VolumeRole
 from pgsnap.testing.btrfs import LoopBtrfs, btrfs_cluster, btrfs_server, btrfs_unavailable
 
+from ..integration.test_copies_real import recovered_from_copy
 from .conftest import Env, backed_up, pitr_setup
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("loop")]
@@ -159,8 +160,7 @@ def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
     """Issue 21: the read-only snapshot subvolume is copied in place (no load on the
     origin), every snapshot of the backup deleted, the server stopped; the copy alone,
     restored into an empty directory elsewhere, replays to a restore point."""
-    from pgsnap.copies import DirectoryCopyTarget, restore_trees
-    from pgsnap.copies.manifest import Manifest
+    from pgsnap.copies import DirectoryCopyTarget
 
     env = btrfs_env()
     env.create_table()
@@ -177,18 +177,7 @@ def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
     env.cluster.backend.delete_snapshot_group(record.snapshot_group_id)
     env.server.stop(mode="immediate")
 
-    store = DirectoryCopyTarget(target)
-    manifest = Manifest.from_json(store.get_manifest(copy.copy_id))
-    restored = pg_server.prepare(archive_dir=env.server.archive_dir)
-    restored.data_dir.rmdir()
-    restore_trees(manifest, store, {"pgdata": restored.data_dir})
-    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
-    wal = restored.data_dir / "pg_wal"  # a link to the WAL subvolume that is gone
-    assert wal.is_symlink()
-    wal.unlink()
-    wal.symlink_to(restored.wal_dir)
-    restored.write_backup_label(manifest.files["backup_label"])
-    restored.enable_recovery(recovery_target_name="copied", recovery_target_action="promote")
-    restored.start()
-    restored.wait_for_promotion()
+    restored = recovered_from_copy(
+        pg_server, DirectoryCopyTarget(target), copy.copy_id, env.server.archive_dir, "copied"
+    )
     assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]

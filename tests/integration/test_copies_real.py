@@ -16,7 +16,14 @@ from typing import Any
 
 import pytest
 
-from pgsnap.copies import DirectoryCopyTarget, copy_trees, restore_trees, verify_copy
+from pgsnap.copies import (
+    CopyTarget,
+    DirectoryCopyTarget,
+    Manifest,
+    copy_trees,
+    restore_trees,
+    verify_copy,
+)
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import VolumeRole
 from pgsnap.testing.sandbox import mock_cluster
@@ -28,6 +35,30 @@ pytestmark = pytest.mark.postgres
 
 def rows(server: Any) -> list[int]:
     return [r[0] for r in server.sql("SELECT DISTINCT batch FROM t ORDER BY 1")]
+
+
+def recovered_from_copy(
+    pg_server: Any, store: CopyTarget, copy_id: str, archive_dir: Path, point: str
+) -> Any:
+    """A new server restored from copy ``copy_id`` alone into an empty data directory,
+    replayed from ``archive_dir`` to the restore point ``point`` and promoted."""
+    manifest = Manifest.from_json(store.get_manifest(copy_id))
+    restored = pg_server.prepare(archive_dir=archive_dir)
+    os.rmdir(restored.data_dir)  # a fresh, empty volume: restore_trees makes the top
+    restore_trees(manifest, store, {"pgdata": restored.data_dir})
+    # What pgsnap's restore plan does to a restored data directory (the recovery plan
+    # from a copy comes with the rest of issue 21): no stale postmaster.pid, pg_wal on
+    # this server's WAL volume.
+    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
+    wal_link = restored.data_dir / "pg_wal"
+    if wal_link.is_symlink():
+        wal_link.unlink()
+        wal_link.symlink_to(restored.wal_dir)
+    restored.write_backup_label(manifest.files["backup_label"])
+    restored.enable_recovery(recovery_target_name=point, recovery_target_action="promote")
+    restored.start()
+    restored.wait_for_promotion()
+    return restored
 
 
 def test_a_copy_recovers_the_cluster_when_every_snapshot_is_gone(
@@ -65,20 +96,13 @@ def test_a_copy_recovers_the_cluster_when_every_snapshot_is_gone(
     assert not [s for s in cluster.backend.list_snapshots() if s.id in record.snapshots.values()]
     server.stop(mode="immediate")
 
-    restored = pg_server.prepare(archive_dir=server.archive_dir)
-    os.rmdir(restored.data_dir)  # a fresh, empty volume: restore_trees makes the top
-    restore_trees(manifest, DirectoryCopyTarget(tmp_path / "copies"), {"pgdata": restored.data_dir})
-    # What pgsnap's restore plan does to a restored data directory (issue 21 plans it):
-    # no stale postmaster.pid, pg_wal on this server's WAL volume.
-    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
-    wal_link = restored.data_dir / "pg_wal"
-    if wal_link.is_symlink():
-        wal_link.unlink()
-        wal_link.symlink_to(restored.wal_dir)
-    restored.write_backup_label(manifest.files["backup_label"])
-    restored.enable_recovery(recovery_target_name="after2", recovery_target_action="promote")
-    restored.start()
-    restored.wait_for_promotion()
+    restored = recovered_from_copy(
+        pg_server,
+        DirectoryCopyTarget(tmp_path / "copies"),
+        manifest.copy_id,
+        server.archive_dir,
+        "after2",
+    )
     assert rows(restored) == [1, 2]
     assert restored.sql("SELECT count(*) FROM t WHERE batch = 1")[0][0] == 100
 

@@ -24,6 +24,7 @@ from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable
 
 from ..unit.test_copies import CHUNK, make_tree, snapshot
+from .test_copies_real import recovered_from_copy
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +141,6 @@ def test_a_cluster_copied_to_s3_recovers_from_there_alone(
     """Issue 21 end to end over S3: a backup of real PostgreSQL copied to the bucket
     with keys read from the environment, every snapshot deleted, the copy restored
     from S3 into an empty data directory and replayed to a restore point."""
-    from pgsnap.copies.manifest import Manifest
     from pgsnap.testing.sandbox import mock_cluster
 
     monkeypatch.setenv("PGSNAP_S3_KEY", s3.admin.access_key)
@@ -172,17 +172,5 @@ def test_a_cluster_copied_to_s3_recovers_from_there_alone(
     server.stop(mode="immediate")
 
     store = S3CopyTarget("pgsnap-copies", "cluster", **options)
-    manifest = Manifest.from_json(store.get_manifest(copy.copy_id))
-    restored = pg_server.prepare(archive_dir=server.archive_dir)
-    restored.data_dir.rmdir()
-    restore_trees(manifest, store, {"pgdata": restored.data_dir})
-    (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
-    wal = restored.data_dir / "pg_wal"
-    if wal.is_symlink():
-        wal.unlink()
-        wal.symlink_to(restored.wal_dir)
-    restored.write_backup_label(manifest.files["backup_label"])
-    restored.enable_recovery(recovery_target_name="after2", recovery_target_action="promote")
-    restored.start()
-    restored.wait_for_promotion()
+    restored = recovered_from_copy(pg_server, store, copy.copy_id, server.archive_dir, "after2")
     assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]
