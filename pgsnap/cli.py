@@ -514,7 +514,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     if args.dry_run:
         _out(cluster.plan_copy(args.backup, args.to, copy_id=args.copy_id).explain())
         return EXIT_OK
-    copy = cluster.copy(args.backup, args.to, copy_id=args.copy_id)
+    copy = cluster.copy(args.backup, args.to, copy_id=args.copy_id, on_event=_progress)
     _out(
         f"copy {copy.copy_id} of backup {args.backup} in {copy.target}: {copy.files} files, "
         f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "

@@ -55,7 +55,12 @@ DEFAULT_CHUNK_SIZE: Final = 4 * 1024 * 1024
 
 @attrs.frozen
 class CopyStats:
-    """What a copy did: files and bytes read, chunks and bytes sent or found there."""
+    """What a copy did: files and bytes read, chunks and bytes sent or found there.
+
+    ``chunks_new`` counts chunks written; ``chunks_reused`` counts chunk
+    references the target already held (one repeated within the copy, such as
+    a run of zero pages, counts each time).
+    """
 
     files: int
     bytes_read: int

@@ -174,3 +174,51 @@ def test_a_cluster_copied_to_s3_recovers_from_there_alone(
     store = S3CopyTarget("pgsnap-copies", "cluster", **options)
     restored = recovered_from_copy(pg_server, store, copy.copy_id, server.archive_dir, "after2")
     assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]
+
+
+def test_a_copy_cut_short_by_the_server_dying_resumes_and_reuses_what_was_sent(
+    tmp_path: Path,
+) -> None:
+    """The S3 server dies in the middle of a copy: the copy fails with a CopyError and
+    leaves no manifest; with the server back (same data, new ports) the same copy runs
+    again, sends only what is missing, and restores."""
+    reason = seaweed_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    tree = make_tree(tmp_path / "data")
+    for n in range(6):  # more chunks, so that some are sent before the server dies
+        (tree / f"extra-{n}").write_bytes(bytes([n]) * CHUNK * 2)
+    store = tmp_path / "s3"
+
+    class DyingServer(S3CopyTarget):
+        """Kills the server before its third chunk is written."""
+
+        puts = 0
+
+        def put_chunk(self, chunk: str, data: bytes) -> bool:
+            DyingServer.puts += 1
+            if DyingServer.puts == 3:
+                first.stop()
+            return super().put_chunk(chunk, data)
+
+    first = SeaweedS3.start(store)
+    first.create_bucket("resumed")
+    dying = DyingServer(
+        "resumed", "c", endpoint_url=first.endpoint, client=first.client(attempts=1)
+    )
+    with pytest.raises(CopyError, match="failed on the copy target"):
+        copy_trees({"pgdata": tree}, dying, copy_id="c1", backup_id="b1", chunk_size=CHUNK)
+
+    with SeaweedS3.start(store) as again:
+        target = S3CopyTarget("resumed", "c", endpoint_url=again.endpoint, client=again.client())
+        assert target.manifest_ids() == ()  # never a manifest for a cut-short copy
+        sent_before = len(list(target.chunk_ids()))
+        assert sent_before >= 1, again.log_tail()
+        manifest, stats = copy_trees(
+            {"pgdata": tree}, target, copy_id="c1", backup_id="b1", chunk_size=CHUNK
+        )
+        # Only what the dead server had not stored is sent (chunk references that
+        # repeat within the copy count as reused too).
+        assert stats.chunks_new == len(manifest.chunk_ids()) - sent_before
+        restore_trees(manifest, target, {"pgdata": tmp_path / "restored"})
+    assert snapshot(tmp_path / "restored") == snapshot(tree)
