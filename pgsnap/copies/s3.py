@@ -178,10 +178,19 @@ class S3CopyTarget:
         return True
 
     def put_chunk(self, chunk: str, data: bytes) -> bool:
-        """PUT the chunk's object unless it exists."""
-        if self.has_chunk(chunk):
-            return False
-        self._call(f"writing chunk {chunk}", "put_object", Key=self._chunk_key(chunk), Body=data)
+        """PUT the chunk's object unless it exists: one conditional request
+        (``If-None-Match: *``; a 412 means it was there)."""
+        key = self._chunk_key(chunk)
+        try:
+            self._client.put_object(Bucket=self._bucket, Key=key, Body=data, IfNoneMatch="*")
+        except Exception as exc:
+            response = getattr(exc, "response", None)
+            code = (
+                str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+            )
+            if code in ("PreconditionFailed", "412"):
+                return False
+            raise self._error(exc, f"writing chunk {chunk}") from exc
         return True
 
     def get_chunk(self, chunk: str) -> bytes:
