@@ -189,6 +189,7 @@ def _plan_recovery(args: argparse.Namespace, cluster: Any, timeouts: Timeouts, t
         lost=lost,
         backup_id=args.backup,
         safety_snapshot=not args.no_safety_snapshot,
+        from_copy=args.from_copy,
         server_timeout=timeouts.server,
         recovery_timeout=timeouts.recovery,
         restore_timeout=timeouts.restore,
@@ -813,6 +814,16 @@ def _parser() -> argparse.ArgumentParser:
             help="the WAL volume is lost too (restore it from the snapshot)",
         )
         r.add_argument("--backup", help="use this backup id")
+        r.add_argument(
+            "--from-copy",
+            nargs="?",
+            const=True,
+            default=False,
+            metavar="COPY",
+            help="restore from a copy off the array ([copies] in the configuration), "
+            "the chosen backup's newest or COPY, even when the snapshots are there "
+            "(without it, a copy is used only for a backup whose snapshots are gone)",
+        )
         r.add_argument(
             "--no-safety-snapshot",
             action="store_true",

@@ -35,7 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import VerifyReport, open_target, verify_copy
+from pgsnap.copies import VerifyReport, is_copy_id, open_target, verify_copy
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -277,6 +277,20 @@ def _flag(name: str, value: object) -> bool:
             f"{name} must be True or False, not {value!r}",
             hint=f"pass True or False, e.g. {name}=True",
             argument=name,
+        )
+    return value
+
+
+def _copy_id(value: object) -> str | None:
+    """``from_copy``: False or True (no copy named), or a copy id."""
+    if isinstance(value, bool):
+        return None
+    if not isinstance(value, str) or not is_copy_id(value):
+        raise InputError(
+            f"from_copy must be True, False or a copy id, not {value!r}",
+            hint="see a backup's copies with `pgsnap list --json`; copy ids are 1-128 "
+            "letters, digits, '.', '_' or '-'",
+            argument="from_copy",
         )
     return value
 
@@ -568,6 +582,7 @@ class Cluster:
             max_scan_segments=self.max_scan_segments,
             wal_index=self.wal_index,
             journal_dir=None if self.journal_dir is None else Path(self.journal_dir),
+            copy_options=self.copy_target_options,
         )
 
     def backup_facts(self) -> BackupFacts:
@@ -802,6 +817,7 @@ class Cluster:
         lost: Iterable[VolumeRole | str] | VolumeRole | str = (VolumeRole.DATA,),
         backup_id: str | None = None,
         safety_snapshot: bool = True,
+        from_copy: bool | str = False,
         recovery_timeout: float = 600.0,
         server_timeout: float = 120.0,
         restore_timeout: float = 3600.0,
@@ -812,7 +828,10 @@ class Cluster:
         ``target`` (default: latest); ``timeline``: ``"latest"``, ``"current"``
         or a number; ``action``: promote, pause or shutdown; ``lost``: the
         volume roles lost (``"data"``, ``"wal"``); ``backup_id``: use this
-        backup; ``safety_snapshot``: snapshot what is overwritten first. The
+        backup; ``safety_snapshot``: snapshot what is overwritten first;
+        ``from_copy``: restore from a copy off the array (True: the chosen
+        backup's newest copy; a copy id: that copy) even when the snapshots are
+        there (without it a copy is used for a backup whose snapshots are gone). The
         waits, in seconds: ``server_timeout`` for the server to stop (a
         shutdown waits for the archiver, so a slow ``archive_command`` needs
         more) and to start, ``recovery_timeout`` for replay to reach the
@@ -830,6 +849,8 @@ class Cluster:
             lost=_lost(lost),
             backup_id=_backup_id(backup_id),
             safety_snapshot=_flag("safety_snapshot", safety_snapshot),
+            from_copy=from_copy is True,
+            copy_id=_copy_id(from_copy),
             recovery_timeout=_seconds("recovery_timeout", recovery_timeout),
             server_timeout=_seconds("server_timeout", server_timeout),
             restore_timeout=_seconds("restore_timeout", restore_timeout),

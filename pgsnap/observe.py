@@ -13,7 +13,7 @@ import logging
 import os
 import posixpath
 import subprocess
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -21,6 +21,7 @@ import attrs
 
 from pgsnap._journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.catalog import CatalogScan, catalog_system_identifiers, scan_catalog
+from pgsnap.copies import open_target
 from pgsnap.errors import (
     ArchiveError,
     CommandError,
@@ -423,6 +424,9 @@ class Observer:
     max_scan_segments: int = 256
     wal_index: WalIndex | None = None
     journal_dir: Path | None = None
+    copy_options: Mapping[str, str] = attrs.field(factory=dict)
+    """The configured copy target's options (no secret): used to look for the
+    catalog's copies in S3 targets."""
 
     def _now(self) -> dt.datetime:
         return self.clock()
@@ -813,11 +817,34 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
         )
+        facts = attrs.evolve(
+            facts, copies=self._copies_found(backups), copy_options=self.copy_options
+        )
         facts = attrs.evolve(facts, damaged=self._damaged_segments(facts, request))
         if not read_wal:
             return facts
         events = self._scan_events(facts, request, local_dir)
         return attrs.evolve(facts, events=events)
+
+    def _copies_found(self, backups: Iterable[BackupRecord]) -> frozenset[tuple[str, str]]:
+        """``(target, copy id)`` of the DONE backups' copies whose manifests are in their
+        targets: one listing per target. A target that cannot be read is logged and
+        its copies left out (the planner then says they were not found)."""
+        wanted: dict[str, set[str]] = {}
+        for b in backups:
+            if b.is_usable:
+                for c in b.copies:
+                    wanted.setdefault(c.target, set()).add(c.copy_id)
+        found: set[tuple[str, str]] = set()
+        for location, ids in sorted(wanted.items()):
+            options = self.copy_options if location.startswith("s3://") else {}
+            try:
+                listed = set(open_target(location, options).manifest_ids())
+            except PgsnapError as exc:
+                log.warning("copy target %s cannot be listed: %s", location, exc)
+                continue
+            found.update((location, i) for i in ids & listed)
+        return frozenset(found)
 
     def _damaged_segments(self, facts: RecoveryFacts, request: RecoveryRequest) -> dict[str, str]:
         """The archived segments a recovery from the best candidate backup would fetch

@@ -19,8 +19,11 @@ files a missing or damaged chunk breaks.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import datetime as dt
 import hashlib
+import itertools
 import logging
 import os
 import random
@@ -41,6 +44,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "CopyProgress",
     "CopyStats",
+    "RestoreProgress",
     "VerifyReport",
     "copy_trees",
     "restore_trees",
@@ -271,24 +275,51 @@ def copy_trees(
     return manifest, stats
 
 
+@attrs.frozen
+class RestoreProgress:
+    """A progress report of :func:`restore_trees` (after each file)."""
+
+    files_done: int
+    files_total: int
+    bytes_written: int
+    bytes_total: int
+
+
+_IGNORED_AT_TOP: Final = frozenset({"lost+found"})
+"""What a fresh file system holds at its root and a restore may find there."""
+
+
+def _is_empty(dest: Path) -> bool:
+    return all(p.name in _IGNORED_AT_TOP for p in dest.iterdir())
+
+
 def restore_trees(
     manifest: Manifest,
     target: CopyTarget,
     destinations: Mapping[str, str | os.PathLike[str]],
+    *,
+    parallel: int = 4,
+    on_progress: Callable[[RestoreProgress], None] | None = None,
 ) -> int:
-    """Write the trees of ``manifest`` into ``destinations`` (tree name → an empty or
-    missing directory); return the bytes written. A destination that holds
+    """Write trees of ``manifest`` into ``destinations`` (tree name → an empty or
+    missing directory: a fresh file system's ``lost+found`` is allowed); return the
+    bytes written. Only the trees named are restored. A destination that holds
     anything is refused before a byte is written: a copy is never restored over
-    data."""
-    missing = [t for t in manifest.trees if t not in destinations]
-    if missing:
+    data. Chunks are fetched ``parallel`` at a time, ahead of the writes, and each
+    is checked against its name and each file against its SHA-256.
+    """
+    unknown = sorted(set(destinations) - set(manifest.trees))
+    if unknown or not destinations:
         raise ConfigurationError(
-            f"no destination for the tree(s) {', '.join(missing)} of copy {manifest.copy_id}",
-            hint="give a directory for every tree the manifest lists",
+            f"copy {manifest.copy_id} has no tree(s) {', '.join(unknown) or '(none named)'}"
+            f" (its trees: {', '.join(manifest.trees)})",
+            hint="name a destination directory for trees the manifest lists",
         )
-    for name in manifest.trees:
+    if parallel < 1:
+        raise ConfigurationError(f"parallel must be at least 1, not {parallel}")
+    for name in destinations:
         dest = Path(os.fspath(destinations[name]))
-        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        if dest.exists() and (not dest.is_dir() or not _is_empty(dest)):
             raise CopyError(
                 f"cannot restore tree {name!r} of copy {manifest.copy_id} into {dest}: "
                 "it is not an empty directory",
@@ -296,31 +327,75 @@ def restore_trees(
                 tree=name,
                 path=str(dest),
             )
-    written = 0
-    for name in manifest.trees:
-        dest = Path(os.fspath(destinations[name]))
-        dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entries = list(manifest.entries_of(name))
-        for e in entries:
-            path = dest / e.path if e.path else dest
-            if e.kind is EntryKind.DIRECTORY:
-                path.mkdir(exist_ok=True, mode=0o700)
-            elif e.kind is EntryKind.SYMLINK:
-                assert e.link is not None
-                os.symlink(e.link, path)
-            else:
-                written += _restore_file(e, target, path, manifest.copy_id)
-        for e in reversed(entries):  # children before parents: a directory's time last
-            path = dest / e.path if e.path else dest
-            _apply_meta(e, path)
+    chosen = [e for e in manifest.entries if e.tree in destinations]
+    files_total = sum(1 for e in chosen if e.kind is EntryKind.FILE)
+    bytes_total = sum(e.size for e in chosen if e.kind is EntryKind.FILE)
+    written = files_done = 0
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=parallel, thread_name_prefix="pgsnap-restore"
+    ) as pool:
+        for name in manifest.trees:
+            if name not in destinations:
+                continue
+            dest = Path(os.fspath(destinations[name]))
+            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+            entries = list(manifest.entries_of(name))
+            for e in entries:
+                path = dest / e.path if e.path else dest
+                if e.kind is EntryKind.DIRECTORY:
+                    path.mkdir(exist_ok=True, mode=0o700)
+                elif e.kind is EntryKind.SYMLINK:
+                    assert e.link is not None
+                    os.symlink(e.link, path)
+                else:
+                    written += _restore_file(e, target, path, manifest.copy_id, pool, parallel)
+                    files_done += 1
+                    if on_progress is not None:
+                        on_progress(RestoreProgress(files_done, files_total, written, bytes_total))
+            for e in reversed(entries):  # children before parents: a directory's time last
+                path = dest / e.path if e.path else dest
+                _apply_meta(e, path)
     return written
 
 
-def _restore_file(entry: FileEntry, target: CopyTarget, path: Path, copy_id: str) -> int:
+def _fetched(
+    target: CopyTarget,
+    chunks: tuple[str, ...],
+    pool: concurrent.futures.Executor,
+    window: int,
+) -> Iterator[bytes]:
+    """The decoded chunks in order, at most ``window`` fetched ahead of the consumer."""
+    pending: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+    todo = iter(chunks)
+
+    def fetch(cid: str) -> bytes:
+        return decode_chunk(target.get_chunk(cid), cid)
+
+    try:
+        for cid in itertools.islice(todo, window):
+            pending.append(pool.submit(fetch, cid))
+        while pending:
+            data = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(fetch, nxt))
+            yield data
+    finally:
+        for f in pending:
+            f.cancel()
+
+
+def _restore_file(
+    entry: FileEntry,
+    target: CopyTarget,
+    path: Path,
+    copy_id: str,
+    pool: concurrent.futures.Executor,
+    window: int,
+) -> int:
     whole = hashlib.sha256()
     with open(path, "xb") as f:
-        for cid in entry.chunks:
-            data = decode_chunk(target.get_chunk(cid), cid)
+        for data in _fetched(target, entry.chunks, pool, window):
             whole.update(data)
             f.write(data)
         f.flush()

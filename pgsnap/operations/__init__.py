@@ -105,6 +105,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "archive.delete_wal": f"{_OPS}.catalog:DeleteWal",
         "copy.send": f"{_OPS}.copies:SendCopy",
         "copy.delete_manifest": f"{_OPS}.copies:DeleteCopyManifest",
+        "copy.restore": f"{_OPS}.copies:RestoreFromCopy",
         "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
     }
 )

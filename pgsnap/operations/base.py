@@ -312,6 +312,14 @@ class Operation:
             )
         return record
 
+    def restores(self) -> tuple[str, str | None] | None:
+        """``(volume id, backup id or None)`` when this step replaces a volume's content
+        with a backup's (a snapshot restore, a restore from a copy) or, without a
+        backup, with a state this run saved; None for any other step. The steps
+        that must follow a restore (cleaning the data directory, writing the
+        backup label, starting the server) find the restores by this."""
+        return None
+
     def probe(self, ctx: OperationContext) -> Outputs | None:
         """After an interruption: its outputs if it already took effect, else None.
 

@@ -1,4 +1,5 @@
-"""``copy.*`` and ``catalog.record_copy``: a backup copied off the array, and recorded.
+"""``copy.*`` and ``catalog.record_copy``: a backup copied off the array, recorded, and
+restored from there.
 
 :class:`SendCopy` reads the trees of a backup's snapshots in place (where
 :meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access` says they are)
@@ -7,6 +8,9 @@ and writes them to a copy target as chunks and, last, a manifest
 run sends only the chunks still missing. Its undo removes the manifest, so a
 copy the catalog does not record is not left looking complete.
 :class:`RecordCopy` adds the copy to the backup's record.
+:class:`RestoreFromCopy` puts one volume's tree of a copy back where the
+layout mounts that volume, in a recovery plan (the step a snapshot restore
+is when the snapshots are gone).
 """
 
 from __future__ import annotations
@@ -14,19 +18,29 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import shutil
+import time
 from collections.abc import Mapping
 
 import attrs
 
-from pgsnap.copies import CopyProgress, copy_trees, default_codec, open_target
+from pgsnap.copies import (
+    CopyProgress,
+    Manifest,
+    RestoreProgress,
+    copy_trees,
+    default_codec,
+    open_target,
+    restore_trees,
+)
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
-from pgsnap.errors import BackupNotFound, PgsnapError
+from pgsnap.errors import BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
-from pgsnap.model import CopyRecord
+from pgsnap.model import CopyRecord, VolumeRole
 from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
 
-__all__ = ["DeleteCopyManifest", "RecordCopy", "SendCopy"]
+__all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "SendCopy"]
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +186,182 @@ class RecordCopy(Operation):
         kept = tuple(c for c in record.copies if c.copy_id != self.copy_id)
         ctx.catalog.put(attrs.evolve(record, copies=(*kept, copy)))
         return {}
+
+
+def _clear(directory: str) -> int:
+    """Remove everything in ``directory`` (a fresh file system's ``lost+found`` aside),
+    keeping the directory itself (a mount point); return the entries removed."""
+    removed = 0
+    with os.scandir(directory) as it:
+        entries = list(it)
+    for e in entries:
+        if e.name == "lost+found":
+            continue
+        if e.is_dir(follow_symlinks=False):
+            shutil.rmtree(e.path)
+        else:
+            os.unlink(e.path)
+        removed += 1
+    return removed
+
+
+@attrs.frozen
+class RestoreFromCopy(Operation):
+    """Replace volume ``volume_id``'s content (the directory the layout mounts it at)
+    with tree ``tree`` of copy ``copy_id`` of backup ``backup_id``, in the copy target
+    ``target_dir`` (with ``target_options``).
+
+    What it depends on is checked before the run changes anything: that
+    ``directory`` is where the layout has the volume; that the catalog records
+    the copy on that backup with the manifest digest the plan was made with
+    (``manifest_digest``), and the target holds that very manifest with the
+    tree; that the plan writes that backup's label. When it runs, the
+    volume's content is removed (the plan's safety snapshot, taken first,
+    keeps it) and the tree is written, every chunk and file checked. Run
+    again after an interruption, it starts over.
+    """
+
+    name = "copy.restore"
+    target = _Target.COPY
+    compensation = "storage.restore_volume"
+
+    volume_id: str
+    backup_id: str
+    copy_id: str
+    target_dir: str
+    tree: str
+    directory: str
+    manifest_digest: str
+    target_options: Mapping[str, str] = attrs.field(factory=dict)
+    parallel: int = 4
+
+    def restores(self) -> tuple[str, str | None]:
+        """The volume, and the backup whose copy it gets."""
+        return (self.volume_id, self.backup_id)
+
+    def _manifest(self, ctx: OperationContext) -> Manifest:
+        try:
+            text = open_target(self.target_dir, self.target_options).get_manifest(self.copy_id)
+        except CopyNotFound:
+            raise self.mismatch(
+                ctx,
+                f"copy {self.copy_id} is not in the copy target {self.target_dir}",
+                "list the backup's copies (pgsnap list --json) and make a new plan",
+            ) from None
+        manifest = Manifest.from_json(text)
+        if manifest.digest() != self.manifest_digest or manifest.backup_id != self.backup_id:
+            raise self.mismatch(
+                ctx,
+                f"the manifest of copy {self.copy_id} in {self.target_dir} is not the one the "
+                f"catalog records for backup {self.backup_id}",
+                "the copy was replaced or the plan edited: verify the copy "
+                "(pgsnap verify-copy) and make a new plan",
+            )
+        if self.tree not in manifest.trees:
+            raise self.mismatch(
+                ctx,
+                f"copy {self.copy_id} has no tree {self.tree!r} "
+                f"(its trees: {', '.join(manifest.trees)})",
+                "the plan was edited or made for another layout: make a new plan",
+            )
+        return manifest
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        vol = next((v for v in ctx.layout.volumes if v.id == self.volume_id), None)
+        if vol is None or vol.role not in (VolumeRole.DATA, VolumeRole.TABLESPACE):
+            raise self.mismatch(
+                ctx,
+                f"it restores volume {self.volume_id}, which is not a data or tablespace "
+                "volume of the cluster's layout",
+                "the plan was edited or made for another cluster: make a new plan",
+            )
+        if os.path.normpath(self.directory) != os.path.normpath(vol.mount_point):
+            raise self.mismatch(
+                ctx,
+                f"it writes into {self.directory}, but the layout has volume "
+                f"{self.volume_id} at {vol.mount_point}",
+                "the plan was edited: make a new plan",
+            )
+        if not isinstance(ctx.host.runner, LocalRunner):
+            raise self.mismatch(
+                ctx,
+                f"a restore from a copy writes on this machine, and the database host is "
+                f"{ctx.host.description}",
+                "run the recovery on the database host",
+            )
+        record = self.backup_record(ctx, self.backup_id)
+        copy = next((c for c in record.copies if c.copy_id == self.copy_id), None)
+        if copy is None or copy.manifest_digest != self.manifest_digest:
+            raise self.mismatch(
+                ctx,
+                f"the catalog does not record copy {self.copy_id} of backup {self.backup_id}"
+                + ("" if copy is None else " with the manifest the plan was made with"),
+                "list the backup's copies (pgsnap list --json) and make a new plan",
+            )
+        labels = [
+            str(getattr(op, "backup_id", ""))
+            for _sid, op, _undo in plan.steps
+            if op.name == "db.write_backup_label"
+        ]
+        if self.backup_id not in labels:
+            raise self.mismatch(
+                ctx,
+                f"it restores a copy of backup {self.backup_id}, but the plan writes "
+                f"{', '.join(sorted(set(labels))) or 'no backup'}'s label: PostgreSQL would "
+                "replay from the wrong checkpoint",
+                "the plan was edited: make a new plan",
+            )
+        if ctx.step_id not in plan.started:
+            self._manifest(ctx)
+            if not os.path.isdir(self.directory):
+                raise self.mismatch(
+                    ctx,
+                    f"{self.directory}, where volume {self.volume_id} is mounted, is not a "
+                    "directory",
+                    f"mount the (new, empty) volume at {self.directory}, then make a new plan",
+                )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        manifest = self._manifest(ctx)
+        started = time.monotonic()
+        removed = _clear(self.directory)
+        if removed:
+            log.info("removed %d entries of %s before the restore", removed, self.directory)
+
+        def progress(p: RestoreProgress) -> None:
+            elapsed = max(time.monotonic() - started, 1e-6)
+            rate = p.bytes_written / elapsed
+            left = (p.bytes_total - p.bytes_written) / rate if rate > 0 else None
+            ctx.progress(
+                f"{p.files_done}/{p.files_total} files, {p.bytes_written / 2**20:.0f} of "
+                f"{p.bytes_total / 2**20:.0f} MiB, {rate / 2**20:.1f} MiB/s"
+                + ("" if left is None else f", {left:.0f} s left"),
+                {
+                    "files_done": p.files_done,
+                    "files_total": p.files_total,
+                    "bytes_done": p.bytes_written,
+                    "bytes_total": p.bytes_total,
+                    "rate": rate,
+                },
+            )
+
+        try:
+            written = restore_trees(
+                manifest,
+                open_target(self.target_dir, self.target_options),
+                {self.tree: self.directory},
+                parallel=self.parallel,
+                on_progress=progress,
+            )
+        except OSError as exc:
+            raise CopyError(
+                f"cannot write copy {self.copy_id}'s tree {self.tree} into "
+                f"{self.directory}: {exc.strerror or exc}",
+                hint="check the volume's free space and permissions, then resume",
+                path=str(getattr(exc, "filename", "") or self.directory),
+            ) from exc
+        return {
+            "bytes_written": written,
+            "removed": removed,
+            "seconds": round(time.monotonic() - started, 3),
+        }

@@ -29,7 +29,6 @@ from pgsnap.operations.base import (
     Target,
     renamed_operations,
 )
-from pgsnap.operations.storage import RestoreVolume
 from pgsnap.protocols import BackupSession
 
 __all__ = [
@@ -170,7 +169,7 @@ class StartServer(Operation):
         settings it would not fetch WAL from the archive."""
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
         before = plan.steps[:here]
-        restored = [n for n, (_s, op, _u) in enumerate(before) if isinstance(op, RestoreVolume)]
+        restored = [n for n, (_s, op, _u) in enumerate(before) if op.restores() is not None]
         labels = [n for n, (_s, op, _u) in enumerate(before) if isinstance(op, WriteBackupLabel)]
         settings = [
             n for n, (_s, op, _u) in enumerate(before) if isinstance(op, WriteRecoverySettings)
@@ -214,11 +213,7 @@ class PrepareDataDirectory(Operation):
         postmaster start."""
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
         data = {v.id for v in ctx.layout.volumes if v.role is VolumeRole.DATA}
-        restored = {
-            op.volume_id
-            for n, (_s, op, _u) in enumerate(plan.steps[:here])
-            if isinstance(op, RestoreVolume) and n < here
-        }
+        restored = {r[0] for _s, op, _u in plan.steps[:here] if (r := op.restores()) is not None}
         if data and not data <= restored:
             raise self.mismatch(
                 ctx,
@@ -273,10 +268,8 @@ class WriteBackupLabel(Operation):
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._record(ctx)
         here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
-        restores = plan.of(RestoreVolume)
-        others = sorted(
-            {op.backup_id for _s, op in restores if op.backup_id is not None} - {self.backup_id}
-        )
+        restores = [(sid, r) for sid, op, _u in plan.steps if (r := op.restores()) is not None]
+        others = sorted({b for _s, (_v, b) in restores if b is not None} - {self.backup_id})
         if others:
             raise self.mismatch(
                 ctx,
@@ -284,11 +277,7 @@ class WriteBackupLabel(Operation):
                 f"of backup(s) {', '.join(others)}: the cluster would mix two backups",
                 "the plan was edited: make a new plan",
             )
-        restored = {
-            op.volume_id
-            for sid, op in restores
-            if op.backup_id == self.backup_id and plan.index(sid) < here
-        }
+        restored = {v for sid, (v, b) in restores if b == self.backup_id and plan.index(sid) < here}
         wanted = {
             v.id for v in ctx.layout.volumes if v.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
         }

@@ -193,6 +193,10 @@ class RestoreVolume(Operation):
                 "the plan was edited: make a new plan",
             )
 
+    def restores(self) -> tuple[str, str | None]:
+        """The volume, and the backup whose snapshot it gets (None: a safety snapshot)."""
+        return (self.volume_id, self.backup_id)
+
     def _check_own_snapshot(self, ctx: OperationContext, plan: PlanView) -> None:
         ref = self.snapshot_id
         taken = None

@@ -23,13 +23,13 @@ import attrs
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
 from pgsnap.copies.manifest import is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
-from pgsnap.model import BackupRecord, SnapshotAccess, VolumeRole
+from pgsnap.model import BackupRecord, SnapshotAccess, Volume, VolumeRole
 from pgsnap.operations.base import Ref
 from pgsnap.operations.copies import DeleteCopyManifest, RecordCopy, SendCopy
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
 
-__all__ = ["CopyRequest", "copied_roles", "plan_copy"]
+__all__ = ["CopyRequest", "copied_roles", "copy_tree_name", "plan_copy"]
 
 copied_roles = (VolumeRole.DATA, VolumeRole.TABLESPACE)
 """The roles whose snapshots a copy carries (the WAL comes from the archive)."""
@@ -51,8 +51,9 @@ class CopyRequest:
     """The S3 target's options (:data:`pgsnap.copies.TARGET_OPTIONS`): no secret."""
 
 
-def _tree_name(record: BackupRecord, volume_id: str) -> str:
-    vol = next(v for v in record.layout.volumes if v.id == volume_id)
+def copy_tree_name(vol: Volume) -> str:
+    """The name of volume ``vol``'s tree in a copy: ``pgdata`` for the data
+    directory's volume, ``tablespace-<oid>`` for a tablespace's."""
     if vol.role is VolumeRole.DATA:
         return "pgdata"
     return f"tablespace-{vol.tablespace_oid}" if vol.tablespace_oid else f"volume-{vol.name}"
@@ -110,7 +111,7 @@ def plan_copy(
                 backup_id=record.id,
                 volume_id=vol.id,
             )
-        trees[_tree_name(record, vol.id)] = where.path
+        trees[copy_tree_name(vol)] = where.path
     sent = SendCopy(
         copy_id=copy_id,
         backup_id=record.id,

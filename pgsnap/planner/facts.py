@@ -172,6 +172,12 @@ class RecoveryFacts:
     (:func:`~pgsnap.wal.reader.segment_problem`): a recovery that would fetch one
     is refused, as at a gap."""
 
+    copies: frozenset[tuple[str, str]] = frozenset()
+    """The copies off the array found in their targets: ``(target, copy id)`` of each
+    manifest the observer saw, among the catalog's copies."""
+    copy_options: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
+    """The configured copy target's options (no secret), for a copy in S3."""
+
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered
         (the planner never guesses how a volume is restored)."""

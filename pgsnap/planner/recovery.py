@@ -38,6 +38,7 @@ from pgsnap.errors import (
 from pgsnap.model import (
     LSN,
     BackupRecord,
+    CopyRecord,
     LocationKind,
     RecoveryAction,
     RecoveryTarget,
@@ -48,6 +49,7 @@ from pgsnap.model import (
 )
 from pgsnap.operations import Ref
 from pgsnap.operations.catalog import RecordSafetySnapshot, VerifyWal
+from pgsnap.operations.copies import RestoreFromCopy
 from pgsnap.operations.db import (
     ClearRecoverySettings,
     PrepareDataDirectory,
@@ -69,6 +71,7 @@ from pgsnap.operations.storage import (
     WaitForRestore,
 )
 from pgsnap.plan import Plan, Step
+from pgsnap.planner.copy import copy_tree_name
 from pgsnap.planner.facts import RecoveryFacts, fingerprint
 from pgsnap.protocols import Capability
 from pgsnap.wal import (
@@ -86,6 +89,7 @@ __all__ = [
     "RecoveryRequest",
     "candidate_backups",
     "choose_backup",
+    "choose_candidate",
     "iter_candidates",
     "plan_recovery",
 ]
@@ -108,6 +112,8 @@ class RecoveryRequest:
     - ``backup_id``: use this backup instead of choosing one.
     - ``safety_snapshot``: snapshot the volumes about to be overwritten first,
       so their current (broken) state is never lost.
+    - ``from_copy`` / ``copy_id``: restore the data and tablespaces from a copy
+      off the array (:mod:`pgsnap.copies`) rather than from snapshots.
     """
 
     target: RecoveryTarget = attrs.field(factory=RecoveryTarget.latest)
@@ -118,6 +124,11 @@ class RecoveryRequest:
     )
     backup_id: str | None = None
     safety_snapshot: bool = True
+    from_copy: bool = False
+    """Restore from a copy off the array even when the backup's snapshots are there
+    (without it, a copy is used only for a backup whose snapshots are gone)."""
+    copy_id: str | None = None
+    """Restore from this copy (and so from its backup)."""
     recovery_timeout: float = 600.0
     restore_timeout: float = 3600.0
     """Seconds to wait for a restore the storage completes in the background."""
@@ -225,12 +236,36 @@ def _merged_index(facts: RecoveryFacts, keep_wal: bool) -> ArchiveIndex:
     return facts.archive
 
 
+def _usable_copy(
+    facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord
+) -> CopyRecord | None:
+    """The newest copy of ``backup`` (or the requested one) whose manifest the observer
+    found in its target."""
+    found = [
+        c
+        for c in backup.copies
+        if (c.target, c.copy_id) in facts.copies
+        and (request.copy_id is None or c.copy_id == request.copy_id)
+    ]
+    return max(found, key=lambda c: c.created_at, default=None)
+
+
+def _no_copy(facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord) -> str:
+    wanted = [c for c in backup.copies if request.copy_id in (None, c.copy_id)]
+    if not wanted:
+        return "no copy off the array"
+    names = ", ".join(f"{c.copy_id} ({c.target})" for c in wanted)
+    return f"copies {names} not found in their targets"
+
+
 @attrs.frozen
 class Candidate:
     """A backup that can serve a request, with the timeline it recovers to."""
 
     backup: BackupRecord
     timeline: int
+    copy: CopyRecord | None = None
+    """The copy to restore from; None: the backup's snapshots."""
 
 
 def candidate_backups(
@@ -277,6 +312,16 @@ def iter_candidates(
                 hint="list the backups with `pgsnap list` and pick a DONE one",
                 backup_id=request.backup_id,
             )
+    if request.copy_id is not None:
+        done = [b for b in done if any(c.copy_id == request.copy_id for c in b.copies)]
+        if not done:
+            raise NoBackupForTarget(
+                f"no DONE backup{'' if request.backup_id is None else ' ' + request.backup_id}"
+                f" has a copy {request.copy_id!r}",
+                hint="list the backups and their copies with `pgsnap list --json`",
+                copy_id=request.copy_id,
+            )
+    want_copy = request.from_copy or request.copy_id is not None
     done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
     present = frozenset(s.id for s in facts.snapshots)
     # A snapshot the storage reports invalid (an overflowed classic LVM snapshot)
@@ -311,12 +356,28 @@ def iter_candidates(
                 "not before the target"
             )
             continue
+        copy = _usable_copy(facts, request, b)
+        if want_copy:
+            if copy is None:
+                passed.append(f"{b.id}: {_no_copy(facts, request, b)}")
+                continue
+            yield Candidate(b, tli, copy)
+            continue
         missing = _snapshots_present(present, b, volumes)
         if missing:
-            passed.append(f"{b.id}: snapshots gone from storage ({'; '.join(missing)})")
+            if copy is not None:
+                yield Candidate(b, tli, copy)  # the array lost it: the copy off it has it
+                continue
+            passed.append(
+                f"{b.id}: snapshots gone from storage ({'; '.join(missing)})"
+                + (f"; {_no_copy(facts, request, b)}" if b.copies else "")
+            )
             continue
         broken = _snapshots_invalid(invalid, b, volumes) if invalid else []
         if broken:
+            if copy is not None:
+                yield Candidate(b, tli, copy)
+                continue
             passed.append(
                 f"{b.id}: snapshots invalid, their copy-on-write store overflowed "
                 f"({'; '.join(broken)})"
@@ -332,15 +393,31 @@ def choose_backup(
 
     Raises :class:`~pgsnap.errors.NoBackupForTarget` when none qualifies,
     naming the earliest and latest points that can be reached.
+    :func:`choose_candidate` also says whether it is restored from a copy.
     """
+    first, passed = choose_candidate(facts, request)
+    return first.backup, first.timeline, passed
+
+
+def choose_candidate(facts: RecoveryFacts, request: RecoveryRequest) -> tuple[Candidate, list[str]]:
+    """The :class:`Candidate` to restore (backup, timeline, copy or snapshots) and why
+    the backups newer than it were passed over; as :func:`choose_backup`."""
     target = request.target
     passed: list[str] = []
     first = next(iter_candidates(facts, request, passed), None)
     if first is not None:  # the backups newer than it, and why each was passed over
-        return first.backup, first.timeline, passed
+        return first, passed
     usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
     detail = "\n".join(f"  - {p}" for p in passed)
     passed_text = f"\nbackups passed over:\n{detail}" if detail else ""
+    if request.from_copy or request.copy_id is not None:
+        raise NoBackupForTarget(
+            f"no copy off the array can reach target {target}" + passed_text,
+            hint="copy a backup first (pgsnap copy BACKUP), check that the copy target is "
+            "reachable ([copies] in the configuration), or recover from snapshots",
+            earliest=None,
+            passed_over=tuple(passed),
+        )
     if not usable:
         raise NoBackupForTarget(
             f"no backup can reach target {target}: the catalog has no DONE backup" + passed_text,
@@ -772,6 +849,62 @@ def _restore_steps(
     return steps
 
 
+def _copy_restore_step(
+    facts: RecoveryFacts,
+    request: RecoveryRequest,
+    backup: BackupRecord,
+    copy: CopyRecord,
+    vol: Volume,
+    safety: bool,
+) -> Step:
+    """Write the volume's tree of ``copy`` where the layout mounts it; undone by the
+    safety snapshot."""
+    vf = facts.volume(vol.id)
+    if vf.location.kind is LocationKind.BLOCK_DEVICE and vf.mount is None:
+        raise PlanningError(
+            f"volume {vol.id} ({vol.role.value}) is not mounted at {vol.mount_point}: a "
+            f"restore from copy {copy.copy_id} writes into its file system",
+            hint=f"make a file system on the (new) volume and mount it at {vol.mount_point}, "
+            "then plan again",
+            volume_id=vol.id,
+        )
+    undo = (
+        RestoreVolume(volume_id=vol.id, snapshot_id=Ref(SAFETY_STEP, "snapshots", vol.id))
+        if safety
+        else None
+    )
+    where = f"{vol.id} ({vol.role.value}, {vol.mount_point})"
+    return Step.of(
+        f"restore-{vol.id}",
+        RestoreFromCopy(
+            volume_id=vol.id,
+            backup_id=backup.id,
+            copy_id=copy.copy_id,
+            target_dir=copy.target,
+            tree=copy_tree_name(vol),
+            directory=vol.mount_point,
+            manifest_digest=copy.manifest_digest,
+            target_options=facts.copy_options if copy.target.startswith("s3://") else {},
+        ),
+        description=f"restore volume {where} from copy {copy.copy_id} in {copy.target}",
+        reason=_restore_reason(request, vol, backup)
+        + "; the copy off the array has it"
+        + ("" if safety else " (what the volume holds now is removed first)"),
+        undo=undo,
+    )
+
+
+def _fmt_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    value, unit = n / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -779,7 +912,8 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     """The recovery plan for ``request``, or a PlanningError saying why not."""
     keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
     target = request.target
-    backup, tli, passed = choose_backup(facts, request)
+    chosen, passed = choose_candidate(facts, request)
+    backup, tli, copy = chosen.backup, chosen.timeline, chosen.copy
     seg = backup.wal_segment_size
     index = _merged_index(facts, keep_wal)
     target_lsn = _resolve_target_lsn(facts, target)
@@ -886,6 +1020,10 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         )
     lost_backup: list[str] = []
     for v in restore:
+        if copy is not None:
+            if v.role is not VolumeRole.WAL:  # a lost WAL volume is emptied: prepare-datadir
+                steps.append(_copy_restore_step(facts, request, backup, copy, v, safety))
+            continue
         steps += _restore_steps(facts, request, backup, v, safety)
         if facts.volume(v.id).profile.consumes_snapshot:
             lost_backup.append(v.id)
@@ -1013,6 +1151,15 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         lost.append(f"every transaction after the target ({target}) on the recovered cluster")
     elif not keep_wal:
         lost.append("WAL that was never archived (the WAL volume is restored from the snapshot)")
+    if copy is not None:
+        kept.append(
+            f"backup {backup.id}'s snapshots"
+            + (
+                " (they are gone: the copy off the array is used)"
+                if not request.from_copy and request.copy_id is None
+                else " and copy " + copy.copy_id + ": both are only read"
+            )
+        )
     window_end = f"{wal.reachable_lsn} on timeline {tli}" + _time_suffix(facts, wal.reachable_lsn)
     summary = {
         "target": str(target),
@@ -1029,7 +1176,18 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         "restore": ", ".join(f"{v.id} ({v.role.value})" for v in restore),
         "action at target": request.action.value,
     }
-    fp = recovery_fingerprint(facts, request, backup, wal)
+    if copy is not None:
+        rate = copy.bytes_read / copy.seconds if copy.seconds > 0 else 0.0
+        estimate = (
+            f", about {max(1.0, copy.bytes_read / rate):.0f} s at the rate the copy was made"
+            if rate > 0
+            else ""
+        )
+        summary["from copy"] = (
+            f"{copy.copy_id} in {copy.target} (made {_fmt_time(copy.created_at)}): "
+            f"{_fmt_bytes(copy.bytes_read)} in {copy.files} files to read{estimate}"
+        )
+    fp = recovery_fingerprint(facts, request, backup, wal, copy)
     return Plan(
         kind="recovery",
         steps=tuple(steps),
@@ -1043,13 +1201,17 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
 
 
 def recovery_fingerprint(
-    facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecord, wal: WalCheck
+    facts: RecoveryFacts,
+    request: RecoveryRequest,
+    backup: BackupRecord,
+    wal: WalCheck,
+    copy: CopyRecord | None = None,
 ) -> str:
     """Digest of the facts a recovery plan depends on.
 
-    The backup record, its snapshots, the timelines and the WAL check's
-    verdict; not the server's state (it is what is broken) and not WAL
-    archived since (more WAL does not invalidate a plan).
+    The backup record, its snapshots (or the copy restored from), the
+    timelines and the WAL check's verdict; not the server's state (it is what
+    is broken) and not WAL archived since (more WAL does not invalidate a plan).
     """
     wanted = set(backup.snapshots.values())
     return fingerprint(
@@ -1073,5 +1235,6 @@ def recovery_fingerprint(
             if request.target.kind is not TargetKind.LATEST
             else [],
             "damaged": sorted(facts.damaged),
+            "copy": None if copy is None else [copy.target, copy.copy_id, copy.manifest_digest],
         }
     )

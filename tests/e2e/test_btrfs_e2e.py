@@ -12,6 +12,7 @@ btrfs, loop devices or PostgreSQL the tests skip saying why (and fail in CI).
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -21,7 +22,6 @@ from pgsnap.backends.btrfs import BtrfsBackend, parse_subvolume_list
 from pgsnap.model import RecoveryTarget, VolumeRole
 from pgsnap.testing.btrfs import LoopBtrfs, btrfs_cluster, btrfs_server, btrfs_unavailable
 
-from ..integration.test_copies_real import recovered_from_copy
 from .conftest import Env, backed_up, pitr_setup
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("loop")]
@@ -155,19 +155,20 @@ def test_the_demo_runs_on_btrfs(fs: LoopBtrfs, capsys: pytest.CaptureFixture[str
 
 
 def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
-    btrfs_env: Callable[[], Env], pg_server: Any, tmp_path: Any
+    btrfs_env: Callable[[], Env], tmp_path: Any
 ) -> None:
     """Issue 21: the read-only snapshot subvolume is copied in place (no load on the
-    origin), every snapshot of the backup deleted, the server stopped; the copy alone,
-    restored into an empty directory elsewhere, replays to a restore point."""
-    from pgsnap.copies import DirectoryCopyTarget
-
+    origin), every snapshot of the backup deleted, the data subvolume replaced by a
+    new, empty one; the recovery plan restores the copy into it and replays to a time
+    between two batches."""
     env = btrfs_env()
     env.create_table()
     env.write(1)
     record = env.cluster.backup("btrfs-copy")
     env.write(2)
-    env.server.sql("SELECT pg_create_restore_point('copied')")
+    time.sleep(0.05)
+    (when,) = env.server.sql("SELECT clock_timestamp()")[0]
+    time.sleep(0.05)
     env.write(3)
     env.server.switch_wal_and_wait_archived()
     target = tmp_path / "copies"
@@ -176,8 +177,13 @@ def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
     assert record.snapshot_group_id is not None
     env.cluster.backend.delete_snapshot_group(record.snapshot_group_id)
     env.server.stop(mode="immediate")
+    data = env.data_vol
+    subprocess.run(["btrfs", "subvolume", "delete", data], check=True, capture_output=True)
+    subprocess.run(["btrfs", "subvolume", "create", data], check=True, capture_output=True)
 
-    restored = recovered_from_copy(
-        pg_server, DirectoryCopyTarget(target), copy.copy_id, env.server.archive_dir, "copied"
-    )
-    assert [r[0] for r in restored.sql("SELECT DISTINCT batch FROM t ORDER BY 1")] == [1, 2]
+    env.cluster.copy_target = str(target)
+    plan = env.cluster.plan_recovery(RecoveryTarget.time(when))
+    assert [s.action for s in plan.steps].count("copy.restore") == 1
+    assert "storage.restore_volume" not in [s.action for s in plan.steps]
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from pgsnap.copies import (
@@ -24,8 +27,9 @@ from pgsnap.copies import (
     restore_trees,
     verify_copy,
 )
-from pgsnap.errors import ConfigurationError, PlanningError
-from pgsnap.model import VolumeRole
+from pgsnap.errors import ConfigurationError, InvariantError, NoBackupForTarget, PlanningError
+from pgsnap.model import RecoveryTarget, VolumeRole
+from pgsnap.plan import Plan
 from pgsnap.testing.sandbox import mock_cluster
 
 from .conftest import CliEnv, backed_up
@@ -158,9 +162,118 @@ def test_pgsnap_copy_and_verify_copy(cli_env: CliEnv) -> None:
     assert [c["copy_id"] for c in listed["copies"]] == ["c1"]
     code, out, err = env.run("verify-copy", "c1", "--to", str(target))
     assert code == 0 and "all present and whole" in out, err
+    code, out, err = env.run("plan-recovery", "--from-copy", "c1")
+    assert code == 0, err
+    assert re.search(rf"from copy +c1 in {re.escape(str(target))}", out), out
+    assert "from copy c1" in out, out
+    code, out, err = env.run("plan-recovery", "--from-copy", "c9")
+    assert code != 0 and "has a copy 'c9'" in err, (out, err)
     some = next((target / "chunks").glob("*/*"))
     some.write_bytes(b"PGSC\x00damaged")
     code, out, err = env.run("verify-copy", "c1", "--to", str(target))
     assert code == 4 and "damaged chunk" in out, (out, err)
     code, _out, err = env.run("copy", record["id"])
     assert code == 2 and "no copy target" in err
+
+
+def _emptied(directory: Path) -> None:
+    """The volume is lost: what a new, empty one holds (nothing)."""
+    for p in directory.iterdir():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _doctored(plan: Plan, step_id: str, **params: Any) -> Plan:
+    """``plan`` with a step's parameters changed, built in Python (no id to disagree)."""
+    steps = tuple(
+        attrs.evolve(s, params={**s.params, **params}) if s.id == step_id else s for s in plan.steps
+    )
+    return attrs.evolve(plan, steps=steps)
+
+
+def test_a_recovery_plan_restores_from_the_copy_when_the_array_lost_the_snapshots(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """The snapshots are gone and the data directory with them: the planner offers the
+    copy by itself, the plan restores it into the empty volume, and PostgreSQL
+    replays the archive to a restore point."""
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(server, copy_target=tmp_path / "copies")
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t SELECT 1 FROM generate_series(1, 100)")
+    record = cluster.backup("to-copy")
+    copy = cluster.copy(record.id)
+    server.sql("INSERT INTO t VALUES (2)")
+    server.sql("SELECT pg_create_restore_point('after2')")
+    server.sql("INSERT INTO t VALUES (3)")
+    server.switch_wal_and_wait_archived()
+    assert record.snapshot_group_id is not None
+    cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    server.stop(mode="immediate")
+    _emptied(server.data_dir)
+
+    plan = cluster.plan_recovery(RecoveryTarget.name("after2"))
+    actions = [s.action for s in plan.steps]
+    assert "copy.restore" in actions and "storage.restore_volume" not in actions
+    assert copy.copy_id in plan.summary["from copy"] and "to read" in plan.summary["from copy"]
+    assert any("snapshots (they are gone" in k for k in plan.kept)
+    restore = next(s for s in plan.steps if s.action == "copy.restore")
+    assert restore.compensation == "storage.restore_volume"
+    assert actions.index("copy.restore") < actions.index("db.write_backup_label")
+
+    # Doctored plans are refused before anything changes: the copy written somewhere
+    # else, another manifest, another backup's copy.
+    for edit, refusal in (
+        ({"directory": str(tmp_path / "elsewhere")}, "layout has volume"),
+        ({"manifest_digest": "0" * 64}, "does not record copy"),
+        ({"copy_id": "other.1"}, "does not record copy"),
+        ({"backup_id": "other"}, "not in the catalog"),
+    ):
+        with pytest.raises(InvariantError, match=refusal):
+            cluster.execute(_doctored(plan, restore.id, **edit))
+        assert list(server.data_dir.iterdir()) == []
+
+    events: list[Any] = []
+    result = cluster.execute(plan, on_event=events.append)
+    assert result.outputs[restore.id]["bytes_written"] == copy.bytes_read
+    assert rows(server) == [1, 2]
+    assert server.sql("SELECT count(*) FROM t WHERE batch = 1")[0][0] == 100
+    assert any(e.kind.value == "progress" and e.step_id == restore.id for e in events)
+
+
+def test_from_copy_restores_data_and_wal_from_the_copy_and_the_archive(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """Asked for (from_copy), the copy is used although the snapshots are there; with
+    the WAL volume lost too, pg_wal is emptied and the archive replays to its end.
+    Without a reachable copy the plan is refused, saying why."""
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(server, copy_target=tmp_path / "copies")
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t VALUES (1)")
+    record = cluster.backup("copied")
+    with pytest.raises(NoBackupForTarget, match="no copy off the array"):
+        cluster.plan_recovery(from_copy=True)
+    copy = cluster.copy(record.id)
+    server.sql("INSERT INTO t VALUES (2)")
+    server.switch_wal_and_wait_archived()
+    server.stop(mode="immediate")
+
+    plan = cluster.plan_recovery(from_copy=copy.copy_id, lost=("data", "wal"))
+    actions = [s.action for s in plan.steps]
+    assert "copy.restore" in actions and "storage.restore_volume" not in actions
+    assert actions.index("storage.snapshot_group") < actions.index("copy.restore")
+    cluster.execute(plan)
+    assert rows(server) == [1, 2]
+    # The state replaced is kept in the safety snapshot, as for a snapshot restore.
+    assert len(cluster.safety_snapshots()) == 1
+    with pytest.raises(NoBackupForTarget, match="has a copy 'nope'"):
+        cluster.plan_recovery(from_copy="nope")
+    # The copy target gone: the plan says the copy was not found there.
+    shutil.rmtree(tmp_path / "copies")
+    with pytest.raises(NoBackupForTarget, match="not found in their targets"):
+        cluster.plan_recovery(from_copy=True)

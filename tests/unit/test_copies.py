@@ -17,6 +17,7 @@ from pgsnap.copies import (
     DirectoryCopyTarget,
     EntryKind,
     Manifest,
+    RestoreProgress,
     chunk_id,
     copy_trees,
     decode_chunk,
@@ -174,8 +175,33 @@ def test_a_restore_never_writes_over_data(tmp_path: Path, target: DirectoryCopyT
     with pytest.raises(CopyError, match="not an empty directory"):
         restore_trees(manifest, target, {"pgdata": busy})
     assert [p.name for p in busy.iterdir()] == ["keep"]
-    with pytest.raises(ConfigurationError, match="no destination"):
+    with pytest.raises(ConfigurationError, match="has no tree"):
         restore_trees(manifest, target, {"other": tmp_path / "x"})
+    with pytest.raises(ConfigurationError, match="has no tree"):
+        restore_trees(manifest, target, {})
+
+
+def test_a_restore_fills_a_fresh_file_system_and_reports_its_progress(
+    tmp_path: Path, target: DirectoryCopyTarget
+) -> None:
+    """A fresh file system's lost+found is not data; one chunk at a time or several
+    ahead, the files come back the same, and progress ends at the whole."""
+    tree = make_tree(tmp_path / "data")
+    manifest, _ = copy(tree, target)
+    fresh = tmp_path / "fresh"
+    (fresh / "lost+found").mkdir(parents=True)
+    seen: list[RestoreProgress] = []
+    written = restore_trees(manifest, target, {"pgdata": fresh}, on_progress=seen.append)
+    serial = restore_trees(manifest, target, {"pgdata": tmp_path / "serial"}, parallel=1)
+    assert written == serial == sum(e.size for e in manifest.entries)
+    assert snapshot(tmp_path / "serial") == snapshot(tree)
+    assert {k: v for k, v in snapshot(fresh).items() if not k.startswith("lost+found")} == (
+        snapshot(tree)
+    )
+    assert seen[-1].files_done == seen[-1].files_total == len(seen)
+    assert seen[-1].bytes_written == seen[-1].bytes_total == written
+    with pytest.raises(ConfigurationError, match="parallel"):
+        restore_trees(manifest, target, {"pgdata": tmp_path / "p0"}, parallel=0)
 
 
 def test_verify_names_the_files_a_missing_or_damaged_chunk_breaks(

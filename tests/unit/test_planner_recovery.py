@@ -575,3 +575,84 @@ def test_a_damaged_segment_on_the_way_refuses_every_target():
     plan = plan_recovery(moved, RecoveryRequest(RecoveryTarget.lsn(lsn(6))))
     assert plan.steps[0].id == "verify-wal"  # before anything changes
     assert plan.step("verify-wal").params["end_lsn"] is None  # to the end of the archive
+
+
+# --------------------------------------------------------------------------- copies
+
+
+def copied(record, copy_id, *, target="/copies", minute=30):
+    from pgsnap.model import CopyRecord
+
+    made = CopyRecord(
+        copy_id=copy_id,
+        target=target,
+        manifest_digest="ab" * 32,
+        created_at=T0 + dt.timedelta(minutes=minute),
+        files=10,
+        bytes_read=30 * MB,
+        seconds=3.0,
+    )
+    return attrs.evolve(record, copies=(*record.copies, made))
+
+
+def test_a_backup_whose_snapshots_are_gone_is_restored_from_its_copy():
+    b2 = copied(B2, "b2.1")
+    f = attrs.evolve(facts([B1, b2]), snapshots=snaps(B1), copies=frozenset({("/copies", "b2.1")}))
+    plan = plan_recovery(f, RecoveryRequest())
+    actions = {s.id: s.action for s in plan.steps}
+    assert actions["restore-vol-data"] == "copy.restore"
+    assert "storage.restore_volume" not in actions.values()
+    restore = next(s for s in plan.steps if s.id == "restore-vol-data")
+    assert restore.params["copy_id"] == "b2.1" and restore.params["backup_id"] == "b2"
+    assert restore.params["directory"] == "/pg/data" and restore.params["tree"] == "pgdata"
+    assert restore.compensation == "storage.restore_volume"
+    assert "30.0 MiB in 10 files" in plan.summary["from copy"]
+    assert "about 3 s" in plan.summary["from copy"]
+    # The copy not found in its target: the older backup's snapshots serve, saying why.
+    f = attrs.evolve(f, copies=frozenset())
+    plan = plan_recovery(f, RecoveryRequest())
+    assert "from copy" not in plan.summary
+    assert any("b2.1 (/copies) not found in their targets" in w for w in plan.warnings)
+
+
+def test_from_copy_uses_the_copy_even_with_snapshots_and_refuses_without_one():
+    b1 = copied(B1, "b1.1", minute=5)
+    b1 = copied(b1, "b1.2", minute=6, target="s3://bucket/pg")
+    f = attrs.evolve(
+        facts([b1, B2]),
+        copies=frozenset({("/copies", "b1.1"), ("s3://bucket/pg", "b1.2")}),
+        copy_options={"endpoint_url": "https://s3.example"},
+    )
+    plan = plan_recovery(f, RecoveryRequest(from_copy=True))
+    restore = next(s for s in plan.steps if s.action == "copy.restore")
+    # b2 has no copy: b1's newest copy, in S3 with the target's options (no secret).
+    assert restore.params["copy_id"] == "b1.2"
+    assert restore.params["target_options"] == {"endpoint_url": "https://s3.example"}
+    assert any("b2: no copy off the array" in w for w in plan.warnings)
+    chosen = plan_recovery(f, RecoveryRequest(copy_id="b1.1"))
+    restore = next(s for s in chosen.steps if s.action == "copy.restore")
+    assert restore.params["copy_id"] == "b1.1" and restore.params["target_options"] == {}
+    assert chosen.fingerprint != plan.fingerprint
+    with pytest.raises(errors.NoBackupForTarget, match="has a copy 'nope'"):
+        plan_recovery(f, RecoveryRequest(copy_id="nope"))
+    with pytest.raises(errors.NoBackupForTarget, match="no copy off the array can reach"):
+        plan_recovery(attrs.evolve(f, copies=frozenset()), RecoveryRequest(from_copy=True))
+
+
+def test_a_copy_restore_with_the_wal_volume_lost_empties_pg_wal_and_needs_a_mount():
+    b2 = copied(B2, "b2.1")
+    f = attrs.evolve(facts([B1, b2]), copies=frozenset({("/copies", "b2.1")}))
+    plan = plan_recovery(f, RecoveryRequest(from_copy=True, lost={"data", "wal"}))
+    restores = [s.id for s in plan.steps if s.action == "copy.restore"]
+    assert restores == ["restore-vol-data"]
+    prepare = next(s for s in plan.steps if s.id == "prepare-datadir")
+    assert prepare.params["clear_wal"] is True
+    safety = next(s for s in plan.steps if s.action == "storage.snapshot_group")
+    assert set(safety.params["volume_ids"]) == {"vol-data", "vol-wal"}
+    # A block device not mounted: nothing to write the copy into.
+    block = tuple(
+        VolumeFacts(v.volume_id, Location.device(f"/dev/{v.volume_id}"), RestoreProfile(), None)
+        for v in directory_volumes()
+    )
+    with pytest.raises(errors.PlanningError, match="not mounted at /pg/data"):
+        plan_recovery(attrs.evolve(f, volume_facts=block), RecoveryRequest(from_copy=True))
