@@ -353,7 +353,10 @@ class Bench:
         self.scratch = Path(tempfile.mkdtemp(prefix="pgsnap-bench-copy-", dir=args.dir))
         self.scratch.chmod(0o755)  # the postgres OS user reads the CA file and its config
         self.cert, key = self_signed_cert(self.scratch / "tls")
-        self.s3 = SeaweedS3.start(self.scratch / "s3", tls=(self.cert, key))
+        # weed's default of 8 volumes of 64 MB holds 512 MB: too little for every method
+        self.s3 = SeaweedS3.start(
+            self.scratch / "s3", tls=(self.cert, key), max_volumes=max(64, 2 * args.scale)
+        )
         self.s3.create_bucket(BUCKET)
         self.lister = self.s3.client()
         os.environ[KEY_ENV] = self.s3.admin.access_key

