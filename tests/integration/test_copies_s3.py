@@ -32,7 +32,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     reason = seaweed_unavailable()
     if reason is not None:
         pytest.skip(f"no SeaweedFS S3 server on this machine: {reason}")
-    with SeaweedS3.start(tmp_path_factory.mktemp("seaweed")) as server:
+    base = tmp_path_factory.mktemp("seaweed")
+    # HTTPS beside HTTP, with a private CA: the TLS test shares this server.
+    with SeaweedS3.start(base, tls=self_signed_cert(base / "tls")) as server:
         server.create_bucket("pgsnap-copies")
         yield server
 
@@ -134,36 +136,30 @@ def test_a_server_that_is_gone_is_a_copy_error_naming_it(tmp_path: Path) -> None
     assert server.endpoint in str(info.value)
 
 
-def test_the_s3_target_speaks_https_with_a_private_ca(tmp_path: Path) -> None:
+def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: Path) -> None:
     """Over HTTPS with a self-signed certificate: ``ca_bundle`` names it and the copy
     round trips; without it the certificate is refused, with a CopyError."""
-    reason = seaweed_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    cert, key = self_signed_cert(tmp_path / "tls")
-    with SeaweedS3.start(tmp_path / "s3", tls=(cert, key)) as server:
-        assert server.https_endpoint is not None
-        server.create_bucket("tls")
-        env = {
-            "PGSNAP_TLS_KEY": server.admin.access_key,
-            "PGSNAP_TLS_SECRET": server.admin.secret_key,
-        }
-        with pytest.MonkeyPatch.context() as mp:
-            for name, value in env.items():
-                mp.setenv(name, value)
-            keys = {"access_key_env": "PGSNAP_TLS_KEY", "secret_key_env": "PGSNAP_TLS_SECRET"}
-            trusted = S3CopyTarget(
-                "tls", "c", endpoint_url=server.https_endpoint, ca_bundle=cert, **keys
-            )
-            tree = make_tree(tmp_path / "data")
-            manifest, _stats = copy_trees(
-                {"pgdata": tree}, trusted, copy_id="c1", backup_id="b1", chunk_size=CHUNK
-            )
-            restore_trees(manifest, trusted, {"pgdata": tmp_path / "restored"})
-            assert snapshot(tmp_path / "restored") == snapshot(tree)
-            untrusted = S3CopyTarget("tls", "c", endpoint_url=server.https_endpoint, **keys)
-            with pytest.raises(CopyError, match="SSL"):  # certificate verify failed
-                untrusted.get_manifest("c1")
+    cert = s3.base / "tls" / "cert.pem"  # the fixture's private CA
+    assert s3.https_endpoint is not None
+    s3.create_bucket("tls")
+    env = {
+        "PGSNAP_TLS_KEY": s3.admin.access_key,
+        "PGSNAP_TLS_SECRET": s3.admin.secret_key,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        keys = {"access_key_env": "PGSNAP_TLS_KEY", "secret_key_env": "PGSNAP_TLS_SECRET"}
+        trusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, ca_bundle=cert, **keys)
+        tree = make_tree(tmp_path / "data")
+        manifest, _stats = copy_trees(
+            {"pgdata": tree}, trusted, copy_id="c1", backup_id="b1", chunk_size=CHUNK
+        )
+        restore_trees(manifest, trusted, {"pgdata": tmp_path / "restored"})
+        assert snapshot(tmp_path / "restored") == snapshot(tree)
+        untrusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, **keys)
+        with pytest.raises(CopyError, match="SSL"):  # certificate verify failed
+            untrusted.get_manifest("c1")
 
 
 @pytest.mark.postgres
