@@ -55,7 +55,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── BackupNotFound (LookupError)
     │   └── CatalogLockedError              another writer holds the lock
     └── CopyError                           a copy off the array cannot be written or read
-        ├── CopyNotFound (LookupError)      no copy (manifest) or chunk of that id in the target
+        ├── CopyNotFound (LookupError)      no manifest, chunk or marker of that name in the target
         ├── DamagedChunkError               a stored chunk does not hash to its name (chunk)
         └── CopyBusy                        retryable: a copy or garbage collection holds the target
 """
