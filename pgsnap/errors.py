@@ -55,13 +55,14 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── BackupNotFound (LookupError)
     │   └── CatalogLockedError              another writer holds the lock
     └── CopyError                           a copy off the array cannot be written or read
-        ├── CopyNotFound (LookupError)      no copy (manifest) or chunk of that id in the target
-        └── DamagedChunkError               a stored chunk does not hash to its name (chunk)
+        ├── CopyNotFound (LookupError)      no manifest, chunk or marker of that name in the target
+        ├── DamagedChunkError               a stored chunk does not hash to its name (chunk)
+        └── CopyBusy                        retryable: a copy or garbage collection holds the target
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ __all__ = [
     "CommandError",
     "CommandTimeout",
     "ConfigurationError",
+    "CopyBusy",
     "CopyError",
     "CopyNotFound",
     "DamagedChunkError",
@@ -614,3 +616,27 @@ class CopyNotFound(CopyError, LookupError):
 
 class DamagedChunkError(CopyError):
     """A stored chunk does not decode, or does not hash to its name (``chunk``)."""
+
+
+class CopyBusy(CopyError):
+    """The copy target is busy: a garbage collection runs, so a copy may not start, or
+    copies are in progress, so a garbage collection may not sweep.
+
+    ``target``: the copy target's location. ``holders``: the markers in the way,
+    each as ``{"marker", "host", "pid", "started_at", "refreshed_at"}``.
+    """
+
+    retryable: ClassVar[bool] = True
+    target: str
+    holders: tuple[Mapping[str, str | int], ...]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        holders: Sequence[Mapping[str, str | int]] = (),
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(message, hint=hint, target=target, holders=tuple(holders), **details)

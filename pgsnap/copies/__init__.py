@@ -9,10 +9,11 @@ chunk already there is never sent again: the first copy sends everything,
 later ones only what changed, and each is restorable on its own.
 
 This package is the copy format and its I/O, a leaf below the planner:
-:func:`copy_trees`, :func:`restore_trees`, :func:`verify_copy` and
-:class:`DirectoryCopyTarget`. The plans that make the snapshot readable on a
-host, copy it, record it in the catalog and restore from it come with the
-rest of issue 21 (see docs/reference/copies.md).
+:func:`copy_trees`, :func:`restore_trees`, :func:`verify_copy`,
+:func:`collect_garbage` (remove the chunks no copy needs, safely beside
+running copies: :mod:`pgsnap.copies.gc`) and :class:`DirectoryCopyTarget`.
+The plans that make the snapshot readable on a host, copy it, record it
+in the catalog and restore from it come with the rest of issue 21 (see docs/reference/copies.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pgsnap.copies.copier import (
     restore_trees,
     verify_copy,
 )
+from pgsnap.copies.gc import GcProgress, GcReport, collect_garbage
 from pgsnap.copies.manifest import EntryKind, FileEntry, Manifest, is_chunk_id, is_copy_id
 from pgsnap.copies.target import TARGET_OPTIONS, CopyTarget, DirectoryCopyTarget, open_target
 
@@ -41,10 +43,13 @@ __all__ = [
     "DirectoryCopyTarget",
     "EntryKind",
     "FileEntry",
+    "GcProgress",
+    "GcReport",
     "Manifest",
     "RestoreProgress",
     "VerifyReport",
     "chunk_id",
+    "collect_garbage",
     "copy_trees",
     "decode_chunk",
     "default_codec",

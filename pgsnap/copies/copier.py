@@ -8,6 +8,11 @@ is confirmed in the target, so a copy is complete exactly when its manifest
 exists. An interrupted copy leaves chunks and no manifest: running it again
 sends only what is still missing.
 
+While it runs, a copy keeps the marker ``pending.<copy id>`` in the target
+(refreshed every minute), and it does not start while a garbage collection
+holds the ``gc`` marker: see :mod:`pgsnap.copies.gc` for the protocol and why
+a collection never removes a chunk a copy needs.
+
 :func:`restore_trees` writes a manifest's trees into empty directories,
 checking every chunk's hash and every file's SHA-256, and gives entries
 their modes, owners (where this process may) and times.
@@ -37,8 +42,25 @@ import attrs
 
 from pgsnap.copies.chunks import chunk_id, decode_chunk, default_codec, encode_chunk
 from pgsnap.copies.manifest import EntryKind, FileEntry, Manifest
+from pgsnap.copies.markers import (
+    DEFAULT_STALE_AFTER,
+    GC_MARKER,
+    REFRESH_INTERVAL,
+    TRUSTED_GAP,
+    Marker,
+    pending_marker,
+    read_marker,
+    utc_now,
+)
 from pgsnap.copies.target import CopyTarget
-from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound, DamagedChunkError
+from pgsnap.errors import (
+    ConfigurationError,
+    CopyBusy,
+    CopyError,
+    CopyNotFound,
+    DamagedChunkError,
+    FormatError,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -55,6 +77,11 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE: Final = 4 * 1024 * 1024
 """4 MiB: large enough for few objects, small enough that a change re-sends little."""
+
+_GC_FINISH_POLLS: Final = 30
+_GC_FINISH_POLL_SECONDS: Final = 1.0
+_sleep: Callable[[float], None] = time.sleep
+"""How a finishing copy waits for a garbage collection to end (tests replace it)."""
 
 
 @attrs.frozen
@@ -159,6 +186,121 @@ def _entry(
     )
 
 
+def _gc_busy(target: CopyTarget, copy_id: str, gc: Marker | None, what: str) -> CopyBusy:
+    holder = gc.describe() if gc is not None else "a gc marker pgsnap cannot read"
+    stale = gc.stale_after if gc is not None and gc.stale_after else DEFAULT_STALE_AFTER
+    return CopyBusy(
+        f"garbage collection is running on {target.location}: {holder}; copy {copy_id} {what}",
+        hint="wait for the collection to end and run the copy again (it sends only what is "
+        "missing); if that collection died, its marker is taken for stale "
+        f"{stale} after its last refresh, or remove the marker 'gc' yourself "
+        "(markers/gc in the target) once no collection runs",
+        target=target.location,
+        holders=(gc.summary(),) if gc is not None else (),
+    )
+
+
+class _InProgress:
+    """The ``pending.<copy id>`` marker of a running copy: written before the first
+    chunk, refreshed at most every :data:`REFRESH_INTERVAL`, removed at the end.
+
+    It also remembers the longest time its marker went unrefreshed (``widest``):
+    a copy that paused longer than :data:`TRUSTED_GAP` may have looked dead to a
+    collection, which then swept without it.
+    """
+
+    def __init__(self, target: CopyTarget, copy_id: str, clock: Callable[[], dt.datetime]) -> None:
+        self._target = target
+        self._copy_id = copy_id
+        self._clock = clock
+        self.marker = Marker.new(pending_marker(copy_id), clock(), copy_id=copy_id)
+        self.widest = dt.timedelta(0)
+
+    def _gc(self) -> tuple[bool, Marker | None]:
+        """``(present, marker)`` of the collection's marker (present, None: unreadable)."""
+        try:
+            gc = read_marker(self._target, GC_MARKER)
+        except FormatError:
+            return True, None
+        return gc is not None, gc
+
+    def _fresh(self, gc: Marker) -> bool:
+        return not gc.is_stale(self._clock(), gc.stale_after or DEFAULT_STALE_AFTER)
+
+    def start(self) -> None:
+        """Write the marker, then look for a collection (in that order: see
+        :mod:`pgsnap.copies.gc`); refuse to start while a fresh one runs."""
+        self._target.put_marker(self.marker.name, self.marker.to_json())
+        present, gc = self._gc()
+        if present and (gc is None or self._fresh(gc)):
+            self._target.delete_marker(self.marker.name)
+            raise _gc_busy(self._target, self._copy_id, gc, "did not start")
+        if gc is not None:
+            log.warning(
+                "copy %s: the gc marker on %s is stale (%s): taken for a dead collection's",
+                self._copy_id,
+                self._target.location,
+                gc.describe(),
+            )
+
+    def tick(self) -> None:
+        """Before each request to the target: refresh the marker when it is due."""
+        now = self._clock()
+        unrefreshed = now - self.marker.refreshed_at
+        self.widest = max(self.widest, unrefreshed)
+        if unrefreshed >= REFRESH_INTERVAL:
+            self.marker = self.marker.refreshed(now)
+            self._target.put_marker(self.marker.name, self.marker.to_json())
+
+    def finish(self, manifest: Manifest) -> None:
+        """After the manifest is written: make sure no collection swept without this
+        copy, check every chunk the manifest names once more, remove the marker.
+
+        A copy that never went :data:`TRUSTED_GAP` without refreshing its marker
+        looked alive to every collection (which then refused to sweep). One that
+        did first waits for a running collection to end (and gives up, removing
+        its manifest, after a while); either way the chunks are checked after the
+        manifest was written, so a collection that swept without this copy is
+        seen, and the manifest removed.
+        """
+        self.tick()
+        if self.widest > TRUSTED_GAP:
+            log.warning(
+                "copy %s went %s without refreshing its marker: a garbage collection may "
+                "have taken it for dead; checking before calling it complete",
+                self._copy_id,
+                self.widest,
+            )
+            self._wait_for_gc()
+        absent = []
+        for c in sorted(manifest.chunk_ids()):
+            self.tick()
+            if not self._target.has_chunk(c):
+                absent.append(c)
+        if absent:
+            self._target.delete_manifest(self._copy_id)
+            raise CopyError(
+                f"copy {self._copy_id}: {len(absent)} chunks left the target while the "
+                f"manifest was written (first {absent[0]}); the manifest was removed",
+                hint="a garbage collection or someone else removed them; run the copy "
+                "again (it sends what is missing), with no garbage collection at the same time",
+                copy_id=self._copy_id,
+            )
+        self._target.delete_marker(self.marker.name)
+
+    def _wait_for_gc(self) -> None:
+        for attempt in range(_GC_FINISH_POLLS):
+            self.tick()
+            present, gc = self._gc()
+            if not present or (gc is not None and not self._fresh(gc)):
+                return
+            if attempt + 1 < _GC_FINISH_POLLS:
+                _sleep(_GC_FINISH_POLL_SECONDS)
+        self._target.delete_manifest(self._copy_id)
+        self._target.delete_marker(self.marker.name)
+        raise _gc_busy(self._target, self._copy_id, gc, "is not complete: its manifest was removed")
+
+
 def copy_trees(
     trees: Mapping[str, str | os.PathLike[str]],
     target: CopyTarget,
@@ -178,13 +320,20 @@ def copy_trees(
     Only regular files, directories and symbolic links are copied; anything
     else (a socket, a device) is a :class:`~pgsnap.errors.CopyError`, since a
     data directory holds none.
+
+    ``clock`` gives the manifest's time and the times in the copy's
+    ``pending.<copy id>`` marker. While a garbage collection holds the target
+    the copy does not start (:class:`~pgsnap.errors.CopyBusy`). A copy that
+    fails otherwise leaves its marker, so that no collection removes the
+    chunks it sent until the marker is stale: run it again to finish it.
     """
     if chunk_size < 4096:
         raise ConfigurationError(f"chunk_size must be at least 4096 bytes, not {chunk_size}")
     codec = codec or default_codec()
     encode_chunk(b"", codec)  # an unknown or unavailable codec fails before anything is sent
     started = time.monotonic()
-    now = (clock or (lambda: dt.datetime.now(dt.UTC)))()
+    clock = clock or utc_now
+    now = clock()
     listing: list[tuple[str, Path, str, os.stat_result]] = []
     for name, top in trees.items():
         root = Path(os.fspath(top))
@@ -195,6 +344,8 @@ def copy_trees(
     n_files = sum(1 for *_, st in listing if stat.S_ISREG(st.st_mode))
     entries: list[FileEntry] = []
     read = sent = new = reused = done = 0
+    pending = _InProgress(target, copy_id, clock)
+    pending.start()
     for name, root, rel, st in listing:
         path = root / rel if rel else root
         if stat.S_ISDIR(st.st_mode):
@@ -211,10 +362,12 @@ def copy_trees(
                     size += len(block)
                     cid = chunk_id(block)
                     chunks.append(cid)
+                    pending.tick()
                     if target.has_chunk(cid):
                         reused += 1
                         continue
                     stored = encode_chunk(block, codec)
+                    pending.tick()
                     if target.put_chunk(cid, stored):
                         new += 1
                         sent += len(stored)
@@ -252,7 +405,11 @@ def copy_trees(
         entries=tuple(entries),
         files=dict(files or {}),
     )
-    absent = sorted(c for c in manifest.chunk_ids() if not target.has_chunk(c))
+    absent = []
+    for c in sorted(manifest.chunk_ids()):
+        pending.tick()
+        if not target.has_chunk(c):
+            absent.append(c)
     if absent:
         raise CopyError(
             f"copy {copy_id}: {len(absent)} chunks are not in the target after sending "
@@ -260,7 +417,9 @@ def copy_trees(
             hint="check the target; running the copy again sends what is missing",
             copy_id=copy_id,
         )
+    pending.tick()
     target.put_manifest(copy_id, manifest.to_json())
+    pending.finish(manifest)
     stats = CopyStats(n_files, read, sent, new, reused, time.monotonic() - started)
     log.info(
         "copy %s of backup %s: %d files, %d bytes read, %d bytes sent (%d chunks new, %d reused)",

@@ -36,8 +36,10 @@ __all__ = [
     "Manifest",
     "check_chunk_id",
     "check_copy_id",
+    "check_marker_name",
     "is_chunk_id",
     "is_copy_id",
+    "is_marker_name",
 ]
 
 MANIFEST_FORMAT: Final = "pgsnap-copy-manifest"
@@ -45,6 +47,12 @@ MANIFEST_VERSION: Final = 1
 
 _CHUNK_ID: Final = re.compile(r"[0-9a-f]{64}")
 _COPY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_MARKER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,159}")
+
+MARKER_GONE_HINT: Final = (
+    "the marker is gone: the copy or garbage collection it stood for has ended"
+)
+"""The hint of :class:`~pgsnap.errors.CopyNotFound` for a marker that is absent."""
 
 
 def is_chunk_id(value: object) -> bool:
@@ -75,6 +83,23 @@ def check_copy_id(copy_id: str) -> str:
             hint="letters, digits, '.', '_' and '-' only, at most 128",
         )
     return copy_id
+
+
+def is_marker_name(value: object) -> bool:
+    """True for a marker name: spelled like a copy id, at most 160 characters (room
+    for ``pending.<copy id>``)."""
+    return isinstance(value, str) and _MARKER_NAME.fullmatch(value) is not None
+
+
+def check_marker_name(name: str) -> str:
+    """``name``, or a ConfigurationError when it is not a marker name."""
+    if not is_marker_name(name):
+        raise ConfigurationError(
+            f"{name!r} is not a marker name",
+            hint="letters, digits, '.', '_' and '-' only, at most 160, not starting "
+            "with punctuation",
+        )
+    return name
 
 
 class EntryKind(enum.Enum):

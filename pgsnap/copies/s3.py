@@ -5,6 +5,7 @@ prefix, with the same layout as the directory target::
 
     <prefix>chunks/<first two hex digits>/<chunk id>
     <prefix>manifests/<copy id>.json
+    <prefix>markers/<marker name>
 
 It talks S3 through ``boto3`` (``pip install 'pgsnap[s3]'``). Credentials
 are read from the environment variables it is told to read
@@ -12,7 +13,10 @@ are read from the environment variables it is told to read
 (``AWS_ACCESS_KEY_ID``, a profile, an instance role); they are never part of
 its repr, a plan, a log line or an error. Retries with backoff on 5xx and
 timeouts are boto3's (``retries={"mode": "standard"}``); a PUT is atomic,
-so a reader sees a whole object or none.
+so a reader sees a whole object or none. A chunk and a marker that must not
+be replaced are written with one conditional PUT (``If-None-Match: *``):
+S3 is strongly consistent (read after write, list after write), and of two
+such PUTs of one key exactly one succeeds.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from pgsnap.copies.manifest import check_chunk_id, check_copy_id, is_chunk_id
+from pgsnap.copies.manifest import (
+    MARKER_GONE_HINT,
+    check_chunk_id,
+    check_copy_id,
+    check_marker_name,
+    is_chunk_id,
+    is_marker_name,
+)
 from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
 
 __all__ = ["S3CopyTarget"]
@@ -31,6 +42,16 @@ __all__ = ["S3CopyTarget"]
 log = logging.getLogger(__name__)
 
 _MISSING = ("404", "NoSuchKey", "NotFound")
+_EXISTS = ("PreconditionFailed", "412")
+_CONFLICT = ("ConditionalRequestConflict", "409")
+"""AWS: another conditional write of the key is under way (its outcome decides)."""
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return str(response.get("Error", {}).get("Code", ""))
+    return ""
 
 
 class S3CopyTarget:
@@ -114,15 +135,13 @@ class S3CopyTarget:
 
     # ------------------------------------------------------------------ errors
 
-    def _error(self, exc: Exception, what: str) -> Exception:
-        code = ""
-        response = getattr(exc, "response", None)
-        if isinstance(response, dict):
-            code = str(response.get("Error", {}).get("Code", ""))
+    def _error(self, exc: Exception, what: str, missing_hint: str | None = None) -> Exception:
+        code = _code(exc)
         if code in _MISSING:
             return CopyNotFound(
                 f"{what} is not in the copy target {self.location}",
-                hint="list the target's copies; a chunk missing from a copy is damage",
+                hint=missing_hint
+                or "list the target's copies; a chunk missing from a copy is damage",
             )
         if code == "NoSuchBucket":
             return CopyError(
@@ -141,11 +160,26 @@ class S3CopyTarget:
             hint="check that the object store answers; boto3 retried timeouts and 5xx",
         )
 
-    def _call(self, what: str, method: str, **kwargs: Any) -> Any:
+    def _call(
+        self, what: str, method: str, *, missing_hint: str | None = None, **kwargs: Any
+    ) -> Any:
         try:
             return getattr(self._client, method)(Bucket=self._bucket, **kwargs)
         except Exception as exc:  # botocore's ClientError, EndpointConnectionError...
+            raise self._error(exc, what, missing_hint) from exc
+
+    def _put_if_absent(self, key: str, body: bytes, what: str) -> bool:
+        """One conditional PUT: True when it wrote ``key``, False when the key existed
+        (412), or when another conditional write of it was under way (409: that one
+        decides; a caller that needs the key written reads it back)."""
+        try:
+            self._client.put_object(Bucket=self._bucket, Key=key, Body=body, IfNoneMatch="*")
+        except Exception as exc:
+            code = _code(exc)
+            if code in _EXISTS or code in _CONFLICT:
+                return False
             raise self._error(exc, what) from exc
+        return True
 
     def _chunk_key(self, chunk: str) -> str:
         check_chunk_id(chunk)
@@ -153,6 +187,9 @@ class S3CopyTarget:
 
     def _manifest_key(self, copy_id: str) -> str:
         return f"{self._prefix}manifests/{check_copy_id(copy_id)}.json"
+
+    def _marker_key(self, name: str) -> str:
+        return f"{self._prefix}markers/{check_marker_name(name)}"
 
     def _keys(self, prefix: str) -> Iterator[str]:
         token: str | None = None
@@ -180,18 +217,7 @@ class S3CopyTarget:
     def put_chunk(self, chunk: str, data: bytes) -> bool:
         """PUT the chunk's object unless it exists: one conditional request
         (``If-None-Match: *``; a 412 means it was there)."""
-        key = self._chunk_key(chunk)
-        try:
-            self._client.put_object(Bucket=self._bucket, Key=key, Body=data, IfNoneMatch="*")
-        except Exception as exc:
-            response = getattr(exc, "response", None)
-            code = (
-                str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-            )
-            if code in ("PreconditionFailed", "412"):
-                return False
-            raise self._error(exc, f"writing chunk {chunk}") from exc
-        return True
+        return self._put_if_absent(self._chunk_key(chunk), data, f"writing chunk {chunk}")
 
     def get_chunk(self, chunk: str) -> bytes:
         """The chunk object's bytes."""
@@ -235,3 +261,37 @@ class S3CopyTarget:
             "delete_object",
             Key=self._manifest_key(copy_id),
         )
+
+    def put_marker(self, name: str, text: str) -> None:
+        """PUT ``markers/<name>``."""
+        self._call(
+            f"writing the marker {name}",
+            "put_object",
+            Key=self._marker_key(name),
+            Body=text.encode(),
+        )
+
+    def create_marker(self, name: str, text: str) -> bool:
+        """PUT ``markers/<name>`` with ``If-None-Match: *``: False when it exists."""
+        return self._put_if_absent(
+            self._marker_key(name), text.encode(), f"creating the marker {name}"
+        )
+
+    def get_marker(self, name: str) -> str:
+        """The text of ``markers/<name>``."""
+        got = self._call(
+            f"marker {name}",
+            "get_object",
+            missing_hint=MARKER_GONE_HINT,
+            Key=self._marker_key(name),
+        )
+        return bytes(got["Body"].read()).decode()
+
+    def marker_names(self) -> tuple[str, ...]:
+        """The names of the objects under ``markers/``."""
+        names = (k.rpartition("/")[2] for k in self._keys(f"{self._prefix}markers/"))
+        return tuple(sorted(n for n in names if is_marker_name(n)))
+
+    def delete_marker(self, name: str) -> None:
+        """DELETE ``markers/<name>``."""
+        self._call(f"deleting the marker {name}", "delete_object", Key=self._marker_key(name))

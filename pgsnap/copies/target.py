@@ -1,13 +1,18 @@
 """Where copies go: the :class:`CopyTarget` protocol and a directory target.
 
-A copy target holds manifests (one per copy, by copy id) and chunks (by
-chunk id). Writes are atomic: a reader sees a whole object or none. A chunk
-is immutable once written (its name is its content's hash), so writing one
-that exists is skipped. :class:`DirectoryCopyTarget` keeps them in a local
-directory (an NFS or backup-appliance mount)::
+A copy target holds manifests (one per copy, by copy id), chunks (by chunk
+id) and markers (small texts by name: a copy in progress, a garbage
+collection running; see :mod:`pgsnap.copies.gc`). Writes are atomic: a
+reader sees a whole object or none. A chunk is immutable once written (its
+name is its content's hash), so writing one that exists is skipped.
+:meth:`CopyTarget.create_marker` creates a marker only if it is absent, in
+one atomic step, so two writers cannot both believe they created it.
+:class:`DirectoryCopyTarget` keeps them in a local directory (an NFS or
+backup-appliance mount)::
 
     <root>/chunks/<first two hex digits>/<chunk id>
     <root>/manifests/<copy id>.json
+    <root>/markers/<marker name>
 """
 
 from __future__ import annotations
@@ -20,12 +25,25 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pgsnap.copies.manifest import check_chunk_id, check_copy_id, is_chunk_id, is_copy_id
+from pgsnap.copies.manifest import (
+    MARKER_GONE_HINT,
+    check_chunk_id,
+    check_copy_id,
+    check_marker_name,
+    is_chunk_id,
+    is_copy_id,
+    is_marker_name,
+)
 from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
 
 __all__ = ["TARGET_OPTIONS", "CopyTarget", "DirectoryCopyTarget", "open_target"]
 
 log = logging.getLogger(__name__)
+
+_NOT_FOUND_HINT = (
+    "list the target's copies; a chunk missing from a copy is damage "
+    "(pgsnap verify-copy names the files it breaks)"
+)
 
 
 @runtime_checkable
@@ -74,6 +92,27 @@ class CopyTarget(Protocol):
         """Remove a copy's manifest (absent: nothing to do)."""
         ...
 
+    def put_marker(self, name: str, text: str) -> None:
+        """Store (or replace) the marker ``name``, atomically."""
+        ...
+
+    def create_marker(self, name: str, text: str) -> bool:
+        """Store the marker ``name`` only if it is absent, in one atomic step: True
+        when this call created it, False when it was there already."""
+        ...
+
+    def get_marker(self, name: str) -> str:
+        """A marker's text; :class:`~pgsnap.errors.CopyNotFound` if absent."""
+        ...
+
+    def marker_names(self) -> tuple[str, ...]:
+        """The names of the stored markers, sorted."""
+        ...
+
+    def delete_marker(self, name: str) -> None:
+        """Remove a marker (absent: nothing to do)."""
+        ...
+
 
 class DirectoryCopyTarget:
     """A copy target in a local directory (created, mode 0700, on first write)."""
@@ -103,6 +142,23 @@ class DirectoryCopyTarget:
     def _manifest_path(self, copy_id: str) -> Path:
         return self._root / "manifests" / f"{check_copy_id(copy_id)}.json"
 
+    def _marker_path(self, name: str) -> Path:
+        return self._root / "markers" / check_marker_name(name)
+
+    def _fsync_dir(self, directory: Path) -> None:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _write_error(self, path: Path, exc: OSError) -> CopyError:
+        return CopyError(
+            f"cannot write {path} in the copy target {self._root}: {exc.strerror or exc}",
+            hint="check the target directory's permissions and free space",
+            path=str(path),
+        )
+
     def _write(self, path: Path, data: bytes) -> None:
         """Write ``path`` atomically: a temporary file beside it, fsync, rename, fsync."""
         try:
@@ -118,27 +174,42 @@ class DirectoryCopyTarget:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            self._fsync_dir(path.parent)
         except OSError as exc:
-            raise CopyError(
-                f"cannot write {path} in the copy target {self._root}: {exc.strerror or exc}",
-                hint="check the target directory's permissions and free space",
-                path=str(path),
-            ) from exc
+            raise self._write_error(path, exc) from exc
 
-    def _read(self, path: Path, what: str) -> bytes:
+    def _create(self, path: Path, data: bytes) -> bool:
+        """Write ``path`` only if it is absent: a whole temporary file beside it, then
+        ``os.link`` (which fails when the name exists, atomically, NFS included)."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                try:
+                    os.link(tmp, path)
+                    created = True
+                except FileExistsError:
+                    # Over NFS a retransmitted LINK can fail although the first one
+                    # worked: then the temporary file has two names.
+                    created = os.stat(tmp).st_nlink == 2
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self._fsync_dir(path.parent)
+        except OSError as exc:
+            raise self._write_error(path, exc) from exc
+        return created
+
+    def _read(self, path: Path, what: str, hint: str = _NOT_FOUND_HINT) -> bytes:
         try:
             return path.read_bytes()
         except FileNotFoundError:
             raise CopyNotFound(
-                f"{what} is not in the copy target {self._root}",
-                hint="list the target's copies; a chunk missing from a copy is damage "
-                "(pgsnap verify-copy names the files it breaks)",
-                path=str(path),
+                f"{what} is not in the copy target {self._root}", hint=hint, path=str(path)
             ) from None
         except OSError as exc:
             raise CopyError(
@@ -200,6 +271,35 @@ class DirectoryCopyTarget:
         """Remove ``manifests/<copy id>.json``."""
         with contextlib.suppress(FileNotFoundError):
             self._manifest_path(copy_id).unlink()
+
+    def put_marker(self, name: str, text: str) -> None:
+        """Write ``markers/<name>`` atomically."""
+        self._write(self._marker_path(name), text.encode())
+
+    def create_marker(self, name: str, text: str) -> bool:
+        """Create ``markers/<name>`` unless it exists (a temporary file, ``os.link``)."""
+        return self._create(self._marker_path(name), text.encode())
+
+    def get_marker(self, name: str) -> str:
+        """The text of ``markers/<name>``."""
+        return self._read(self._marker_path(name), f"marker {name}", MARKER_GONE_HINT).decode()
+
+    def marker_names(self) -> tuple[str, ...]:
+        """The marker files' names (temporary files left out)."""
+        base = self._root / "markers"
+        if not base.is_dir():
+            return ()
+        return tuple(sorted(p.name for p in base.iterdir() if is_marker_name(p.name)))
+
+    def delete_marker(self, name: str) -> None:
+        """Remove ``markers/<name>``."""
+        path = self._marker_path(name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._write_error(path, exc) from exc
 
 
 TARGET_OPTIONS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")

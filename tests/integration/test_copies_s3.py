@@ -3,6 +3,8 @@ directory target beside it: one contract, two targets."""
 
 from __future__ import annotations
 
+import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,19 +14,24 @@ import pytest
 from pgsnap.copies import (
     CopyTarget,
     DirectoryCopyTarget,
+    GcReport,
     chunk_id,
+    collect_garbage,
     copy_trees,
     decode_chunk,
     encode_chunk,
     restore_trees,
     verify_copy,
 )
+from pgsnap.copies.markers import GC_MARKER, MIN_STALE_AFTER, Marker
 from pgsnap.copies.s3 import S3CopyTarget
-from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
+from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
 
 from ..unit.test_copies import CHUNK, make_tree, snapshot
 from .test_copies_real import recovered_from_copy
+
+STALE = MIN_STALE_AFTER
 
 
 @pytest.fixture(scope="module")
@@ -250,3 +257,105 @@ def test_a_copy_cut_short_by_the_server_dying_resumes_and_reuses_what_was_sent(
         assert stats.chunks_new == len(manifest.chunk_ids()) - sent_before
         restore_trees(manifest, target, {"pgdata": tmp_path / "restored"})
     assert snapshot(tmp_path / "restored") == snapshot(tree)
+
+
+def test_markers_follow_the_contract_and_one_of_racing_creators_wins(target: CopyTarget) -> None:
+    """create_marker is one conditional PUT in S3, os.link in a directory: of eight
+    writers racing for one marker, exactly one creates it."""
+    assert target.marker_names() == ()
+    with pytest.raises(CopyNotFound):
+        target.get_marker("gc")
+    assert target.create_marker("pending.c1", "one") is True
+    assert target.create_marker("pending.c1", "two") is False
+    assert target.get_marker("pending.c1") == "one"
+    target.put_marker("pending.c1", "three")
+    assert target.get_marker("pending.c1") == "three"
+    results: list[tuple[bool, int]] = []
+    start = threading.Barrier(8)
+
+    def create(n: int) -> None:
+        start.wait()
+        results.append((target.create_marker("gc", f"writer {n}"), n))
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [n for created, n in results if created]
+    assert len(results) == 8 and len(winners) == 1
+    assert target.get_marker("gc") == f"writer {winners[0]}"
+    assert target.marker_names() == ("gc", "pending.c1")
+    target.delete_marker("gc")
+    target.delete_marker("gc")  # absent: nothing to do
+    assert target.marker_names() == ("pending.c1",)
+    with pytest.raises(ConfigurationError):
+        target.put_marker("../escape", "{}")
+
+
+def test_garbage_collection_removes_only_what_no_copy_needs(
+    target: CopyTarget, tmp_path: Path
+) -> None:
+    tree = make_tree(tmp_path / "data")
+    first, _ = copy_trees({"pgdata": tree}, target, copy_id="c1", backup_id="b1", chunk_size=CHUNK)
+    (tree / "PG_VERSION").write_bytes(b"16\n")
+    second, _ = copy_trees({"pgdata": tree}, target, copy_id="c2", backup_id="b1", chunk_size=CHUNK)
+    assert target.marker_names() == ()  # the copies removed their markers
+    target.delete_manifest("c1")
+    dry = collect_garbage(target, dry_run=True)
+    assert dry.chunks_deleted == len(first.chunk_ids() - second.chunk_ids()) == 1
+    report = collect_garbage(target)
+    assert report.chunks_deleted == 1 and set(target.chunk_ids()) == second.chunk_ids()
+    assert target.marker_names() == ()
+    restore_trees(second, target, {"pgdata": tmp_path / "restored"})
+    assert snapshot(tmp_path / "restored") == snapshot(tree)
+
+
+def test_a_copy_in_progress_and_a_running_collection_keep_each_other_out(
+    target: CopyTarget, tmp_path: Path
+) -> None:
+    tree = make_tree(tmp_path / "data")
+    now = dt.datetime.now(dt.UTC)
+    target.put_marker(GC_MARKER, Marker.new(GC_MARKER, now, stale_after=STALE).to_json())
+    with pytest.raises(CopyBusy, match="garbage collection is running"):
+        copy_trees({"pgdata": tree}, target, copy_id="c1", backup_id="b1", chunk_size=CHUNK)
+    assert target.marker_names() == ("gc",) and target.manifest_ids() == ()
+    with pytest.raises(CopyBusy, match="another garbage collection is running"):
+        collect_garbage(target)
+    target.delete_marker(GC_MARKER)
+    target.put_chunk("ab" * 32, b"orphan")
+    target.put_marker("pending.c9", Marker.new("pending.c9", now, copy_id="c9").to_json())
+    with pytest.raises(CopyBusy, match="copy c9"):
+        collect_garbage(target)
+    assert target.marker_names() == ("pending.c9",) and list(target.chunk_ids()) == ["ab" * 32]
+    later = now + 2 * STALE  # c9 died
+    report = collect_garbage(target, now=later, stale_after=STALE)
+    assert report.pending == ("pending.c9",) and report.chunks_deleted == 1
+
+
+def test_two_collections_at_once_one_runs_and_the_other_refuses(target: CopyTarget) -> None:
+    for n in range(20):
+        target.put_chunk(f"{n:02x}" * 32, b"orphan")
+    start = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def collect() -> None:
+        start.wait()
+        try:
+            outcomes.append(collect_garbage(target))
+        except CopyBusy as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=collect) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reports = [o for o in outcomes if isinstance(o, GcReport)]
+    # Both may run one after the other (the first ended before the second began);
+    # never both at once: then one is refused.
+    assert len(reports) >= 1 and sum(r.chunks_deleted for r in reports) == 20
+    for o in outcomes:
+        if isinstance(o, CopyBusy):
+            assert "another garbage collection is running" in str(o)
+    assert list(target.chunk_ids()) == [] and target.marker_names() == ()
