@@ -312,6 +312,25 @@ class Operation:
             )
         return record
 
+    def check_writes_label(self, ctx: OperationContext, plan: PlanView, backup_id: str) -> None:
+        """The :meth:`mismatch` raised when ``plan`` does not write ``backup_id``'s
+        backup label: a volume restored from that backup would be replayed from
+        another checkpoint (a corrupt cluster)."""
+        # By action name: db.py builds on the restore steps' modules, not the reverse.
+        labels = [
+            str(getattr(op, "backup_id", ""))
+            for _sid, op, _undo in plan.steps
+            if op.name == "db.write_backup_label"
+        ]
+        if backup_id not in labels:
+            written = ", ".join(sorted(set(labels))) or "no backup's"
+            raise self.mismatch(
+                ctx,
+                f"it restores backup {backup_id}'s data, but the plan writes {written} "
+                "label: PostgreSQL would replay from the wrong checkpoint",
+                "the plan was edited: make a new plan",
+            )
+
     def restores(self) -> tuple[str, str | None] | None:
         """``(volume id, backup id or None)`` when this step replaces a volume's content
         with a backup's (a snapshot restore, a restore from a copy) or, without a

@@ -298,19 +298,7 @@ class RestoreFromCopy(Operation):
                 + ("" if copy is None else " with the manifest the plan was made with"),
                 "list the backup's copies (pgsnap list --json) and make a new plan",
             )
-        labels = [
-            str(getattr(op, "backup_id", ""))
-            for _sid, op, _undo in plan.steps
-            if op.name == "db.write_backup_label"
-        ]
-        if self.backup_id not in labels:
-            raise self.mismatch(
-                ctx,
-                f"it restores a copy of backup {self.backup_id}, but the plan writes "
-                f"{', '.join(sorted(set(labels))) or 'no backup'}'s label: PostgreSQL would "
-                "replay from the wrong checkpoint",
-                "the plan was edited: make a new plan",
-            )
+        self.check_writes_label(ctx, plan, self.backup_id)
         if ctx.step_id not in plan.started:
             self._manifest(ctx)
             if not os.path.isdir(self.directory):

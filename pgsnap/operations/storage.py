@@ -177,21 +177,7 @@ class RestoreVolume(Operation):
         self._check_backup_snapshot(
             ctx, str(self.snapshot_id), on_storage=ctx.step_id not in plan.started
         )
-        # By action name: db.py builds on this module (its label step checks the
-        # restores), so this one does not import it back.
-        labels = [
-            str(getattr(op, "backup_id", ""))
-            for _sid, op, _undo in plan.steps
-            if op.name == "db.write_backup_label"
-        ]
-        if self.backup_id not in labels:
-            written = ", ".join(sorted(set(labels))) or "no backup's"
-            raise self.mismatch(
-                ctx,
-                f"it restores backup {self.backup_id}'s snapshot, but the plan writes "
-                f"{written} label: PostgreSQL would replay from the wrong checkpoint",
-                "the plan was edited: make a new plan",
-            )
+        self.check_writes_label(ctx, plan, self.backup_id)
 
     def restores(self) -> tuple[str, str | None]:
         """The volume, and the backup whose snapshot it gets (None: a safety snapshot)."""
