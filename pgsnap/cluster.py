@@ -1078,7 +1078,10 @@ class Cluster:
             copy_id=copy_id,
             target_options=self.copy_target_options if location.startswith("s3://") else {},
         )
-        return plan_copy(record, self.observer.snapshot_access(record), request)
+        observer = self.observer
+        return plan_copy(
+            record, observer.snapshot_access(record), request, observer.backup_wal(record)
+        )
 
     def copy(
         self,

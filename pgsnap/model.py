@@ -737,6 +737,10 @@ class CopyRecord:
     chunks_new: int = 0
     chunks_reused: int = 0
     seconds: float = 0.0
+    wal: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    """The WAL files the copy carries (the backup's segments from its start to its
+    stop, and its timeline's history file), as named in the archive: a copy with
+    them restores to the backup's consistency point with no WAL archive at all."""
 
 
 @attrs.frozen

@@ -49,6 +49,7 @@ from pgsnap.model import (
     VolumeRole,
 )
 from pgsnap.planner.checks import DEFAULT_SEGMENT_SIZE, CheckFacts
+from pgsnap.planner.copy import backup_wal_names
 from pgsnap.planner.expiry import ExpiryFacts
 from pgsnap.planner.facts import (
     BackupFacts,
@@ -495,6 +496,26 @@ class Observer:
                 found[vol.id] = self.backend.snapshot_access(snap)
             except SnapshotNotFound:
                 log.info("backup %s: snapshot %s of %s is gone", record.id, snap, vol.id)
+        return found
+
+    def backup_wal(self, record: BackupRecord) -> dict[str, str]:
+        """Which of the WAL files a copy of ``record`` carries
+        (:func:`~pgsnap.planner.copy.backup_wal_names`) the archive holds, each with
+        the name it is stored under (compressed or not): a few ``stat`` calls. A
+        file the archive cannot answer for counts as absent."""
+        found: dict[str, str] = {}
+        for name in backup_wal_names(record):
+            try:
+                hit = (
+                    self.archive.stat(name)
+                    if name.endswith(".history")
+                    else find_segment(self.archive, name)
+                )
+            except PgsnapError as exc:
+                log.info("WAL file %s of backup %s not found: %s", name, record.id, exc)
+                continue
+            if hit is not None:
+                found[name] = hit.name
         return found
 
     def expiry_facts(self) -> ExpiryFacts:

@@ -31,6 +31,7 @@ from pgsnap.errors import ConfigurationError, FormatError
 __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
+    "WAL_TREE",
     "EntryKind",
     "FileEntry",
     "Manifest",
@@ -44,6 +45,10 @@ __all__ = [
 
 MANIFEST_FORMAT: Final = "pgsnap-copy-manifest"
 MANIFEST_VERSION: Final = 1
+WAL_TREE: Final = "pg_wal"
+"""The tree of a copy that holds the backup's WAL files (from the archive, each under
+its segment or history file name, decompressed): written into the restored data
+directory's ``pg_wal``."""
 
 _CHUNK_ID: Final = re.compile(r"[0-9a-f]{64}")
 _COPY_ID: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -106,6 +106,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "copy.send": f"{_OPS}.copies:SendCopy",
         "copy.delete_manifest": f"{_OPS}.copies:DeleteCopyManifest",
         "copy.restore": f"{_OPS}.copies:RestoreFromCopy",
+        "copy.restore_wal": f"{_OPS}.copies:RestoreWalFromCopy",
         "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
     }
 )

@@ -19,8 +19,9 @@ import datetime as dt
 import logging
 import os
 import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 
@@ -34,15 +35,22 @@ from pgsnap.copies import (
     restore_trees,
 )
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
-from pgsnap.errors import BackupNotFound, CopyError, CopyNotFound, PgsnapError
+from pgsnap.copies.manifest import WAL_TREE, EntryKind
+from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
 from pgsnap.model import CopyRecord, VolumeRole
-from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Ref
+from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
+from pgsnap.wal import COMPRESSION_SUFFIXES
+from pgsnap.wal.reader import archived_segment_problem
 
-__all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "SendCopy"]
+__all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "RestoreWalFromCopy", "SendCopy"]
 
 log = logging.getLogger(__name__)
+
+
+def _str_tuple(values: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in values) if isinstance(values, (list, tuple)) else ()
 
 
 @attrs.frozen
@@ -50,7 +58,9 @@ class SendCopy(Operation):
     """Copy ``trees`` (name → a snapshot's directory) to the copy target
     ``target_dir`` (a directory or ``s3://bucket/prefix``, with ``target_options``)
     as copy ``copy_id`` of backup ``backup_id``, with the backup label and
-    tablespace map in the manifest."""
+    tablespace map in the manifest, and the archived WAL files ``wal`` (as the
+    archive names them) in the tree ``pg_wal``, decompressed, each segment checked
+    first (size, header, system identifier)."""
 
     name = "copy.send"
     target = _Target.COPY
@@ -65,8 +75,15 @@ class SendCopy(Operation):
     chunk_size: int = DEFAULT_CHUNK_SIZE
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
+    wal: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        if WAL_TREE in self.trees:
+            raise self.mismatch(
+                ctx,
+                f"a snapshot tree is named {WAL_TREE}, the name of the copy's WAL",
+                "make a new plan (pgsnap copy)",
+            )
         if not isinstance(ctx.host.runner, LocalRunner):
             raise self.mismatch(
                 ctx,
@@ -115,8 +132,24 @@ class SendCopy(Operation):
         files = {"backup_label": self.labelfile}
         if self.spcmapfile:
             files["tablespace_map"] = self.spcmapfile
+        with tempfile.TemporaryDirectory(prefix="pgsnap-copy-wal-") as staged:
+            trees = dict(self.trees)
+            held: list[str] = []
+            if self.wal:
+                held = _stage_wal(ctx, self.backup_id, self.wal, staged)
+                trees[WAL_TREE] = staged
+            out = self._send(ctx, trees, files, progress)
+        return {**out, "wal": held}
+
+    def _send(
+        self,
+        ctx: OperationContext,
+        trees: Mapping[str, str],
+        files: Mapping[str, str],
+        progress: Callable[[CopyProgress], None],
+    ) -> dict[str, JSONValue]:
         manifest, stats = copy_trees(
-            self.trees,
+            trees,
             open_target(self.target_dir, self.target_options),
             copy_id=self.copy_id,
             backup_id=self.backup_id,
@@ -182,10 +215,123 @@ class RecordCopy(Operation):
             chunks_new=int(str(out["chunks_new"])),
             chunks_reused=int(str(out["chunks_reused"])),
             seconds=float(str(out["seconds"])),
+            wal=tuple(str(n) for n in _list(out.get("wal"))),
         )
         kept = tuple(c for c in record.copies if c.copy_id != self.copy_id)
         ctx.catalog.put(attrs.evolve(record, copies=(*kept, copy)))
         return {}
+
+
+def _stage_wal(
+    ctx: OperationContext, backup_id: str, names: tuple[str, ...], dest: str
+) -> list[str]:
+    """Write the archived WAL files ``names`` into ``dest`` decompressed, under their
+    plain names; return those names. A segment that is gone or cannot be replayed
+    (:func:`~pgsnap.wal.reader.archived_segment_problem`) fails the copy before
+    anything is sent: a copy is not made with WAL that would stop its restore."""
+    record = ctx.catalog.get(backup_id)
+    held: list[str] = []
+    for stored in names:
+        plain = _plain_wal_name(stored)
+        found = ctx.archive.stat(stored)
+        if found is None:
+            raise CopyError(
+                f"WAL file {stored} of backup {backup_id} is gone from the archive "
+                f"{ctx.archive.location}",
+                hint="make a new plan (pgsnap copy): it copies the backup without its WAL "
+                "when the archive no longer has it all",
+                backup_id=backup_id,
+                name=stored,
+            )
+        if not plain.endswith(".history"):
+            why = archived_segment_problem(
+                ctx.archive,
+                found,
+                segment_size=record.wal_segment_size,
+                system_identifier=record.system_identifier,
+                major=record.server_version // 10000,
+            )
+            if why is not None:
+                raise CopyError(
+                    f"archived WAL segment {stored} of backup {backup_id} cannot be "
+                    f"replayed: {why}; nothing was sent",
+                    hint="put a good copy of the segment in the archive, then copy again",
+                    backup_id=backup_id,
+                    name=stored,
+                )
+        stream = ctx.archive.open(stored)
+        try:
+            with open(os.path.join(dest, plain), "wb") as out:
+                while block := stream.read(1 << 20):
+                    out.write(block)
+        except (OSError, ArchiveError) as exc:
+            raise CopyError(
+                f"WAL file {stored} of backup {backup_id} could not be read from the "
+                f"archive: {exc}",
+                hint="check the archive, then copy again",
+                backup_id=backup_id,
+                name=stored,
+            ) from exc
+        finally:
+            stream.close()
+        held.append(plain)
+    return held
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, (list, tuple)) else []
+
+
+def _plain_wal_name(stored: str) -> str:
+    """``000000010000000000000003`` for ``000000010000000000000003.gz``."""
+    base, dot, ext = stored.rpartition(".")
+    return base if dot and ext in COMPRESSION_SUFFIXES else stored
+
+
+def _checked_manifest(
+    op: RestoreFromCopy | RestoreWalFromCopy, ctx: OperationContext, tree: str
+) -> Manifest:
+    """The manifest of ``op``'s copy, checked to be the one the catalog records for its
+    backup (``manifest_digest``) and to hold ``tree``."""
+    try:
+        text = open_target(op.target_dir, op.target_options).get_manifest(op.copy_id)
+    except CopyNotFound:
+        raise op.mismatch(
+            ctx,
+            f"copy {op.copy_id} is not in the copy target {op.target_dir}",
+            "list the backup's copies (pgsnap list --json) and make a new plan",
+        ) from None
+    manifest = Manifest.from_json(text)
+    if manifest.digest() != op.manifest_digest or manifest.backup_id != op.backup_id:
+        raise op.mismatch(
+            ctx,
+            f"the manifest of copy {op.copy_id} in {op.target_dir} is not the one the "
+            f"catalog records for backup {op.backup_id}",
+            "the copy was replaced or the plan edited: verify the copy "
+            "(pgsnap verify-copy) and make a new plan",
+        )
+    if tree not in manifest.trees:
+        raise op.mismatch(
+            ctx,
+            f"copy {op.copy_id} has no tree {tree!r} (its trees: {', '.join(manifest.trees)})",
+            "the plan was edited or made for another layout: make a new plan",
+        )
+    return manifest
+
+
+def _check_recorded_copy(
+    op: RestoreFromCopy | RestoreWalFromCopy, ctx: OperationContext
+) -> CopyRecord:
+    record = op.backup_record(ctx, op.backup_id)
+    copy = next((c for c in record.copies if c.copy_id == op.copy_id), None)
+    if copy is None or copy.manifest_digest != op.manifest_digest:
+        raise op.mismatch(
+            ctx,
+            f"the catalog does not record copy {op.copy_id} of backup {op.backup_id}"
+            + ("" if copy is None else " with the manifest the plan was made with"),
+            "list the backup's copies (pgsnap list --json) and make a new plan",
+        )
+    return copy
 
 
 def _clear(directory: str) -> int:
@@ -240,31 +386,7 @@ class RestoreFromCopy(Operation):
         return (self.volume_id, self.backup_id)
 
     def _manifest(self, ctx: OperationContext) -> Manifest:
-        try:
-            text = open_target(self.target_dir, self.target_options).get_manifest(self.copy_id)
-        except CopyNotFound:
-            raise self.mismatch(
-                ctx,
-                f"copy {self.copy_id} is not in the copy target {self.target_dir}",
-                "list the backup's copies (pgsnap list --json) and make a new plan",
-            ) from None
-        manifest = Manifest.from_json(text)
-        if manifest.digest() != self.manifest_digest or manifest.backup_id != self.backup_id:
-            raise self.mismatch(
-                ctx,
-                f"the manifest of copy {self.copy_id} in {self.target_dir} is not the one the "
-                f"catalog records for backup {self.backup_id}",
-                "the copy was replaced or the plan edited: verify the copy "
-                "(pgsnap verify-copy) and make a new plan",
-            )
-        if self.tree not in manifest.trees:
-            raise self.mismatch(
-                ctx,
-                f"copy {self.copy_id} has no tree {self.tree!r} "
-                f"(its trees: {', '.join(manifest.trees)})",
-                "the plan was edited or made for another layout: make a new plan",
-            )
-        return manifest
+        return _checked_manifest(self, ctx, self.tree)
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         vol = next((v for v in ctx.layout.volumes if v.id == self.volume_id), None)
@@ -289,15 +411,7 @@ class RestoreFromCopy(Operation):
                 f"{ctx.host.description}",
                 "run the recovery on the database host",
             )
-        record = self.backup_record(ctx, self.backup_id)
-        copy = next((c for c in record.copies if c.copy_id == self.copy_id), None)
-        if copy is None or copy.manifest_digest != self.manifest_digest:
-            raise self.mismatch(
-                ctx,
-                f"the catalog does not record copy {self.copy_id} of backup {self.backup_id}"
-                + ("" if copy is None else " with the manifest the plan was made with"),
-                "list the backup's copies (pgsnap list --json) and make a new plan",
-            )
+        _check_recorded_copy(self, ctx)
         self.check_writes_label(ctx, plan, self.backup_id)
         if ctx.step_id not in plan.started:
             self._manifest(ctx)
@@ -353,3 +467,147 @@ class RestoreFromCopy(Operation):
             "removed": removed,
             "seconds": round(time.monotonic() - started, 3),
         }
+
+
+def _own_like(path: str, directory: os.stat_result) -> None:
+    """Give a WAL file written into ``pg_wal`` the owner of that directory (the
+    cluster's owner: PostgreSQL opens its WAL read-write) and PostgreSQL's mode:
+    0600, or 0640 where the cluster allows group access (``initdb -g``)."""
+    if os.geteuid() == 0:
+        os.chown(path, directory.st_uid, directory.st_gid)
+    os.chmod(path, 0o640 if directory.st_mode & 0o050 else 0o600)
+
+
+def _data_directory_in(manifest: Manifest, tree: str) -> str | None:
+    """Where the data directory is in ``tree`` of ``manifest`` (relative; "" at its
+    top): the directory holding both ``PG_VERSION`` and ``global/pg_control``."""
+    paths = {e.path for e in manifest.entries_of(tree) if e.kind is EntryKind.FILE}
+    for p in sorted(paths, key=len):
+        if p == "PG_VERSION" or p.endswith("/PG_VERSION"):
+            top = p[: -len("PG_VERSION")]
+            if f"{top}global/pg_control" in paths:
+                return top.rstrip("/")
+    return None
+
+
+@attrs.frozen
+class RestoreWalFromCopy(Operation):
+    """Write the WAL files a copy carries (its ``pg_wal`` tree: the backup's segments
+    from its start to its stop) into the restored data directory's ``pg_wal``, in a
+    recovery from copy ``copy_id``: with them the server reaches the backup's
+    consistency point even when the WAL archive is lost too (PostgreSQL reads
+    ``pg_wal`` when ``restore_command`` does not find a segment).
+
+    ``directory`` is where the layout mounts the data volume; the data directory
+    is found in the copy's ``data_tree`` (the directory with ``PG_VERSION`` and
+    ``global/pg_control``). A file already in ``pg_wal`` is kept, never replaced.
+    Checked before anything runs: the catalog records the copy with that
+    manifest, the plan restores the data volume from that backup and cleans the
+    data directory before this step, and the step writes where the layout has
+    the data volume, on this machine.
+    """
+
+    name = "copy.restore_wal"
+    target = _Target.DATABASE
+
+    backup_id: str
+    copy_id: str
+    target_dir: str
+    directory: str
+    manifest_digest: str
+    names: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    data_tree: str = "pgdata"
+    target_options: Mapping[str, str] = attrs.field(factory=dict)
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        data = ctx.layout.data
+        if os.path.normpath(self.directory) != os.path.normpath(data.mount_point):
+            raise self.mismatch(
+                ctx,
+                f"it writes WAL into {self.directory}, but the layout has the data volume "
+                f"{data.id} at {data.mount_point}",
+                "the plan was edited: make a new plan",
+            )
+        if not isinstance(ctx.host.runner, LocalRunner):
+            raise self.mismatch(
+                ctx,
+                f"a restore from a copy writes on this machine, and the database host is "
+                f"{ctx.host.description}",
+                "run the recovery on the database host",
+            )
+        copy = _check_recorded_copy(self, ctx)
+        extra = sorted(set(self.names) - set(copy.wal))
+        if extra:
+            raise self.mismatch(
+                ctx,
+                f"it writes WAL files {', '.join(extra[:3])} that copy {self.copy_id} does "
+                "not carry",
+                "the plan was edited: make a new plan",
+            )
+        here = plan.index(ctx.step_id) if ctx.step_id else len(plan.steps)
+        before = plan.steps[:here]
+        restored = [r for _s, op, _u in before if (r := op.restores()) is not None]
+        if (data.id, self.backup_id) not in restored:
+            raise self.mismatch(
+                ctx,
+                f"it writes WAL of backup {self.backup_id} into the data directory, but the "
+                f"plan does not first restore the data volume {data.id} from that backup",
+                "the plan was edited: make a new plan",
+            )
+        if not any(op.name == "db.prepare_data_directory" for _s, op, _u in before):
+            raise self.mismatch(
+                ctx,
+                "it writes WAL into pg_wal before the data directory is cleaned, which "
+                "would remove it again",
+                "the plan was edited: make a new plan",
+            )
+        if ctx.step_id not in plan.started:
+            _checked_manifest(self, ctx, WAL_TREE)
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        manifest = _checked_manifest(self, ctx, WAL_TREE)
+        top = _data_directory_in(manifest, self.data_tree)
+        if top is None:
+            raise CopyError(
+                f"copy {self.copy_id} has no data directory in its tree {self.data_tree}",
+                hint="verify the copy (pgsnap verify-copy); restore from another copy",
+                copy_id=self.copy_id,
+            )
+        pg_wal = os.path.realpath(os.path.join(self.directory, top, "pg_wal"))
+        if not os.path.isdir(pg_wal):
+            raise CopyError(
+                f"the restored data directory has no pg_wal directory ({pg_wal})",
+                hint="check the restored data directory and the WAL volume's mount, then resume",
+                path=pg_wal,
+            )
+        owner = os.stat(pg_wal)
+        staging = os.path.join(pg_wal, f".pgsnap-restore-{self.copy_id}")
+        if os.path.lexists(staging):  # an interrupted run: start this step over
+            shutil.rmtree(staging)
+        written: list[str] = []
+        kept: list[str] = []
+        try:
+            restore_trees(
+                manifest,
+                open_target(self.target_dir, self.target_options),
+                {WAL_TREE: staging},
+            )
+            for name in sorted(os.listdir(staging)):
+                dest = os.path.join(pg_wal, name)
+                if os.path.lexists(dest):
+                    kept.append(name)
+                    continue
+                os.rename(os.path.join(staging, name), dest)
+                _own_like(dest, owner)
+                written.append(name)
+        except OSError as exc:
+            raise CopyError(
+                f"cannot write copy {self.copy_id}'s WAL into {pg_wal}: {exc.strerror or exc}",
+                hint="check the volume's free space and permissions, then resume",
+                path=str(getattr(exc, "filename", "") or pg_wal),
+            ) from exc
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if kept:
+            log.info("kept %d WAL files already in %s: %s", len(kept), pg_wal, ", ".join(kept))
+        return {"written": written, "kept": kept, "pg_wal": pg_wal}

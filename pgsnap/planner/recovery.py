@@ -49,7 +49,7 @@ from pgsnap.model import (
 )
 from pgsnap.operations import Ref
 from pgsnap.operations.catalog import RecordSafetySnapshot, VerifyWal
-from pgsnap.operations.copies import RestoreFromCopy
+from pgsnap.operations.copies import RestoreFromCopy, RestoreWalFromCopy
 from pgsnap.operations.db import (
     ClearRecoverySettings,
     PrepareDataDirectory,
@@ -916,6 +916,11 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     backup, tli, copy = chosen.backup, chosen.timeline, chosen.copy
     seg = backup.wal_segment_size
     index = _merged_index(facts, keep_wal)
+    copy_wal = tuple(n for n in copy.wal if not n.endswith(".history")) if copy else ()
+    if copy_wal:
+        # The copy carries the backup's own WAL, written into pg_wal: the archive need
+        # not have it (PostgreSQL reads pg_wal when restore_command finds nothing).
+        index = index.merged(ArchiveIndex.build(list(copy_wal), seg))
     target_lsn = _resolve_target_lsn(facts, target)
     wal = _check_wal(facts, request, backup, tli, target_lsn, index)
     ev = facts.events
@@ -1042,6 +1047,26 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
             ),
         )
     )
+    if copy is not None and copy.wal:
+        steps.append(
+            Step.of(
+                "restore-copy-wal",
+                RestoreWalFromCopy(
+                    backup_id=backup.id,
+                    copy_id=copy.copy_id,
+                    target_dir=copy.target,
+                    directory=facts.layout.data.mount_point,
+                    manifest_digest=copy.manifest_digest,
+                    names=copy.wal,
+                    data_tree=copy_tree_name(facts.layout.data),
+                    target_options=facts.copy_options if copy.target.startswith("s3://") else {},
+                ),
+                description=f"write the {len(copy_wal)} WAL segments copy {copy.copy_id} "
+                "carries (the backup's start to its stop) into pg_wal, keeping any there",
+                reason="with them the backup reaches consistency even without the WAL "
+                "archive; the archive is still read first and for everything after",
+            )
+        )
     steps.append(
         Step.of(
             "write-label",
@@ -1186,6 +1211,11 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
         summary["from copy"] = (
             f"{copy.copy_id} in {copy.target} (made {_fmt_time(copy.created_at)}): "
             f"{_fmt_bytes(copy.bytes_read)} in {copy.files} files to read{estimate}"
+            + (
+                f"; it carries the backup's WAL ({len(copy_wal)} segments)"
+                if copy_wal
+                else "; it carries no WAL: the archive must have the backup's"
+            )
         )
     fp = recovery_fingerprint(facts, request, backup, wal, copy)
     return Plan(

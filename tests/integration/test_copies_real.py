@@ -236,9 +236,14 @@ def test_a_recovery_plan_restores_from_the_copy_when_the_array_lost_the_snapshot
             cluster.execute(_doctored(plan, restore.id, **edit))
         assert list(server.data_dir.iterdir()) == []
 
+    # The copy carries the backup's WAL, written into pg_wal after the clean-up.
+    assert copy.wal and not any(n.endswith(".history") for n in copy.wal)
+    assert actions.index("db.prepare_data_directory") < actions.index("copy.restore_wal")
+    assert actions.index("copy.restore_wal") < actions.index("db.write_backup_label")
     events: list[Any] = []
     result = cluster.execute(plan, on_event=events.append)
-    assert result.outputs[restore.id]["bytes_written"] == copy.bytes_read
+    wal_bytes = len(copy.wal) * record.wal_segment_size
+    assert result.outputs[restore.id]["bytes_written"] == copy.bytes_read - wal_bytes
     assert rows(server) == [1, 2]
     assert server.sql("SELECT count(*) FROM t WHERE batch = 1")[0][0] == 100
     assert any(e.kind.value == "progress" and e.step_id == restore.id for e in events)
@@ -277,3 +282,50 @@ def test_from_copy_restores_data_and_wal_from_the_copy_and_the_archive(
     shutil.rmtree(tmp_path / "copies")
     with pytest.raises(NoBackupForTarget, match="not found in their targets"):
         cluster.plan_recovery(from_copy=True)
+
+
+def test_a_copy_with_its_wal_recovers_when_the_archive_is_lost_with_the_array(
+    pg_server: Any, tmp_path: Path
+) -> None:
+    """The copy carries the backup's WAL from its start to its stop: with every
+    snapshot, the data directory and the whole WAL archive gone, the plan restores
+    the copy, writes that WAL into pg_wal and PostgreSQL reaches the backup's
+    consistency point. A copy made when the archive no longer holds the backup's
+    WAL says so, and cannot be restored without the archive."""
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(server, copy_target=tmp_path / "copies")
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t SELECT 1 FROM generate_series(1, 50)")
+    record = cluster.backup("self-sufficient")
+    plan = cluster.plan_copy(record.id)
+    assert "no archive" in plan.summary["wal"] and not plan.warnings
+    cluster.execute(plan)
+    (copy,) = cluster.catalog.get(record.id).copies
+    server.sql("INSERT INTO t VALUES (2)")  # after the backup: not in the copy's WAL
+    server.switch_wal_and_wait_archived()
+    assert record.snapshot_group_id is not None
+    cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    server.stop(mode="immediate")
+    _emptied(server.data_dir)
+    _emptied(server.wal_dir)
+    _emptied(server.archive_dir)
+
+    plan = cluster.plan_recovery(RecoveryTarget.immediate(), lost=("data", "wal"))
+    step = next(s for s in plan.steps if s.action == "copy.restore_wal")
+    assert "carries the backup's WAL" in plan.summary["from copy"]
+    # A doctored step that writes WAL the copy does not carry is refused.
+    with pytest.raises(InvariantError, match="does not carry"):
+        cluster.execute(_doctored(plan, step.id, names=[*copy.wal, "00000001000000FF00000001"]))
+    result = cluster.execute(plan)
+    assert sorted(result.outputs[step.id]["written"]) == sorted(copy.wal)
+    assert rows(server) == [1]
+    assert server.sql("SELECT count(*) FROM t")[0][0] == 50
+
+    # Made without the backup's WAL in the archive, a copy carries none and says so.
+    later = cluster.backup("second")
+    for name in os.listdir(server.archive_dir):
+        os.unlink(server.archive_dir / name)
+    plan = cluster.plan_copy(later.id)
+    assert plan.warnings and "without it" in plan.warnings[0]
+    assert "needs the WAL archive" in plan.summary["wal"]

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from pgsnap.errors import ConfigurationError, PlanningError
-from pgsnap.model import BackupState, CopyRecord, Layout, SnapshotAccess, Volume, VolumeRole
+from pgsnap.model import LSN, BackupState, CopyRecord, Layout, SnapshotAccess, Volume, VolumeRole
 from pgsnap.plan import Plan
 from pgsnap.planner.copy import CopyRequest, plan_copy
 
@@ -94,3 +94,30 @@ def test_a_copy_of_another_time_is_another_plan() -> None:
     a = plan_copy(r, ACCESS, CopyRequest("b1", "/copies", copy_id="x"))
     b = plan_copy(later, ACCESS, CopyRequest("b1", "/copies", copy_id="x"))
     assert a.fingerprint != b.fingerprint  # a plan made before another copy is stale
+
+
+def test_a_copy_carries_the_backups_wal_as_the_archive_stores_it() -> None:
+    """The segments from the backup's start to its stop (compressed names as stored);
+    when the archive lacks one, the copy is made without WAL and the plan says so."""
+    from pgsnap.planner.copy import backup_wal_names
+
+    rec = record()
+    names = backup_wal_names(rec)
+    assert names == ("000000010000000000000002", "000000010000000000000003")
+    stored = {names[0]: names[0] + ".gz", names[1]: names[1]}
+    plan = plan_copy(rec, ACCESS, CopyRequest("b1", "/copies"), stored)
+    assert plan.steps[0].params["wal"] == [names[0] + ".gz", names[1]]
+    assert "2 files from the archive" in plan.summary["wal"] and not plan.warnings
+    assert "pg_wal (2 WAL files)" in plan.steps[0].description
+    short = plan_copy(rec, ACCESS, CopyRequest("b1", "/copies"), {names[0]: names[0]})
+    assert short.steps[0].params["wal"] == []
+    assert "000000010000000000000003 missing" in short.warnings[0]
+    assert "needs the WAL archive" in short.summary["wal"]
+    assert short.fingerprint != plan.fingerprint
+    # A stop exactly at a segment's start needs none of that segment; timeline 2 its history.
+    at_boundary = attrs.evolve(rec, stop_lsn=LSN(4 * 1024 * 1024), stop_timeline=2)
+    assert backup_wal_names(at_boundary) == (
+        "000000020000000000000002",
+        "000000020000000000000003",
+        "00000002.history",
+    )

@@ -656,3 +656,30 @@ def test_a_copy_restore_with_the_wal_volume_lost_empties_pg_wal_and_needs_a_moun
     )
     with pytest.raises(errors.PlanningError, match="not mounted at /pg/data"):
         plan_recovery(attrs.evolve(f, volume_facts=block), RecoveryRequest(from_copy=True))
+
+
+def test_a_copy_that_carries_its_backups_wal_needs_no_archive_to_reach_consistency():
+    """Issue 21: the copy's WAL (the backup's start to its stop) counts as present; the
+    plan writes it into pg_wal after the clean-up and before the label."""
+    wal = (segment_name(1, 10, MB), segment_name(1, 11, MB))
+    b2 = attrs.evolve(
+        copied(B2, "b2.1"), copies=(attrs.evolve(copied(B2, "b2.1").copies[0], wal=wal),)
+    )
+    # The archive lost everything up to segment 12, the array lost b2's snapshots.
+    f = attrs.evolve(
+        facts([b2], segs=range(12, 15)), snapshots=(), copies=frozenset({("/copies", "b2.1")})
+    )
+    plan = plan_recovery(f, RecoveryRequest(RecoveryTarget.immediate(), lost={"data", "wal"}))
+    actions = [s.action for s in plan.steps]
+    assert actions.index("db.prepare_data_directory") < actions.index("copy.restore_wal")
+    assert actions.index("copy.restore_wal") < actions.index("db.write_backup_label")
+    step = next(s for s in plan.steps if s.action == "copy.restore_wal")
+    assert step.params["names"] == list(wal) and step.params["directory"] == "/pg/data"
+    assert "carries the backup's WAL (2 segments)" in plan.summary["from copy"]
+    # The same copy without its WAL: the archive must have it, and does not.
+    bare = copied(B2, "b2.1")
+    with pytest.raises(errors.WalGapError, match=segment_name(1, 10, MB)):
+        plan_recovery(
+            attrs.evolve(f, backups=(bare,)),
+            RecoveryRequest(RecoveryTarget.immediate(), lost={"data", "wal"}),
+        )
