@@ -57,6 +57,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     └── CopyError                           a copy off the array cannot be written or read
         ├── CopyNotFound (LookupError)      no manifest, chunk or marker of that name in the target
         ├── DamagedChunkError               a stored chunk does not hash to its name (chunk)
+        ├── CopyKeyError                    an encrypted copy, and no key or not its key given
         └── CopyBusy                        retryable: a copy or garbage collection holds the target
 """
 
@@ -85,6 +86,7 @@ __all__ = [
     "ConfigurationError",
     "CopyBusy",
     "CopyError",
+    "CopyKeyError",
     "CopyNotFound",
     "DamagedChunkError",
     "DamagedSegmentError",
@@ -616,6 +618,30 @@ class CopyNotFound(CopyError, LookupError):
 
 class DamagedChunkError(CopyError):
     """A stored chunk does not decode, or does not hash to its name (``chunk``)."""
+
+
+class CopyKeyError(CopyError):
+    """A copy is encrypted, and no key was given to read it, or not the key it was
+    made with. ``copy_id`` names the copy, ``fingerprint`` its key's fingerprint
+    (never the key); ``given`` the fingerprint of the key given ("" for none)."""
+
+    copy_id: str
+    fingerprint: str
+    given: str
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        copy_id: str = "",
+        fingerprint: str = "",
+        given: str = "",
+        hint: str | None = None,
+        **details: Any,
+    ) -> None:
+        super().__init__(
+            message, hint=hint, copy_id=copy_id, fingerprint=fingerprint, given=given, **details
+        )
 
 
 class CopyBusy(CopyError):

@@ -4,7 +4,8 @@ A backup is first a snapshot group on the array that holds the database;
 lose the array and the snapshots go with it. A copy puts the backup's trees
 (read from its read-only snapshot, never from the live database) into a
 :class:`CopyTarget` as a :class:`Manifest` and chunks named by their
-SHA-256, compressed (zstd, or zlib without the ``zstandard`` module), so a
+SHA-256, compressed (zstd, or zlib without the ``zstandard`` module) and,
+with a :class:`CopyKey` the user holds, encrypted (:mod:`pgsnap.copies.keys`), so a
 chunk already there is never sent again: the first copy sends everything,
 later ones only what changed, and each is restorable on its own.
 
@@ -30,13 +31,23 @@ from pgsnap.copies.copier import (
     verify_copy,
 )
 from pgsnap.copies.gc import GcProgress, GcReport, collect_garbage
-from pgsnap.copies.manifest import EntryKind, FileEntry, Manifest, is_chunk_id, is_copy_id
+from pgsnap.copies.keys import CopyKey
+from pgsnap.copies.manifest import (
+    EntryKind,
+    FileEntry,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+    is_chunk_id,
+    is_copy_id,
+)
 from pgsnap.copies.target import TARGET_OPTIONS, CopyTarget, DirectoryCopyTarget, open_target
 
 __all__ = [
     "CODECS",
     "DEFAULT_CHUNK_SIZE",
     "TARGET_OPTIONS",
+    "CopyKey",
     "CopyProgress",
     "CopyStats",
     "CopyTarget",
@@ -52,8 +63,10 @@ __all__ = [
     "collect_garbage",
     "copy_trees",
     "decode_chunk",
+    "decode_manifest",
     "default_codec",
     "encode_chunk",
+    "encode_manifest",
     "is_chunk_id",
     "is_copy_id",
     "open_target",

@@ -36,12 +36,18 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from pgsnap.copies.chunks import chunk_id, decode_chunk, default_codec, encode_chunk
-from pgsnap.copies.manifest import EntryKind, FileEntry, Manifest
+from pgsnap.copies.manifest import (
+    EntryKind,
+    FileEntry,
+    Manifest,
+    decode_manifest,
+    encode_manifest,
+)
 from pgsnap.copies.markers import (
     DEFAULT_STALE_AFTER,
     GC_MARKER,
@@ -57,10 +63,14 @@ from pgsnap.errors import (
     ConfigurationError,
     CopyBusy,
     CopyError,
+    CopyKeyError,
     CopyNotFound,
     DamagedChunkError,
     FormatError,
 )
+
+if TYPE_CHECKING:
+    from pgsnap.copies.keys import CopyKey
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -312,6 +322,7 @@ def copy_trees(
     codec: str | None = None,
     clock: Callable[[], dt.datetime] | None = None,
     on_progress: Callable[[CopyProgress], None] | None = None,
+    key: CopyKey | None = None,
 ) -> tuple[Manifest, CopyStats]:
     """Copy ``trees`` (name → directory) to ``target`` as copy ``copy_id`` of
     ``backup_id``; ``files`` are small texts kept in the manifest (the backup
@@ -326,6 +337,9 @@ def copy_trees(
     the copy does not start (:class:`~pgsnap.errors.CopyBusy`). A copy that
     fails otherwise leaves its marker, so that no collection removes the
     chunks it sent until the marker is stale: run it again to finish it.
+
+    ``key``: encrypt the copy (keyed chunk ids, sealed chunks and manifest:
+    :mod:`pgsnap.copies.keys`).
     """
     if chunk_size < 4096:
         raise ConfigurationError(f"chunk_size must be at least 4096 bytes, not {chunk_size}")
@@ -360,13 +374,13 @@ def copy_trees(
                 while block := f.read(chunk_size):
                     whole.update(block)
                     size += len(block)
-                    cid = chunk_id(block)
+                    cid = chunk_id(block, key)
                     chunks.append(cid)
                     pending.tick()
                     if target.has_chunk(cid):
                         reused += 1
                         continue
-                    stored = encode_chunk(block, codec)
+                    stored = encode_chunk(block, codec, key=key, chunk=cid)
                     pending.tick()
                     if target.put_chunk(cid, stored):
                         new += 1
@@ -404,6 +418,7 @@ def copy_trees(
         trees=tuple(trees),
         entries=tuple(entries),
         files=dict(files or {}),
+        key_fingerprint=key.fingerprint if key is not None else "",
     )
     absent = []
     for c in sorted(manifest.chunk_ids()):
@@ -418,7 +433,7 @@ def copy_trees(
             copy_id=copy_id,
         )
     pending.tick()
-    target.put_manifest(copy_id, manifest.to_json())
+    target.put_manifest(copy_id, encode_manifest(manifest, key))
     pending.finish(manifest)
     stats = CopyStats(n_files, read, sent, new, reused, time.monotonic() - started)
     log.info(
@@ -459,14 +474,18 @@ def restore_trees(
     *,
     parallel: int = 4,
     on_progress: Callable[[RestoreProgress], None] | None = None,
+    key: CopyKey | None = None,
 ) -> int:
     """Write trees of ``manifest`` into ``destinations`` (tree name → an empty or
     missing directory: a fresh file system's ``lost+found`` is allowed); return the
     bytes written. Only the trees named are restored. A destination that holds
     anything is refused before a byte is written: a copy is never restored over
     data. Chunks are fetched ``parallel`` at a time, ahead of the writes, and each
-    is checked against its name and each file against its SHA-256.
+    is checked against its name and each file against its SHA-256. An encrypted
+    copy needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError` before anything is
+    written otherwise); a copy that is not encrypted ignores it.
     """
+    chunk_key = _chunk_key(manifest, key)
     unknown = sorted(set(destinations) - set(manifest.trees))
     if unknown or not destinations:
         raise ConfigurationError(
@@ -507,7 +526,9 @@ def restore_trees(
                     assert e.link is not None
                     os.symlink(e.link, path)
                 else:
-                    written += _restore_file(e, target, path, manifest.copy_id, pool, parallel)
+                    written += _restore_file(
+                        e, target, path, manifest.copy_id, pool, parallel, chunk_key
+                    )
                     files_done += 1
                     if on_progress is not None:
                         on_progress(RestoreProgress(files_done, files_total, written, bytes_total))
@@ -517,18 +538,37 @@ def restore_trees(
     return written
 
 
+def _chunk_key(manifest: Manifest, key: CopyKey | None) -> CopyKey | None:
+    """The key that reads ``manifest``'s chunks: ``key`` for an encrypted copy (which
+    must be the copy's: :class:`~pgsnap.errors.CopyKeyError`), None for a plain one."""
+    wanted = manifest.key_fingerprint
+    if not wanted:
+        return None
+    if key is None or key.fingerprint != wanted:
+        raise CopyKeyError(
+            f"copy {manifest.copy_id} is encrypted with key {wanted}"
+            + (": give [copies] key_file" if key is None else f", not {key.fingerprint}"),
+            hint=f"set [copies] key_file to the key file of fingerprint {wanted}",
+            copy_id=manifest.copy_id,
+            fingerprint=wanted,
+            given=key.fingerprint if key is not None else "",
+        )
+    return key
+
+
 def _fetched(
     target: CopyTarget,
     chunks: tuple[str, ...],
     pool: concurrent.futures.Executor,
     window: int,
+    key: CopyKey | None = None,
 ) -> Iterator[bytes]:
     """The decoded chunks in order, at most ``window`` fetched ahead of the consumer."""
     pending: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
     todo = iter(chunks)
 
     def fetch(cid: str) -> bytes:
-        return decode_chunk(target.get_chunk(cid), cid)
+        return decode_chunk(target.get_chunk(cid), cid, key)
 
     try:
         for cid in itertools.islice(todo, window):
@@ -551,10 +591,11 @@ def _restore_file(
     copy_id: str,
     pool: concurrent.futures.Executor,
     window: int,
+    key: CopyKey | None = None,
 ) -> int:
     whole = hashlib.sha256()
     with open(path, "xb") as f:
-        for data in _fetched(target, entry.chunks, pool, window):
+        for data in _fetched(target, entry.chunks, pool, window, key):
             whole.update(data)
             f.write(data)
         f.flush()
@@ -582,10 +623,14 @@ def verify_copy(
     *,
     sample: float | None = None,
     rng: random.Random | None = None,
+    key: CopyKey | None = None,
 ) -> VerifyReport:
     """Check copy ``copy_id``'s chunks in ``target``: every one (``sample`` None) or
-    a random share of them (``0 < sample <= 1``, at least one)."""
-    manifest = Manifest.from_json(target.get_manifest(copy_id))
+    a random share of them (``0 < sample <= 1``, at least one). An encrypted copy
+    needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError` otherwise): each chunk's
+    tag and keyed id are checked."""
+    manifest = decode_manifest(target.get_manifest(copy_id), copy_id, key)
+    chunk_key = _chunk_key(manifest, key)
     users: dict[str, list[str]] = {}
     for e in manifest.entries:
         for c in e.chunks:
@@ -600,7 +645,7 @@ def verify_copy(
     damaged: dict[str, tuple[str, ...]] = {}
     for c in chunks:
         try:
-            decode_chunk(target.get_chunk(c), c)
+            decode_chunk(target.get_chunk(c), c, chunk_key)
         except CopyNotFound:
             missing[c] = tuple(dict.fromkeys(users[c]))
         except DamagedChunkError:

@@ -81,10 +81,11 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 
-from pgsnap.copies.manifest import Manifest
+from pgsnap.copies.manifest import decode_manifest
 from pgsnap.copies.markers import (
     DEFAULT_STALE_AFTER,
     GC_MARKER,
@@ -96,7 +97,17 @@ from pgsnap.copies.markers import (
     utc_now,
 )
 from pgsnap.copies.target import CopyTarget
-from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound, FormatError
+from pgsnap.errors import (
+    ConfigurationError,
+    CopyBusy,
+    CopyError,
+    CopyKeyError,
+    CopyNotFound,
+    FormatError,
+)
+
+if TYPE_CHECKING:
+    from pgsnap.copies.keys import CopyKey
 
 __all__ = ["GcProgress", "GcReport", "collect_garbage"]
 
@@ -166,8 +177,10 @@ class _Collection:
         clock: Callable[[], dt.datetime],
         stale_after: dt.timedelta,
         dry_run: bool,
+        key: CopyKey | None = None,
     ) -> None:
         self.target = target
+        self.key = key
         self.clock = clock
         self.stale_after = stale_after
         self.dry_run = dry_run
@@ -320,7 +333,17 @@ class _Collection:
             except CopyNotFound:
                 continue  # removed in between (a copy expired): its chunks are not needed
             try:
-                manifest = Manifest.from_json(text)
+                manifest = decode_manifest(text, copy_id, self.key)
+            except CopyKeyError as exc:
+                raise CopyKeyError(
+                    f"{exc.message}; garbage collection stopped, nothing removed",
+                    hint="a chunk is never removed on doubt: collect with the key every "
+                    f"copy in the target was made with ({exc.hint})",
+                    copy_id=copy_id,
+                    fingerprint=exc.fingerprint,
+                    given=exc.given,
+                    target=self.target.location,
+                ) from exc
             except FormatError as exc:
                 raise CopyError(
                     f"the manifest of copy {copy_id} on {self.target.location} cannot be "
@@ -357,6 +380,7 @@ def collect_garbage(
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
     dry_run: bool = False,
     on_progress: Callable[[GcProgress], None] | None = None,
+    key: CopyKey | None = None,
 ) -> GcReport:
     """Remove from ``target`` the chunks that no manifest names, unless a copy is in
     progress (see the module docstring for the protocol and why it is safe).
@@ -365,7 +389,11 @@ def collect_garbage(
     run); ``clock`` gives the time during the run (default: the system's).
     ``stale_after``: a marker not refreshed for that long is a dead process's (at
     least :data:`~pgsnap.copies.markers.MIN_STALE_AFTER`). ``dry_run``: count,
-    remove nothing and write nothing (not even the ``gc`` marker).
+    remove nothing and write nothing (not even the ``gc`` marker). ``key``: the
+    copy key that opens the target's encrypted manifests; a manifest sealed with
+    no key given, or with another one, stops the collection before anything is
+    removed (:class:`~pgsnap.errors.CopyKeyError`): the chunks it names are not
+    known.
 
     Raises :class:`~pgsnap.errors.CopyBusy` when another collection runs or a copy
     is in progress, and :class:`~pgsnap.errors.CopyError` (nothing removed) when a
@@ -380,7 +408,7 @@ def collect_garbage(
     if clock is None:
         clock = (lambda: now) if now is not None else utc_now
     started = time.monotonic()
-    run = _Collection(target, clock, stale_after, dry_run)
+    run = _Collection(target, clock, stale_after, dry_run, key)
     try:
         run.acquire()
         run.check_pending()

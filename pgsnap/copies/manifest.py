@@ -12,25 +12,42 @@ The JSON is versioned (``{"format": "pgsnap-copy-manifest", "version": 1}``);
 a reader refuses another major format with :class:`~pgsnap.errors.FormatError`.
 :meth:`Manifest.digest` is the SHA-256 of the exact JSON text, recorded
 with the copy so a changed manifest is noticed.
+
+A copy encrypted with a :class:`~pgsnap.copies.keys.CopyKey` names its key
+(``key``: the fingerprint) and its chunks by their keyed ids, and its manifest
+is stored sealed (file names, sizes and the backup label are worth
+hiding): ``pgsnap-sealed-manifest:1:<fingerprint>:<base64>``, the base64 of
+the AES-256-GCM sealing of the JSON with ``pgsnap manifest <copy id>`` as
+associated data (a sealed manifest put under another copy's name does not
+open). :meth:`Manifest.digest` stays the SHA-256 of the JSON, so the
+catalog's records mean the same with or without a key. Manifests are written
+and read through one pair of functions, :func:`encode_manifest` and
+:func:`decode_manifest`, which know both forms.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
 import enum
 import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from pgsnap.errors import ConfigurationError, FormatError
+from pgsnap.errors import ConfigurationError, CopyKeyError, FormatError
+
+if TYPE_CHECKING:
+    from pgsnap.copies.keys import CopyKey
 
 __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
+    "SEALED_PREFIX",
     "WAL_TREE",
     "EntryKind",
     "FileEntry",
@@ -38,13 +55,21 @@ __all__ = [
     "check_chunk_id",
     "check_copy_id",
     "check_marker_name",
+    "decode_manifest",
+    "encode_manifest",
     "is_chunk_id",
     "is_copy_id",
     "is_marker_name",
+    "is_sealed",
+    "sealed_fingerprint",
 ]
 
 MANIFEST_FORMAT: Final = "pgsnap-copy-manifest"
 MANIFEST_VERSION: Final = 1
+SEALED_PREFIX: Final = "pgsnap-sealed-manifest:"
+"""How the stored text of a manifest sealed with a copy key begins."""
+_SEALED_VERSION: Final = "1"
+_FINGERPRINT: Final = re.compile(r"[0-9a-f]{16}")
 WAL_TREE: Final = "pg_wal"
 """The tree of a copy that holds the backup's WAL files (from the archive, each under
 its segment or history file name, decompressed): written into the restored data
@@ -222,7 +247,8 @@ class Manifest:
     names of small whole files kept beside them (``backup_label``,
     ``tablespace_map``) to their text. ``chunk_size`` is the size of every
     chunk but a file's last; ``codec`` how chunks were compressed when written
-    (each stored chunk also says so itself).
+    (each stored chunk also says so itself). ``key_fingerprint`` names the copy
+    key the copy is encrypted with ("" : not encrypted).
     """
 
     copy_id: str
@@ -233,6 +259,7 @@ class Manifest:
     trees: tuple[str, ...]
     entries: tuple[FileEntry, ...]
     files: Mapping[str, str] = attrs.field(factory=dict)
+    key_fingerprint: str = ""
 
     def chunk_ids(self) -> frozenset[str]:
         """Every chunk the copy needs."""
@@ -261,6 +288,8 @@ class Manifest:
             "files": dict(sorted(self.files.items())),
             "entries": [e.to_dict() for e in self.entries],
         }
+        if self.key_fingerprint:  # left out unencrypted: the JSON of older copies stays
+            doc["key"] = self.key_fingerprint
         return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
 
     def digest(self) -> str:
@@ -307,6 +336,7 @@ class Manifest:
                     FileEntry.from_dict(e, f"entries[{i}]") for i, e in enumerate(entries)
                 ),
                 files=dict(files),
+                key_fingerprint=_text(doc.get("key", ""), "key"),
             )
         except (KeyError, ValueError, TypeError) as exc:
             raise FormatError(
@@ -317,3 +347,113 @@ class Manifest:
         if unknown:
             raise FormatError(f"a copy manifest names trees it does not list: {sorted(unknown)}")
         return manifest
+
+
+def is_sealed(text: str) -> bool:
+    """True when ``text`` (a manifest as stored) is sealed with a copy key."""
+    return text.startswith(SEALED_PREFIX)
+
+
+def _associated(copy_id: str) -> bytes:
+    return f"pgsnap manifest {copy_id}".encode()
+
+
+def encode_manifest(manifest: Manifest, key: CopyKey | None = None) -> str:
+    """The text to store for ``manifest``: its JSON, or sealed with ``key`` (which
+    must be the key the manifest names)."""
+    fingerprint = key.fingerprint if key is not None else ""
+    if manifest.key_fingerprint != fingerprint:
+        raise ConfigurationError(
+            f"the manifest of copy {manifest.copy_id} names key "
+            f"{manifest.key_fingerprint or '(none)'} and is written with "
+            f"{fingerprint or 'no key'}",
+            hint="write a manifest with the key its chunks were encrypted with",
+        )
+    text = manifest.to_json()
+    if key is None:
+        return text
+    sealed = key.encrypt(text.encode(), _associated(manifest.copy_id))
+    return (
+        f"{SEALED_PREFIX}{_SEALED_VERSION}:{fingerprint}:"
+        f"{base64.b64encode(sealed).decode('ascii')}\n"
+    )
+
+
+def sealed_fingerprint(text: str) -> str:
+    """The fingerprint of the key a sealed manifest's text names ("" : not sealed)."""
+    if not is_sealed(text):
+        return ""
+    parts = text[len(SEALED_PREFIX) :].split(":", 2)
+    return parts[1] if len(parts) == 3 and _FINGERPRINT.fullmatch(parts[1]) else ""
+
+
+def decode_manifest(text: str, copy_id: str, key: CopyKey | None = None) -> Manifest:
+    """The manifest of copy ``copy_id`` from its stored ``text``, plain or sealed.
+
+    A sealed manifest needs ``key``: without one, or with another key,
+    :class:`~pgsnap.errors.CopyKeyError` names the key it needs (by its
+    fingerprint); one that does not authenticate (altered, or moved from another
+    copy's name) is a :class:`~pgsnap.errors.FormatError`. A plain manifest reads
+    with or without a key.
+    """
+    if not is_sealed(text):
+        manifest = Manifest.from_json(text)
+        if manifest.key_fingerprint:
+            raise FormatError(
+                f"the manifest of copy {copy_id} names key {manifest.key_fingerprint} "
+                "but is not sealed: it was altered",
+                hint="verify the copy (pgsnap verify-copy); restore from another copy",
+            )
+        return manifest
+    parts = text[len(SEALED_PREFIX) :].strip().split(":", 2)
+    if len(parts) != 3 or not _FINGERPRINT.fullmatch(parts[1]):
+        raise FormatError(
+            f"the sealed manifest of copy {copy_id} is malformed",
+            hint="the manifest is damaged; copy the backup again",
+        )
+    version, fingerprint, body = parts
+    if version != _SEALED_VERSION:
+        raise FormatError(
+            f"the sealed manifest of copy {copy_id} has version {version!r} "
+            f"(this pgsnap reads version {_SEALED_VERSION})",
+            hint="read it with the pgsnap release that wrote it, or a newer one",
+        )
+    if key is None:
+        raise CopyKeyError(
+            f"copy {copy_id} is encrypted with key {fingerprint}: give [copies] key_file",
+            hint=f"set [copies] key_file to the key file of fingerprint {fingerprint} "
+            "(the key the copy was made with); without it the copy cannot be read",
+            copy_id=copy_id,
+            fingerprint=fingerprint,
+        )
+    if key.fingerprint != fingerprint:
+        raise CopyKeyError(
+            f"copy {copy_id} is encrypted with key {fingerprint}, not with the key given "
+            f"({key.fingerprint}{', ' + key.source if key.source else ''})",
+            hint=f"set [copies] key_file to the key file of fingerprint {fingerprint}",
+            copy_id=copy_id,
+            fingerprint=fingerprint,
+            given=key.fingerprint,
+        )
+    try:
+        sealed = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        sealed = b""
+    plain = key.decrypt(sealed, _associated(copy_id))
+    if plain is None:
+        raise FormatError(
+            f"the manifest of copy {copy_id} does not authenticate with key {fingerprint}: "
+            "it was damaged or altered, or is another copy's",
+            hint="verify the copy (pgsnap verify-copy); restore from another copy",
+        )
+    try:
+        json_text = plain.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"the manifest of copy {copy_id} is not text: {exc}") from None
+    manifest = Manifest.from_json(json_text)
+    if manifest.key_fingerprint != fingerprint or manifest.copy_id != copy_id:
+        raise FormatError(
+            f"the sealed manifest of copy {copy_id} names another copy or key",
+            hint="the manifest was altered; restore from another copy",
+        )
+    return manifest
