@@ -8,6 +8,7 @@
     pgsnap recover    -c ... [target options] [--yes]
     pgsnap resume     -c pgsnap.toml [--yes]  resume interrupted plans
     pgsnap wal        -c pgsnap.toml the WAL archive, per timeline
+    pgsnap copy-key generate PATH    a new key file that encrypts copies
 
 Exit codes: 0 success; 1 execution failed (compensations ran); 2 bad usage or
 configuration; 3 the plan was refused (PlanningError: the message says why
@@ -521,6 +522,20 @@ def cmd_copy(args: argparse.Namespace) -> int:
         f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "
         f"({copy.chunks_new} chunks new, {copy.chunks_reused} already there) "
         f"in {copy.seconds:.1f} s"
+        + (f", encrypted with key {copy.key_fingerprint}" if copy.key_fingerprint else "")
+    )
+    return EXIT_OK
+
+
+def cmd_copy_key_generate(args: argparse.Namespace) -> int:
+    """Write a new copy key file (mode 0600, never over an existing file)."""
+    from pgsnap.copies.keys import CopyKey  # noqa: PLC0415 - the copies package only when asked
+
+    key = CopyKey.generate(args.path)
+    _out(
+        f"wrote a new copy key to {args.path} (mode 0600): fingerprint {key.fingerprint}\n"
+        "keep a copy of this file somewhere safe, away from the copies: without it, "
+        "the copies made with it cannot be read"
     )
     return EXIT_OK
 
@@ -787,6 +802,21 @@ def _parser() -> argparse.ArgumentParser:
     vc.add_argument("--to", help="the copy target directory (default: [copies] path)")
     vc.add_argument("--sample", type=float, help="check this share of the chunks (0 < SAMPLE <= 1)")
     vc.set_defaults(func=cmd_verify_copy)
+
+    ck = sub.add_parser(
+        "copy-key",
+        parents=[common],
+        help="keys that encrypt copies: generate",
+        description="A copy key encrypts copies off the array ([copies] key_file): chunk "
+        "names, chunks and manifests. Whoever holds the key file can read the copies; "
+        "without it nobody can, you included.",
+    )
+    ck_sub = ck.add_subparsers(dest="copy_key_command", metavar="generate", required=True)
+    ckg = ck_sub.add_parser(
+        "generate", parents=[common], help="write a new key file (mode 0600) and its fingerprint"
+    )
+    ckg.add_argument("path", help="the new key file (refused if it exists)")
+    ckg.set_defaults(func=cmd_copy_key_generate)
 
     up = sub.add_parser("unpin", parents=[common], help="remove a backup's pin")
     with_config(up)

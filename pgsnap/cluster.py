@@ -35,7 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import VerifyReport, is_copy_id, open_target, verify_copy
+from pgsnap.copies import CopyKey, VerifyReport, is_copy_id, open_target, verify_copy
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -514,6 +514,7 @@ class Cluster:
         wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
         copy_target: str | os.PathLike[str] | None = None,
         copy_target_options: Mapping[str, str] | None = None,
+        copy_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -530,6 +531,11 @@ class Cluster:
         """Where :meth:`copy` puts copies when it is not told (``[copies] path``)."""
         self.copy_target_options: dict[str, str] = dict(copy_target_options or {})
         """An S3 target's options (``[copies]`` ``endpoint_url``, ``access_key_env``...)."""
+        self.copy_key_file: str | None = (
+            None if copy_key_file is None else os.path.abspath(os.fspath(copy_key_file))
+        )
+        """The copy key file (``[copies] key_file``): copies are encrypted with its key,
+        and encrypted copies read with it. Its path goes into plans, never the key."""
 
     @classmethod
     def from_config(
@@ -583,6 +589,7 @@ class Cluster:
             wal_index=self.wal_index,
             journal_dir=None if self.journal_dir is None else Path(self.journal_dir),
             copy_options=self.copy_target_options,
+            copy_key_file=self.copy_key_file or "",
         )
 
     def backup_facts(self) -> BackupFacts:
@@ -1077,6 +1084,7 @@ class Cluster:
             target_dir=location,
             copy_id=copy_id,
             target_options=self.copy_target_options if location.startswith("s3://") else {},
+            key_file=self.copy_key_file or "",
         )
         observer = self.observer
         return plan_copy(
@@ -1108,7 +1116,8 @@ class Cluster:
     ) -> VerifyReport:
         """Check that every chunk of copy ``copy_id`` in the directory ``target``
         (default :attr:`copy_target`) is there and whole, or a ``sample`` of them
-        (``0 < sample <= 1``): :func:`pgsnap.copies.verify_copy`. Reads only."""
+        (``0 < sample <= 1``): :func:`pgsnap.copies.verify_copy`. Reads only. An
+        encrypted copy is read with the key of :attr:`copy_key_file`."""
         where = target if target is not None else self.copy_target
         if where is None:
             raise ConfigurationError(
@@ -1117,7 +1126,8 @@ class Cluster:
             )
         location = _target_location(where)
         options = self.copy_target_options if location.startswith("s3://") else {}
-        return verify_copy(open_target(location, options), copy_id, sample=sample)
+        key = CopyKey.from_file(self.copy_key_file) if self.copy_key_file else None
+        return verify_copy(open_target(location, options), copy_id, sample=sample, key=key)
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

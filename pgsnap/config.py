@@ -159,7 +159,16 @@ _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
 _ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
-_COPIES_KEYS = ("path", "endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+_COPIES_KEYS = (
+    "path",
+    "endpoint_url",
+    "region",
+    "access_key_env",
+    "secret_key_env",
+    "ca_bundle",
+    "key_file",
+)
+_COPY_TARGET_KEYS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -537,6 +546,7 @@ def cluster_arguments(
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
         "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
         "copy_target_options": _copy_options(_table(conf, "copies") or {}, rel),
+        "copy_key_file": _copy_key_file(_table(conf, "copies") or {}, rel),
     }
 
 
@@ -553,11 +563,18 @@ def _copy_options(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[st
     """An S3 copy target's options under ``[copies]`` (names of environment variables
     for the keys, never the keys)."""
     out: dict[str, str] = {}
-    for key in _COPIES_KEYS[1:]:
+    for key in _COPY_TARGET_KEYS:
         value = _text(section, key, "[copies]")
         if value is not None:
             out[key] = rel(value) if key == "ca_bundle" else value
     return out
+
+
+def _copy_key_file(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
+    """``[copies] key_file``: the copy key file that encrypts copies (its path; the
+    key is read where it is used), relative to the configuration's directory."""
+    where = _text(section, "key_file", "[copies]")
+    return None if not where else rel(where)
 
 
 def load_retention(source: Source) -> dict[str, Any]:

@@ -741,6 +741,9 @@ class CopyRecord:
     """The WAL files the copy carries (the backup's segments from its start to its
     stop, and its timeline's history file), as named in the archive: a copy with
     them restores to the backup's consistency point with no WAL archive at all."""
+    key_fingerprint: str = ""
+    """The fingerprint of the copy key the copy is encrypted with ("" : not encrypted);
+    never the key (:class:`~pgsnap.copies.keys.CopyKey`)."""
 
 
 @attrs.frozen

@@ -428,6 +428,9 @@ class Observer:
     copy_options: Mapping[str, str] = attrs.field(factory=dict)
     """The configured copy target's options (no secret): used to look for the
     catalog's copies in S3 targets."""
+    copy_key_file: str = ""
+    """The configured copy key file's path (``[copies] key_file``), passed on to the
+    recovery planner; the observer never reads it."""
 
     def _now(self) -> dt.datetime:
         return self.clock()
@@ -839,7 +842,10 @@ class Observer:
             volume_facts=self._volume_facts(),
         )
         facts = attrs.evolve(
-            facts, copies=self._copies_found(backups), copy_options=self.copy_options
+            facts,
+            copies=self._copies_found(backups),
+            copy_options=self.copy_options,
+            copy_key_file=self.copy_key_file,
         )
         facts = attrs.evolve(facts, damaged=self._damaged_segments(facts, request))
         if not read_wal:

@@ -11,6 +11,12 @@ copy the catalog does not record is not left looking complete.
 :class:`RestoreFromCopy` puts one volume's tree of a copy back where the
 layout mounts that volume, in a recovery plan (the step a snapshot restore
 is when the snapshots are gone).
+
+An encrypted copy's steps carry ``key_file``, the path of the key file
+(:class:`~pgsnap.copies.keys.CopyKey`), never the key: each reads it when it
+checks or runs, and a restore's precheck refuses, before anything changes, a
+copy the catalog records as encrypted when no key file is given or the key
+is not the copy's (another fingerprint).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from pgsnap.copies import (
     restore_trees,
 )
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
-from pgsnap.copies.manifest import WAL_TREE, EntryKind
+from pgsnap.copies.keys import CopyKey
+from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
 from pgsnap.model import CopyRecord, VolumeRole
@@ -60,7 +67,8 @@ class SendCopy(Operation):
     as copy ``copy_id`` of backup ``backup_id``, with the backup label and
     tablespace map in the manifest, and the archived WAL files ``wal`` (as the
     archive names them) in the tree ``pg_wal``, decompressed, each segment checked
-    first (size, header, system identifier)."""
+    first (size, header, system identifier). With ``key_file`` (the path of a copy
+    key file) the copy is encrypted with that key."""
 
     name = "copy.send"
     target = _Target.COPY
@@ -76,8 +84,10 @@ class SendCopy(Operation):
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     wal: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
+    key_file: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        _key(self.key_file)  # a missing or unsafe key file: refused before anything runs
         if WAL_TREE in self.trees:
             raise self.mismatch(
                 ctx,
@@ -148,6 +158,7 @@ class SendCopy(Operation):
         files: Mapping[str, str],
         progress: Callable[[CopyProgress], None],
     ) -> dict[str, JSONValue]:
+        key = _key(self.key_file)
         manifest, stats = copy_trees(
             trees,
             open_target(self.target_dir, self.target_options),
@@ -158,9 +169,11 @@ class SendCopy(Operation):
             codec=self.codec or default_codec(),
             clock=ctx.clock,
             on_progress=progress,
+            key=key,
         )
         return {
             "manifest_digest": manifest.digest(),
+            "key_fingerprint": manifest.key_fingerprint,
             "created_at": manifest.created_at.isoformat(),
             "files": stats.files,
             "bytes_read": stats.bytes_read,
@@ -216,6 +229,7 @@ class RecordCopy(Operation):
             chunks_reused=int(str(out["chunks_reused"])),
             seconds=float(str(out["seconds"])),
             wal=tuple(str(n) for n in _list(out.get("wal"))),
+            key_fingerprint=str(out.get("key_fingerprint", "")),
         )
         kept = tuple(c for c in record.copies if c.copy_id != self.copy_id)
         ctx.catalog.put(attrs.evolve(record, copies=(*kept, copy)))
@@ -288,6 +302,11 @@ def _plain_wal_name(stored: str) -> str:
     return base if dot and ext in COMPRESSION_SUFFIXES else stored
 
 
+def _key(key_file: str) -> CopyKey | None:
+    """The copy key in ``key_file`` ("" : None)."""
+    return CopyKey.from_file(key_file) if key_file else None
+
+
 def _checked_manifest(
     op: RestoreFromCopy | RestoreWalFromCopy, ctx: OperationContext, tree: str
 ) -> Manifest:
@@ -301,7 +320,7 @@ def _checked_manifest(
             f"copy {op.copy_id} is not in the copy target {op.target_dir}",
             "list the backup's copies (pgsnap list --json) and make a new plan",
         ) from None
-    manifest = Manifest.from_json(text)
+    manifest = decode_manifest(text, op.copy_id, _key(op.key_file))
     if manifest.digest() != op.manifest_digest or manifest.backup_id != op.backup_id:
         raise op.mismatch(
             ctx,
@@ -331,6 +350,27 @@ def _check_recorded_copy(
             + ("" if copy is None else " with the manifest the plan was made with"),
             "list the backup's copies (pgsnap list --json) and make a new plan",
         )
+    if copy.key_fingerprint:
+        hint = (
+            f"set [copies] key_file to the key file of fingerprint {copy.key_fingerprint} "
+            "(the key the copy was made with) and make a new plan"
+        )
+        if not op.key_file:
+            raise op.mismatch(
+                ctx,
+                f"copy {op.copy_id} is encrypted with key {copy.key_fingerprint}: give "
+                "[copies] key_file",
+                hint,
+            )
+        key = _key(op.key_file)
+        assert key is not None
+        if key.fingerprint != copy.key_fingerprint:
+            raise op.mismatch(
+                ctx,
+                f"copy {op.copy_id} is encrypted with key {copy.key_fingerprint}, not with "
+                f"the key in {op.key_file} ({key.fingerprint})",
+                hint,
+            )
     return copy
 
 
@@ -364,7 +404,8 @@ class RestoreFromCopy(Operation):
     tree; that the plan writes that backup's label. When it runs, the
     volume's content is removed (the plan's safety snapshot, taken first,
     keeps it) and the tree is written, every chunk and file checked. Run
-    again after an interruption, it starts over.
+    again after an interruption, it starts over. An encrypted copy is read with
+    the key in ``key_file``.
     """
 
     name = "copy.restore"
@@ -380,6 +421,7 @@ class RestoreFromCopy(Operation):
     manifest_digest: str
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     parallel: int = 4
+    key_file: str = ""
 
     def restores(self) -> tuple[str, str | None]:
         """The volume, and the backup whose copy it gets."""
@@ -454,6 +496,7 @@ class RestoreFromCopy(Operation):
                 {self.tree: self.directory},
                 parallel=self.parallel,
                 on_progress=progress,
+                key=_key(self.key_file),
             )
         except OSError as exc:
             raise CopyError(
@@ -518,6 +561,7 @@ class RestoreWalFromCopy(Operation):
     names: tuple[str, ...] = attrs.field(converter=_str_tuple)
     data_tree: str = "pgdata"
     target_options: Mapping[str, str] = attrs.field(factory=dict)
+    key_file: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         data = ctx.layout.data
@@ -591,6 +635,7 @@ class RestoreWalFromCopy(Operation):
                 manifest,
                 open_target(self.target_dir, self.target_options),
                 {WAL_TREE: staging},
+                key=_key(self.key_file),
             )
             for name in sorted(os.listdir(staging)):
                 dest = os.path.join(pg_wal, name)

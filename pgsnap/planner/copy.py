@@ -55,6 +55,9 @@ class CopyRequest:
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     """The S3 target's options (:data:`pgsnap.copies.TARGET_OPTIONS`): no secret."""
+    key_file: str = ""
+    """Encrypt the copy with the copy key in this file (its path travels in the
+    plan, never the key); "" : not encrypted."""
 
 
 def copy_tree_name(vol: Volume) -> str:
@@ -164,6 +167,7 @@ def plan_copy(
         codec=request.codec,
         target_options=request.target_options,
         wal=carried,
+        key_file=request.key_file,
     )
     what = ", ".join([*trees, *([f"{WAL_TREE} ({len(carried)} WAL files)"] if carried else [])])
     steps = (
@@ -211,6 +215,11 @@ def plan_copy(
                 "copy restores to the backup's consistency point with no archive"
                 if carried
                 else "none: restoring the copy needs the WAL archive"
+            ),
+            **(
+                {"encrypted": f"with the copy key in {request.key_file}"}
+                if request.key_file
+                else {}
             ),
         },
         request={"backup_id": record.id, "target": request.target_dir, "copy_id": copy_id},

@@ -177,6 +177,9 @@ class RecoveryFacts:
     manifest the observer saw, among the catalog's copies."""
     copy_options: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
     """The configured copy target's options (no secret), for a copy in S3."""
+    copy_key_file: str = ""
+    """The configured copy key file (``[copies] key_file``: its path, never the key),
+    given to the steps that restore an encrypted copy; "" : none."""
 
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered

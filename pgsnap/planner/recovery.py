@@ -885,6 +885,7 @@ def _copy_restore_step(
             directory=vol.mount_point,
             manifest_digest=copy.manifest_digest,
             target_options=facts.copy_options if copy.target.startswith("s3://") else {},
+            key_file=_key_file(facts, copy),
         ),
         description=f"restore volume {where} from copy {copy.copy_id} in {copy.target}",
         reason=_restore_reason(request, vol, backup)
@@ -892,6 +893,12 @@ def _copy_restore_step(
         + ("" if safety else " (what the volume holds now is removed first)"),
         undo=undo,
     )
+
+
+def _key_file(facts: RecoveryFacts, copy: CopyRecord) -> str:
+    """The key file the steps restoring ``copy`` read it with: the configured one for
+    an encrypted copy, "" for a plain one (its plan does not name a key)."""
+    return facts.copy_key_file if copy.key_fingerprint else ""
 
 
 def _fmt_bytes(n: int) -> str:
@@ -914,6 +921,15 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     target = request.target
     chosen, passed = choose_candidate(facts, request)
     backup, tli, copy = chosen.backup, chosen.timeline, chosen.copy
+    if copy is not None and copy.key_fingerprint and not facts.copy_key_file:
+        raise PlanningError(
+            f"copy {copy.copy_id} of backup {backup.id} is encrypted with key "
+            f"{copy.key_fingerprint}: give [copies] key_file",
+            hint=f"set [copies] key_file to the key file of fingerprint {copy.key_fingerprint} "
+            "(the key the copy was made with); without it the copy cannot be read",
+            backup_id=backup.id,
+            copy_id=copy.copy_id,
+        )
     seg = backup.wal_segment_size
     index = _merged_index(facts, keep_wal)
     copy_wal = tuple(n for n in copy.wal if not n.endswith(".history")) if copy else ()
@@ -1060,6 +1076,7 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                     names=copy.wal,
                     data_tree=copy_tree_name(facts.layout.data),
                     target_options=facts.copy_options if copy.target.startswith("s3://") else {},
+                    key_file=_key_file(facts, copy),
                 ),
                 description=f"write the {len(copy_wal)} WAL segments copy {copy.copy_id} "
                 "carries (the backup's start to its stop) into pg_wal, keeping any there",
@@ -1215,6 +1232,11 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 f"; it carries the backup's WAL ({len(copy_wal)} segments)"
                 if copy_wal
                 else "; it carries no WAL: the archive must have the backup's"
+            )
+            + (
+                f"; encrypted with key {copy.key_fingerprint} ({facts.copy_key_file})"
+                if copy.key_fingerprint
+                else ""
             )
         )
     fp = recovery_fingerprint(facts, request, backup, wal, copy)

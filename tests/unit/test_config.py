@@ -112,6 +112,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "archive",
         "backend",
         "catalog",
+        "copy_key_file",
         "copy_target",
         "copy_target_options",
         "journal_dir",
