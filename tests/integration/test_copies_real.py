@@ -10,6 +10,8 @@ point. The test checks which rows exist.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import os
 import re
 import shutil
@@ -20,6 +22,7 @@ import attrs
 import pytest
 
 from pgsnap.copies import (
+    CopyKey,
     CopyTarget,
     DirectoryCopyTarget,
     Manifest,
@@ -329,3 +332,81 @@ def test_a_copy_with_its_wal_recovers_when_the_archive_is_lost_with_the_array(
     plan = cluster.plan_copy(later.id)
     assert plan.warnings and "without it" in plan.warnings[0]
     assert "needs the WAL archive" in plan.summary["wal"]
+
+
+def test_an_encrypted_copy_recovers_the_cluster_with_its_key_and_not_without(
+    pg_server: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[copies] key_file``: the copy is encrypted (sealed manifest, keyed chunk names)
+    and recorded with its key's fingerprint. With every snapshot gone, a plan without
+    the key is refused, one with another key is refused by its prechecks before the
+    data directory is touched, and with the key the cluster is recovered. The key
+    appears in no plan, event, error or log line."""
+    caplog.set_level(logging.DEBUG)
+    key = CopyKey.generate(tmp_path / "copy.key")
+    wrong = CopyKey.generate(tmp_path / "other.key")
+    secrets = [(tmp_path / n).read_text().strip() for n in ("copy.key", "other.key")]
+    server = pg_server()
+    server.start()
+    cluster = mock_cluster(
+        server, copy_target=tmp_path / "copies", copy_key_file=tmp_path / "copy.key"
+    )
+    server.sql("CREATE TABLE t (batch int)")
+    server.sql("INSERT INTO t SELECT 1 FROM generate_series(1, 100)")
+    record = cluster.backup("encrypted")
+    plan = cluster.plan_copy(record.id)
+    assert plan.steps[0].params["key_file"] == str(tmp_path / "copy.key")
+    events: list[Any] = []
+    cluster.execute(plan, on_event=events.append)
+    (copy,) = cluster.catalog.get(record.id).copies
+    assert copy.key_fingerprint == key.fingerprint
+    stored = DirectoryCopyTarget(tmp_path / "copies").get_manifest(copy.copy_id)
+    assert stored.startswith("pgsnap-sealed-manifest:1:") and "pg_control" not in stored
+    assert cluster.verify_copy(copy.copy_id).ok
+    server.sql("INSERT INTO t VALUES (2)")
+    server.sql("SELECT pg_create_restore_point('after2')")
+    server.sql("INSERT INTO t VALUES (3)")
+    server.switch_wal_and_wait_archived()
+    assert record.snapshot_group_id is not None
+    cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    server.stop(mode="immediate")
+    _emptied(server.data_dir)
+
+    cluster.copy_key_file = None
+    with pytest.raises(PlanningError, match=f"encrypted with key {key.fingerprint}") as refused:
+        cluster.plan_recovery(RecoveryTarget.name("after2"))
+    cluster.copy_key_file = str(tmp_path / "other.key")
+    plan = cluster.plan_recovery(RecoveryTarget.name("after2"))
+    with pytest.raises(InvariantError, match=f"not with the key in .*{wrong.fingerprint}") as bad:
+        cluster.execute(plan)
+    assert list(server.data_dir.iterdir()) == []  # refused before anything changed
+
+    cluster.copy_key_file = str(tmp_path / "copy.key")
+    plan = cluster.plan_recovery(RecoveryTarget.name("after2"))
+    restores = [s for s in plan.steps if s.action in ("copy.restore", "copy.restore_wal")]
+    assert len(restores) == 2
+    assert all(s.params["key_file"] == str(tmp_path / "copy.key") for s in restores)
+    assert key.fingerprint in plan.summary["from copy"]
+    for step in restores:  # a doctored plan that drops the key file: refused as well
+        with pytest.raises(InvariantError, match="give \\[copies\\] key_file"):
+            cluster.execute(_doctored(plan, step.id, key_file=""))
+    assert list(server.data_dir.iterdir()) == []
+    cluster.execute(plan, on_event=events.append)
+    assert rows(server) == [1, 2]
+    assert server.sql("SELECT count(*) FROM t WHERE batch = 1")[0][0] == 100
+
+    shown = "\n".join(
+        [
+            plan.to_json(),
+            plan.explain(),
+            repr(cluster),
+            str(refused.value),
+            str(bad.value),
+            repr(bad.value.details),
+            json.dumps(attrs.asdict(cluster.catalog.get(record.id)), default=str),
+            *(repr(e) for e in events),
+            *(r.getMessage() for r in caplog.records),
+        ]
+    )
+    for secret in secrets:
+        assert secret not in shown and secret[:32] not in shown

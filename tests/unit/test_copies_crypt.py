@@ -303,3 +303,57 @@ def test_no_secret_in_errors_reprs_or_logs(
     joined = "\n".join(texts)
     assert made.fingerprint in joined
     assert secret not in joined and secret[:16] not in joined
+
+
+# ---------------------------------------------------------------------- plumbing
+
+
+def test_a_copy_plan_carries_the_key_files_path_and_never_the_key(tmp_path: Path) -> None:
+    from pgsnap.plan import Plan
+    from pgsnap.planner.copy import CopyRequest, plan_copy
+
+    from .test_planner_copy import ACCESS, record
+
+    path = tmp_path / "copy.key"
+    CopyKey.generate(path)
+    secret = path.read_text().strip()
+    plan = plan_copy(record(), ACCESS, CopyRequest("b1", "/copies", key_file=str(path)))
+    assert plan.steps[0].params["key_file"] == str(path)
+    assert plan.summary["encrypted"] == f"with the copy key in {path}"
+    assert Plan.from_json(plan.to_json()) == plan
+    assert secret not in plan.to_json() and secret not in plan.explain()
+    plain = plan_copy(record(), ACCESS, CopyRequest("b1", "/copies"))
+    assert plain.steps[0].params["key_file"] == "" and "encrypted" not in plain.summary
+
+
+def test_copies_key_file_is_a_path_relative_to_the_configuration(tmp_path: Path) -> None:
+    import tomllib
+
+    import pgsnap
+    from pgsnap.config import cluster_arguments
+
+    from .test_cli_unit import write_config
+
+    conf = tomllib.loads(write_config(tmp_path).read_text())
+    conf["copies"] = {"path": "copies", "key_file": "keys/copy.key"}
+    args = cluster_arguments(conf, base=tmp_path)
+    assert args["copy_key_file"] == str(tmp_path / "keys" / "copy.key")
+    assert args["copy_target_options"] == {}  # not a target option
+    cluster = pgsnap.Cluster.from_config(conf, base=tmp_path)
+    assert cluster.copy_key_file == str(tmp_path / "keys" / "copy.key")
+    del conf["copies"]["key_file"]
+    assert cluster_arguments(conf, base=tmp_path)["copy_key_file"] is None
+
+
+def test_pgsnap_copy_key_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pgsnap.cli import main
+
+    path = tmp_path / "copy.key"
+    assert main(["copy-key", "generate", str(path)]) == 0
+    out, _ = capsys.readouterr()
+    key = CopyKey.from_file(path)
+    assert f"fingerprint {key.fingerprint}" in out and path.read_text().strip() not in out
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert main(["copy-key", "generate", str(path)]) == 2
+    _, err = capsys.readouterr()
+    assert "never overwritten" in err and CopyKey.from_file(path) == key
