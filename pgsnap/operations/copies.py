@@ -38,15 +38,30 @@ from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
 from pgsnap.copies.manifest import WAL_TREE, EntryKind
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
-from pgsnap.model import CopyRecord, VolumeRole
+from pgsnap.model import CopyRecord, Volume, VolumeRole
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
 from pgsnap.wal import COMPRESSION_SUFFIXES
 from pgsnap.wal.reader import archived_segment_problem
 
-__all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "RestoreWalFromCopy", "SendCopy"]
+__all__ = [
+    "DeleteCopyManifest",
+    "RecordCopy",
+    "RestoreFromCopy",
+    "RestoreWalFromCopy",
+    "SendCopy",
+    "copy_tree_name",
+]
 
 log = logging.getLogger(__name__)
+
+
+def copy_tree_name(vol: Volume) -> str:
+    """The name of volume ``vol``'s tree in a copy: ``pgdata`` for the data
+    directory's volume, ``tablespace-<oid>`` for a tablespace's."""
+    if vol.role is VolumeRole.DATA:
+        return "pgdata"
+    return f"tablespace-{vol.tablespace_oid}" if vol.tablespace_oid else f"volume-{vol.name}"
 
 
 def _str_tuple(values: object) -> tuple[str, ...]:
@@ -404,6 +419,13 @@ class RestoreFromCopy(Operation):
                 f"{self.volume_id} at {vol.mount_point}",
                 "the plan was edited: make a new plan",
             )
+        if self.tree != copy_tree_name(vol):
+            raise self.mismatch(
+                ctx,
+                f"it writes the copy's tree {self.tree!r} into volume {self.volume_id}, "
+                f"whose tree is {copy_tree_name(vol)!r}",
+                "the plan was edited: make a new plan",
+            )
         if not isinstance(ctx.host.runner, LocalRunner):
             raise self.mismatch(
                 ctx,
@@ -526,6 +548,13 @@ class RestoreWalFromCopy(Operation):
                 ctx,
                 f"it writes WAL into {self.directory}, but the layout has the data volume "
                 f"{data.id} at {data.mount_point}",
+                "the plan was edited: make a new plan",
+            )
+        if self.data_tree != copy_tree_name(data):
+            raise self.mismatch(
+                ctx,
+                f"it looks for the data directory in the copy's tree {self.data_tree!r}, "
+                f"not in the data volume's {copy_tree_name(data)!r}",
                 "the plan was edited: make a new plan",
             )
         if not isinstance(ctx.host.runner, LocalRunner):

@@ -28,9 +28,9 @@ import attrs
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
 from pgsnap.copies.manifest import WAL_TREE, is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
-from pgsnap.model import LSN, BackupRecord, SnapshotAccess, Volume, VolumeRole
+from pgsnap.model import LSN, BackupRecord, SnapshotAccess, VolumeRole
 from pgsnap.operations.base import Ref
-from pgsnap.operations.copies import DeleteCopyManifest, RecordCopy, SendCopy
+from pgsnap.operations.copies import DeleteCopyManifest, RecordCopy, SendCopy, copy_tree_name
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
 from pgsnap.wal.names import history_file_name, segment_name, segment_number
@@ -55,14 +55,6 @@ class CopyRequest:
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     """The S3 target's options (:data:`pgsnap.copies.TARGET_OPTIONS`): no secret."""
-
-
-def copy_tree_name(vol: Volume) -> str:
-    """The name of volume ``vol``'s tree in a copy: ``pgdata`` for the data
-    directory's volume, ``tablespace-<oid>`` for a tablespace's."""
-    if vol.role is VolumeRole.DATA:
-        return "pgdata"
-    return f"tablespace-{vol.tablespace_oid}" if vol.tablespace_oid else f"volume-{vol.name}"
 
 
 def backup_wal_names(record: BackupRecord) -> tuple[str, ...]:
