@@ -520,7 +520,13 @@ def cmd_copy(args: argparse.Namespace) -> int:
         f"copy {copy.copy_id} of backup {args.backup} in {copy.target}: {copy.files} files, "
         f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "
         f"({copy.chunks_new} chunks new, {copy.chunks_reused} already there) "
-        f"in {copy.seconds:.1f} s"
+        f"in {copy.seconds:.1f} s; "
+        + (
+            f"it carries the backup's WAL ({len(copy.wal)} files)"
+            if copy.wal
+            else "it carries no WAL (the archive no longer had it all): restoring it "
+            "needs the WAL archive"
+        )
     )
     return EXIT_OK
 
