@@ -4,7 +4,9 @@ restored from there.
 :class:`SendCopy` reads the trees of a backup's snapshots in place (where
 :meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access` says they are)
 and writes them to a copy target as chunks and, last, a manifest
-(:func:`pgsnap.copies.copy_trees`). It is idempotent: a resumed or repeated
+(:func:`pgsnap.copies.copy_trees`), or the mount points where the plan's
+``host.mount_snapshot`` steps mounted them read-only, and never a tree at,
+in or above a volume of the layout. It is idempotent: a resumed or repeated
 run sends only the chunks still missing. Its undo removes the manifest, so a
 copy the catalog does not record is not left looking complete.
 :class:`RecordCopy` adds the copy to the backup's record.
@@ -39,6 +41,7 @@ from pgsnap.host.runners import LocalRunner
 from pgsnap.model import CopyRecord, VolumeRole
 from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
+from pgsnap.operations.host import MountSnapshot, check_apart_from_layout
 
 __all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "SendCopy"]
 
@@ -67,12 +70,24 @@ class SendCopy(Operation):
     target_options: Mapping[str, str] = attrs.field(factory=dict)
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
-        if not isinstance(ctx.host.runner, LocalRunner):
+        mounted = {op.mount_point: op for _sid, op in plan.of(MountSnapshot)}
+        for name, path in self.trees.items():
+            check_apart_from_layout(self, ctx, path, f"it reads tree {name} from")
+            if mounted and path not in mounted:
+                raise self.mismatch(
+                    ctx,
+                    f"it reads tree {name} from {path}, where no step of this plan mounts "
+                    "a snapshot of the backup",
+                    "the plan was edited: make a new plan",
+                )
+        backup_host = bool(mounted) and all(op.host != ctx.host.name for op in mounted.values())
+        if not backup_host and not isinstance(ctx.host.runner, LocalRunner):
             raise self.mismatch(
                 ctx,
                 f"a copy reads the snapshots on this machine, and the database host is "
                 f"{ctx.host.description}",
-                "run pgsnap copy on the database host (copies from a backup host come later)",
+                "run pgsnap copy on the database host, or on a backup host named in "
+                "[copies] host (LVM and PowerFlex snapshots)",
             )
         try:
             record = ctx.catalog.get(self.backup_id)
