@@ -104,6 +104,8 @@ class SendCopy(Operation):
                 "make a new plan (pgsnap copy)",
             )
         for name, path in self.trees.items():
+            if path in mounted and ctx.step_id not in plan.started:
+                continue  # the plan mounts it before this step (checked when it runs)
             if not os.path.isdir(path):
                 raise self.mismatch(
                     ctx,
@@ -130,8 +132,11 @@ class SendCopy(Operation):
         files = {"backup_label": self.labelfile}
         if self.spcmapfile:
             files["tablespace_map"] = self.spcmapfile
+        # A tree is the directory at its path: a path through a symbolic link (a
+        # simulated mount point is one) is read at the directory it leads to.
+        trees = {name: os.path.realpath(path) for name, path in self.trees.items()}
         manifest, stats = copy_trees(
-            self.trees,
+            trees,
             open_target(self.target_dir, self.target_options),
             copy_id=self.copy_id,
             backup_id=self.backup_id,
