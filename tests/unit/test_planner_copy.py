@@ -101,10 +101,8 @@ def test_a_copy_of_another_time_is_another_plan() -> None:
 EXPOSED = {"vol-data": SnapshotAccess.exposed_on("db1"), "vol-ts": SnapshotAccess.exposed_on("db1")}
 
 
-def exposed_request(**changes: object) -> CopyRequest:
-    return attrs.evolve(
-        CopyRequest("b1", "/copies", mount_root="/run/pgsnap/copies", runs_on="db1"), **changes
-    )
+def exposed_request(*, mount_root: str = "/run/pgsnap/copies", runs_on: str = "db1") -> CopyRequest:
+    return CopyRequest("b1", "/copies", mount_root=mount_root, runs_on=runs_on)
 
 
 def test_block_snapshots_are_exposed_and_mounted_read_only_around_the_send() -> None:
@@ -179,4 +177,4 @@ def test_a_snapshot_access_is_in_place_or_exposed_never_both() -> None:
     assert not SnapshotAccess("/s").must_expose and SnapshotAccess.exposed_on("h").must_expose
     for bad in ({"path": "/s", "host": "h"}, {}):
         with pytest.raises(ConfigurationError, match="either a path"):
-            SnapshotAccess(**bad)  # type: ignore[arg-type]
+            SnapshotAccess(**bad)
