@@ -22,6 +22,7 @@ import pytest
 
 from pgsnap.backends.powerflex import PowerFlexBackend, PowerFlexSnapshotLimit
 from pgsnap.errors import ExecutionError, InvariantError, PgsnapError
+from pgsnap.executor import Event, EventKind
 from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
 from pgsnap.plan import Plan
 from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator, powerflex_cluster
@@ -249,7 +250,20 @@ def test_a_copy_of_a_powerflex_backup_recovers_once_the_snapshots_are_gone(
     assert not os.path.exists(point) and env.cluster.interrupted() == ()
     assert sim.count(action="removeMappedSdc") == 1
 
-    env.cluster.execute(plan)
+    # Interrupted once the snapshot is mounted (as a crash would stop pgsnap): the
+    # plan resumes from its journal, reads the mount point and undoes the exposure.
+    def crash_after_mount(event: Event) -> None:
+        if event.kind is EventKind.FINISHED and event.step_id == f"mount-{data}":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        env.cluster.execute(plan, on_event=crash_after_mount)
+    assert [p.id for p in env.cluster.interrupted()] == [plan.id]
+    assert os.path.isdir(point)  # still mounted
+    events: list[Event] = []
+    assert env.cluster.execute(plan, on_event=events.append).resumed
+    skipped = [e.step_id for e in events if e.kind is EventKind.SKIPPED]
+    assert skipped == [f"expose-{data}", f"mount-{data}"]
     (copy,) = env.cluster.catalog.get(record.id).copies
     assert copy.files > 100 and env.cluster.verify_copy(copy.copy_id, tmp_path / "copies").ok
     assert sim.volume(snap)["mappedSdcInfo"] in (None, [])  # unmapped again
