@@ -51,6 +51,7 @@ from pgsnap.errors import (
     TargetError,
 )
 from pgsnap.executor import Event, ExecutionResult, Executor
+from pgsnap.host import LocalRunner
 from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
@@ -70,7 +71,7 @@ from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
 from pgsnap.planner.checks import CheckFacts, check_findings
-from pgsnap.planner.copy import CopyRequest, plan_copy
+from pgsnap.planner.copy import DEFAULT_MOUNT_ROOT, CopyRequest, plan_copy
 from pgsnap.planner.expiry import (
     RetentionPolicy,
     plan_delete,
@@ -514,6 +515,8 @@ class Cluster:
         wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
         copy_target: str | os.PathLike[str] | None = None,
         copy_target_options: Mapping[str, str] | None = None,
+        copy_host: str | None = None,
+        copy_mount_root: str | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -530,6 +533,12 @@ class Cluster:
         """Where :meth:`copy` puts copies when it is not told (``[copies] path``)."""
         self.copy_target_options: dict[str, str] = dict(copy_target_options or {})
         """An S3 target's options (``[copies]`` ``endpoint_url``, ``access_key_env``...)."""
+        self.copy_host = copy_host
+        """Where a copy exposes, mounts and reads snapshots that are block devices
+        (``[copies] host``; None: the database host). Another host means that
+        pgsnap runs there (``pgsnap copy`` on the backup host)."""
+        self.copy_mount_root = copy_mount_root or DEFAULT_MOUNT_ROOT
+        """Where those snapshots are mounted read-only (``[copies] mount_root``)."""
 
     @classmethod
     def from_config(
@@ -1077,11 +1086,22 @@ class Cluster:
             target_dir=location,
             copy_id=copy_id,
             target_options=self.copy_target_options if location.startswith("s3://") else {},
+            mount_root=self.copy_mount_root,
+            runs_on=self._copy_runs_on(),
         )
         observer = self.observer
-        return plan_copy(
-            record, observer.snapshot_access(record), request, observer.backup_wal(record)
-        )
+        access = observer.snapshot_access(record, host=self.copy_host or self.host.name)
+        return plan_copy(record, access, request, observer.backup_wal(record))
+
+    def _copy_runs_on(self) -> str:
+        """The host a copy runs on, by the storage's name for it: the database host
+        when pgsnap reaches it locally; else the backup host ``[copies] host`` names
+        (pgsnap runs there); else "" (neither: exposing snapshots is refused)."""
+        if isinstance(self.host.runner, LocalRunner):
+            return self.host.name
+        if self.copy_host and self.copy_host != self.host.name:
+            return self.copy_host
+        return ""
 
     def copy(
         self,

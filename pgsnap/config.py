@@ -160,6 +160,8 @@ _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name"
 _ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
 _COPIES_KEYS = ("path", "endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+_COPIES_HOST_KEYS = ("host", "mount_root")
+"""``[copies]`` keys of where snapshots are exposed and mounted (not target options)."""
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -537,12 +539,32 @@ def cluster_arguments(
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
         "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
         "copy_target_options": _copy_options(_table(conf, "copies") or {}, rel),
+        **_copy_host(_table(conf, "copies") or {}),
     }
+
+
+def _copy_host(section: dict[str, Any]) -> dict[str, str]:
+    """``[copies] host`` (where snapshots that must be exposed are exposed, mounted
+    and read: default the database host) and ``mount_root`` (where they are
+    mounted), as Cluster arguments; absent keys are left out."""
+    out: dict[str, str] = {}
+    host = _text(section, "host", "[copies]")
+    if host is not None:
+        out["copy_host"] = host
+    root = _text(section, "mount_root", "[copies]")
+    if root is not None:
+        if not root.startswith("/"):
+            raise ConfigurationError(
+                f"[copies] mount_root must be an absolute directory, not {root!r}",
+                hint="e.g. mount_root = '/run/pgsnap/copies'",
+            )
+        out["copy_mount_root"] = root
+    return out
 
 
 def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
     """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
-    _check_keys(section, _COPIES_KEYS, "[copies]")
+    _check_keys(section, _COPIES_KEYS + _COPIES_HOST_KEYS, "[copies]")
     where = _text(section, "path", "[copies]")
     if where is None or where.startswith("s3://"):
         return where
