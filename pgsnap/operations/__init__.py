@@ -107,6 +107,9 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "copy.delete_manifest": f"{_OPS}.copies:DeleteCopyManifest",
         "copy.restore": f"{_OPS}.copies:RestoreFromCopy",
         "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
+        "copy.expire_manifest": f"{_OPS}.copy_retention:ExpireCopyManifest",
+        "catalog.forget_copy": f"{_OPS}.copy_retention:ForgetCopy",
+        "copy.collect_garbage": f"{_OPS}.copy_retention:CollectCopyGarbage",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""
