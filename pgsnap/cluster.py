@@ -1244,7 +1244,7 @@ class Cluster:
                 stale_after=stale_after,
                 dry_run=True,
             )
-        plan = plan_collect_garbage(location, options, stale_after=stale_after)
+        plan = plan_collect_garbage(location, options, now=self._now(), stale_after=stale_after)
         try:
             result = self.execute(plan, on_event=on_event)
         except ExecutionError as exc:

@@ -378,11 +378,13 @@ def plan_collect_garbage(
     target: str,
     target_options: Mapping[str, str] | None = None,
     *,
+    now: dt.datetime,
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
 ) -> Plan:
     """The plan of ``pgsnap copy-gc``: one step that removes from ``target`` the chunks
     no manifest names (refused, :class:`~pgsnap.errors.CopyBusy`, while a copy is in
-    progress there). A plan so that it runs under the cluster lock, journalled."""
+    progress there). A plan so that it runs under the cluster lock, journalled;
+    ``now`` (when it was asked for) makes each collection a plan of its own."""
     _check_stale_after(stale_after)
     options = dict(target_options or {}) if target.startswith("s3://") else {}
     step = _gc_step(target, options, stale_after, busy_ok=False, why="asked for (pgsnap copy-gc)")
@@ -390,8 +392,16 @@ def plan_collect_garbage(
         kind="copy-gc",
         steps=(step,),
         fingerprint=fingerprint({"target": target}),
-        summary={"target": target, "stale after": _fmt_delta(stale_after)},
-        request={"target": target, "stale_after_seconds": int(stale_after.total_seconds())},
+        summary={
+            "target": target,
+            "stale after": _fmt_delta(stale_after),
+            "now": now.isoformat(),
+        },
+        request={
+            "target": target,
+            "stale_after_seconds": int(stale_after.total_seconds()),
+            "requested_at": now.isoformat(),
+        },
     )
 
 
