@@ -35,13 +35,23 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import VerifyReport, is_copy_id, open_target, verify_copy
+from pgsnap.copies import (
+    GcReport,
+    VerifyReport,
+    collect_garbage,
+    is_copy_id,
+    open_target,
+    verify_copy,
+)
+from pgsnap.copies.markers import DEFAULT_STALE_AFTER
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
     BackupNotFound,
     ConfigurationError,
+    CopyBusy,
     DatabaseError,
+    ExecutionError,
     HostError,
     InputError,
     PgsnapError,
@@ -67,11 +77,17 @@ from pgsnap.model import (
     from_dict,
 )
 from pgsnap.observe import EmptyArchive, Observer
+from pgsnap.operations.copy_retention import gc_report
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
 from pgsnap.planner.checks import CheckFacts, check_findings
 from pgsnap.planner.copy import DEFAULT_MOUNT_ROOT, CopyRequest, plan_copy
+from pgsnap.planner.copy_expiry import (
+    CopyRetentionPolicy,
+    plan_collect_garbage,
+    plan_copy_expiry,
+)
 from pgsnap.planner.expiry import (
     RetentionPolicy,
     plan_delete,
@@ -517,6 +533,7 @@ class Cluster:
         copy_target_options: Mapping[str, str] | None = None,
         copy_host: str | None = None,
         copy_mount_root: str | None = None,
+        copy_retention: CopyRetentionPolicy | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -539,6 +556,15 @@ class Cluster:
         pgsnap runs there (``pgsnap copy`` on the backup host)."""
         self.copy_mount_root = copy_mount_root or DEFAULT_MOUNT_ROOT
         """Where those snapshots are mounted read-only (``[copies] mount_root``)."""
+        if copy_retention is not None and not isinstance(copy_retention, CopyRetentionPolicy):
+            raise InputError(
+                f"copy_retention must be a CopyRetentionPolicy, not {copy_retention!r}",
+                hint="e.g. CopyRetentionPolicy(monthly=12, max_age=timedelta(days=800))",
+                argument="copy_retention",
+            )
+        self.copy_retention = copy_retention
+        """The copies' own retention policy (``[copies.retention]``; None: copy
+        retention deletes nothing): :meth:`plan_copy_expiry` applies it."""
 
     @classmethod
     def from_config(
@@ -925,6 +951,23 @@ class Cluster:
             f"backup {backup_id}'s snapshots or copies changed",
         )
 
+    def _check_fresh_copy_expiry(self, plan: Plan) -> None:
+        """Refuse a copy expiry plan made before the copies, their manifests, the
+        snapshots or what the policy decides changed."""
+        target = str(plan.request.get("target"))
+        stale = plan.request.get("stale_after_seconds")
+        _same_plan(
+            plan,
+            lambda: plan_copy_expiry(
+                self.observer.copy_expiry_facts(target),
+                CopyRetentionPolicy.from_request(plan.request),
+                stale_after=dt.timedelta(seconds=stale)
+                if isinstance(stale, int)
+                else DEFAULT_STALE_AFTER,
+            ),
+            f"the copies in {target} (or their backups' snapshots) changed",
+        )
+
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
 
@@ -943,6 +986,9 @@ class Cluster:
             return
         if plan.kind == "copy":
             self._check_fresh_copy(plan)
+            return
+        if plan.kind == "copy-expiry":
+            self._check_fresh_copy_expiry(plan)
             return
         if plan.kind != "recovery" or not plan.request:
             return
@@ -1138,6 +1184,102 @@ class Cluster:
         location = _target_location(where)
         options = self.copy_target_options if location.startswith("s3://") else {}
         return verify_copy(open_target(location, options), copy_id, sample=sample)
+
+    # ------------------------------------------------------------------ copy retention
+
+    def _copy_location(self, target: str | os.PathLike[str] | None, command: str) -> str:
+        where = target if target is not None else self.copy_target
+        if where is None:
+            raise ConfigurationError(
+                "no copy target: say which one",
+                hint=f"pgsnap {command} --to DIR (or s3://bucket/prefix), or [copies] path "
+                "in the configuration",
+            )
+        return _target_location(where)
+
+    def plan_copy_expiry(
+        self,
+        policy: CopyRetentionPolicy | None = None,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+    ) -> Plan:
+        """Observe and return the plan that applies copy retention to the copies in
+        ``target`` (default :attr:`copy_target`): ``policy``, default
+        :attr:`copy_retention` (``[copies.retention]``; with neither, nothing is
+        deleted). Its ``kept`` says why each copy stays, each step why a copy goes
+        (see :mod:`pgsnap.planner.copy_expiry`); the plan ends with a garbage
+        collection (``stale_after`` as :func:`~pgsnap.copies.collect_garbage`)."""
+        chosen = policy if policy is not None else self.copy_retention
+        if chosen is None:
+            chosen = CopyRetentionPolicy()
+        if not isinstance(chosen, CopyRetentionPolicy):
+            raise InputError(
+                f"policy must be a CopyRetentionPolicy, not {chosen!r}",
+                hint="e.g. CopyRetentionPolicy(monthly=12, max_age=timedelta(days=800))",
+                argument="policy",
+            )
+        location = self._copy_location(target, "expire-copies")
+        return plan_copy_expiry(
+            self.observer.copy_expiry_facts(location), chosen, stale_after=stale_after
+        )
+
+    def expire_copies(
+        self,
+        policy: CopyRetentionPolicy | None = None,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        dry_run: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> Plan:
+        """Apply copy retention (``pgsnap expire-copies``): :meth:`plan_copy_expiry`,
+        then execute it (journalled, under the cluster lock held exclusively, as an
+        expiry). With ``dry_run`` nothing is deleted. Returns the plan."""
+        plan = self.plan_copy_expiry(policy, target)
+        if not _flag("dry_run", dry_run) and plan.steps:
+            self.execute(plan, on_event=on_event)
+        return plan
+
+    def collect_copy_garbage(
+        self,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        dry_run: bool = False,
+        stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> GcReport:
+        """Remove from ``target`` (default :attr:`copy_target`) the chunks no manifest
+        names (``pgsnap copy-gc``): :func:`pgsnap.copies.collect_garbage`, run as a
+        one-step plan under the cluster lock held exclusively (no copy of this
+        cluster runs meanwhile; the target's markers keep other clusters' copies
+        safe). ``dry_run`` counts only (no lock, nothing written).
+
+        Raises :class:`~pgsnap.errors.CopyBusy` (with ``holders``) while a copy or
+        another collection is in progress on the target, and
+        :class:`~pgsnap.errors.ClusterLockedError` while another run holds the cluster.
+        """
+        location = self._copy_location(target, "copy-gc")
+        options = self.copy_target_options if location.startswith("s3://") else {}
+        if _flag("dry_run", dry_run):
+            return collect_garbage(
+                open_target(location, options),
+                clock=self._now,
+                stale_after=stale_after,
+                dry_run=True,
+            )
+        plan = plan_collect_garbage(location, options, now=self._now(), stale_after=stale_after)
+        try:
+            result = self.execute(plan, on_event=on_event)
+        except ExecutionError as exc:
+            if isinstance(exc.cause, CopyBusy):
+                raise exc.cause from exc  # nothing needs undoing: say who is in the way
+            raise
+        report = gc_report(result.outputs.get("collect-garbage", {}))
+        if report is None:  # pragma: no cover - the step raises CopyBusy instead
+            raise ExecutionError(
+                "the garbage collection step reported nothing", step_id="collect-garbage"
+            )
+        return report
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

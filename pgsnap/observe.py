@@ -50,6 +50,7 @@ from pgsnap.model import (
 )
 from pgsnap.planner.checks import DEFAULT_SEGMENT_SIZE, CheckFacts
 from pgsnap.planner.copy import backup_wal_names
+from pgsnap.planner.copy_expiry import CopyExpiryFacts
 from pgsnap.planner.expiry import ExpiryFacts
 from pgsnap.planner.facts import (
     BackupFacts,
@@ -554,6 +555,36 @@ class Observer:
             holds=self.snapshot_holds(),
             unreadable=tuple(u.backup_id for u in scan.unreadable),
             safety=self.catalog.list_safety(),
+        )
+
+    def copy_expiry_facts(self, target: str) -> CopyExpiryFacts:
+        """Observe what copy retention needs for the copy target ``target``: the
+        catalog, the manifests in the target (one listing; a target that cannot be
+        listed is a :class:`~pgsnap.errors.CopyError`: nothing is planned on doubt)
+        and the storage's snapshots (when the storage cannot be listed, the array
+        may be gone: the facts say so, and every backup counts as one whose
+        snapshots are gone)."""
+        scan = scan_catalog(self.catalog)
+        options = dict(self.copy_options) if target.startswith("s3://") else {}
+        manifests = frozenset(open_target(target, options).manifest_ids())
+        snapshots: frozenset[str] | None
+        try:
+            snapshots = frozenset(s.id for s in self.backend.list_snapshots())
+        except PgsnapError as exc:
+            log.warning(
+                "the storage's snapshots cannot be listed (%s): every backup counts as one "
+                "whose snapshots are gone",
+                exc,
+            )
+            snapshots = None
+        return CopyExpiryFacts(
+            backups=scan.records,
+            target=target,
+            manifests=manifests,
+            now=self._now(),
+            snapshots=snapshots,
+            target_options=options,
+            unreadable=tuple(u.backup_id for u in scan.unreadable),
         )
 
     def check_facts(

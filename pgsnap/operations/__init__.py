@@ -112,6 +112,9 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "copy.restore": f"{_OPS}.copies:RestoreFromCopy",
         "copy.restore_wal": f"{_OPS}.copies:RestoreWalFromCopy",
         "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
+        "copy.expire_manifest": f"{_OPS}.copy_retention:ExpireCopyManifest",
+        "catalog.forget_copy": f"{_OPS}.copy_retention:ForgetCopy",
+        "copy.collect_garbage": f"{_OPS}.copy_retention:CollectCopyGarbage",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""
