@@ -7,13 +7,16 @@
     pgsnap plan-recovery -c ... [--time T | --lsn L | --xid X | --name N | --immediate]
     pgsnap recover    -c ... [target options] [--yes]
     pgsnap resume     -c pgsnap.toml [--yes]  resume interrupted plans
+    pgsnap expire-copies -c ... [--to T] [--dry-run]  copy retention
+    pgsnap copy-gc    -c ... [--to T] [--dry-run]  remove chunks no copy needs
     pgsnap wal        -c pgsnap.toml the WAL archive, per timeline
     pgsnap copy-key generate PATH    a new key file that encrypts copies
 
 Exit codes: 0 success; 1 execution failed (compensations ran); 2 bad usage or
 configuration; 3 the plan was refused (PlanningError: the message says why
 and what would work); 4 ``check`` found blocking problems; 5 the plan is
-stale; 130 interrupted; 141 standard output was closed by its reader.
+stale; 6 another run holds the cluster, or a copy or garbage collection holds
+the copy target; 130 interrupted; 141 standard output was closed by its reader.
 
 Every wait has a ``[timeouts]`` key and a ``--<key>-timeout`` flag
 (:data:`TIMEOUT_KEYS`); a flag wins over the file.
@@ -50,6 +53,7 @@ from pgsnap.config import (
 from pgsnap.errors import (
     ClusterLockedError,
     ConfigurationError,
+    CopyBusy,
     ExecutionError,
     InputError,
     PgsnapError,
@@ -83,8 +87,8 @@ EXIT_CODES = {
     4: "check found blocking problems (a backup cannot be taken, or a recovery is at risk), "
     "or verify-copy found a copy missing or damaged chunks",
     5: "the plan is stale, or has already run: plan again",
-    6: "another pgsnap run holds the cluster, or an interrupted run must be resumed first "
-    "(nothing was changed)",
+    6: "another pgsnap run holds the cluster, a copy or garbage collection holds the copy "
+    "target, or an interrupted run must be resumed first (nothing was changed)",
     129: "hung up (SIGHUP): handled as an interrupt",
     130: "interrupted (SIGINT): what could not resume was undone",
     143: "terminated (SIGTERM): handled as an interrupt",
@@ -339,11 +343,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_DURATION_UNITS: Final = {"min": 60, "s": 1, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION_UNITS: Final = {
+    "min": 60,
+    "s": 1,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+    "y": 365 * 86400,
+}
 
 
 def _duration(text: str) -> dt.timedelta:
-    """``7d``, ``12h``, ``90min``, ``2w`` or seconds as a number."""
+    """``7d``, ``12h``, ``90min``, ``2w``, ``1y`` (365 days) or seconds as a number."""
     raw = text.strip().lower()
     for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
         if raw.endswith(unit):
@@ -443,7 +454,10 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if args.dry_run:
         return EXIT_OK
     _execute(cluster, plan)
-    _out(f"backup {args.backup} deleted")
+    if any(step.action == "catalog.delete_backup" for step in plan.steps):
+        _out(f"backup {args.backup} deleted")
+    else:
+        _out(f"the snapshots of backup {args.backup} deleted; its record stays for its copies")
     return EXIT_OK
 
 
@@ -521,8 +535,14 @@ def cmd_copy(args: argparse.Namespace) -> int:
         f"copy {copy.copy_id} of backup {args.backup} in {copy.target}: {copy.files} files, "
         f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "
         f"({copy.chunks_new} chunks new, {copy.chunks_reused} already there) "
-        f"in {copy.seconds:.1f} s"
-        + (f", encrypted with key {copy.key_fingerprint}" if copy.key_fingerprint else "")
+        f"in {copy.seconds:.1f} s; "
+        + (
+            f"it carries the backup's WAL ({len(copy.wal)} files)"
+            if copy.wal
+            else "it carries no WAL (the archive no longer had it all): restoring it "
+            "needs the WAL archive"
+        )
+        + (f"; encrypted with key {copy.key_fingerprint}" if copy.key_fingerprint else "")
     )
     return EXIT_OK
 
@@ -545,6 +565,65 @@ def cmd_verify_copy(args: argparse.Namespace) -> int:
     report = _load(args)[0].verify_copy(args.copy, args.to, sample=args.sample)
     _out(report.explain())
     return EXIT_OK if report.ok else EXIT_CHECK
+
+
+def _copy_policy(args: argparse.Namespace, cluster: Any) -> Any:
+    """The copy retention policy: the configuration's ``[copies.retention]``, each flag
+    given replacing its key."""
+    from pgsnap.planner.copy_expiry import COPY_LEVELS, CopyRetentionPolicy  # noqa: PLC0415
+
+    base = cluster.copy_retention or CopyRetentionPolicy()
+    changes: dict[str, Any] = {
+        key: getattr(args, key)
+        for key in ("redundancy", *COPY_LEVELS)
+        if getattr(args, key) is not None
+    }
+    for key in ("window", "max_age"):
+        value = getattr(args, key)
+        if value is not None:
+            changes[key] = _duration(value)
+    return attrs.evolve(base, **changes)
+
+
+def cmd_expire_copies(args: argparse.Namespace) -> int:
+    """Apply copy retention to one copy target (or show what it would delete)."""
+    from pgsnap.operations.copy_retention import gc_report  # noqa: PLC0415
+
+    cluster = _load(args)[0]
+    plan = cluster.plan_copy_expiry(_copy_policy(args, cluster), args.to)
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run or not plan.steps:
+        if not plan.steps and not args.json:
+            _out("nothing to delete")
+        return EXIT_OK
+    result = _execute(cluster, plan)
+    gc = result.outputs.get("collect-garbage", {})
+    if gc.get("busy"):
+        _err(
+            f"pgsnap: warning: garbage collection deferred: {gc.get('why')} (hint: run "
+            "`pgsnap copy-gc` once the copies have ended)"
+        )
+    if not args.json:
+        _out(f"deleted: {len(plan.lost)} copies")
+        report = gc_report(gc)
+        if report is not None:
+            _out(report.explain())
+    return EXIT_OK
+
+
+def cmd_copy_gc(args: argparse.Namespace) -> int:
+    """Remove the chunks no copy needs from a copy target (mark and sweep)."""
+    from pgsnap.operations.copy_retention import gc_outputs  # noqa: PLC0415
+
+    cluster = _load(args)[0]
+    report = cluster.collect_copy_garbage(
+        args.to,
+        dry_run=args.dry_run,
+        stale_after=_duration(args.stale_after),
+        on_event=_progress,
+    )
+    _out(json.dumps(gc_outputs(report), indent=2) if args.json else report.explain())
+    return EXIT_OK
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
@@ -817,6 +896,53 @@ def _parser() -> argparse.ArgumentParser:
     )
     ckg.add_argument("path", help="the new key file (refused if it exists)")
     ckg.set_defaults(func=cmd_copy_key_generate)
+    to_help = "the copy target: a directory or s3://bucket/prefix (default: [copies] path)"
+    xc = sub.add_parser(
+        "expire-copies",
+        parents=[common],
+        help="apply copy retention: delete the copies off the array it does not keep",
+        description="Apply the copies' own retention policy ([copies.retention], each flag "
+        "replacing its key) to one copy target: each copy's manifest, then its record, "
+        "then a garbage collection of the chunks no copy needs. With no policy nothing is "
+        "deleted. The last copy of a backup whose snapshots are gone is kept unless older "
+        "than max_age. --dry-run shows the plan: why each copy stays or goes.",
+    )
+    with_config(xc)
+    xc.add_argument("--to", help=to_help)
+    xc.add_argument("--redundancy", type=int, help="keep the newest N copies")
+    xc.add_argument("--window", help="keep every point of the last D restorable: 30d, 8w")
+    for level in ("hourly", "daily", "weekly", "monthly", "yearly"):
+        xc.add_argument(
+            f"--{level}", type=int, help=f"keep the newest copy of each of N {level} periods"
+        )
+    xc.add_argument(
+        "--max-age",
+        metavar="D",
+        help="delete copies of backups older than D whatever the rules keep (a pinned "
+        "backup's aside): 400d, 3y",
+    )
+    xc.add_argument("--dry-run", action="store_true", help="print the plan only")
+    xc.set_defaults(func=cmd_expire_copies)
+
+    gc = sub.add_parser(
+        "copy-gc",
+        parents=[common],
+        help="remove from a copy target the chunks no copy needs (garbage collection)",
+        description="Mark and sweep: remove every chunk no manifest in the target names. "
+        "Refused (exit 6) while a copy or another collection is in progress on the target, "
+        "or another run holds the cluster. --dry-run counts and writes nothing.",
+    )
+    with_config(gc)
+    gc.add_argument("--to", help=to_help)
+    gc.add_argument(
+        "--stale-after",
+        metavar="D",
+        default="24h",
+        help="take a copy's or collection's marker not refreshed for D for a dead "
+        "process's (default 24h, at least 1h)",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="count only; remove nothing")
+    gc.set_defaults(func=cmd_copy_gc)
 
     up = sub.add_parser("unpin", parents=[common], help="remove a backup's pin")
     with_config(up)
@@ -987,7 +1113,7 @@ def _main(argv: Sequence[str] | None) -> int:
         signum = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
         _err(f"interrupted ({signal.Signals(signum).name})")
         return 128 + int(signum)
-    except ClusterLockedError as exc:
+    except (ClusterLockedError, CopyBusy) as exc:
         _err(f"pgsnap: busy: {exc}")
         return EXIT_LOCKED
     except ExecutionError as exc:

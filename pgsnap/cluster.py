@@ -35,13 +35,24 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import CopyKey, VerifyReport, is_copy_id, open_target, verify_copy
+from pgsnap.copies import (
+    CopyKey,
+    GcReport,
+    VerifyReport,
+    collect_garbage,
+    is_copy_id,
+    open_target,
+    verify_copy,
+)
+from pgsnap.copies.markers import DEFAULT_STALE_AFTER
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
     BackupNotFound,
     ConfigurationError,
+    CopyBusy,
     DatabaseError,
+    ExecutionError,
     HostError,
     InputError,
     PgsnapError,
@@ -51,6 +62,7 @@ from pgsnap.errors import (
     TargetError,
 )
 from pgsnap.executor import Event, ExecutionResult, Executor
+from pgsnap.host import LocalRunner
 from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
@@ -66,11 +78,17 @@ from pgsnap.model import (
     from_dict,
 )
 from pgsnap.observe import EmptyArchive, Observer
+from pgsnap.operations.copy_retention import gc_report
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
 from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
 from pgsnap.planner.checks import CheckFacts, check_findings
-from pgsnap.planner.copy import CopyRequest, plan_copy
+from pgsnap.planner.copy import DEFAULT_MOUNT_ROOT, CopyRequest, plan_copy
+from pgsnap.planner.copy_expiry import (
+    CopyRetentionPolicy,
+    plan_collect_garbage,
+    plan_copy_expiry,
+)
 from pgsnap.planner.expiry import (
     RetentionPolicy,
     plan_delete,
@@ -515,6 +533,9 @@ class Cluster:
         copy_target: str | os.PathLike[str] | None = None,
         copy_target_options: Mapping[str, str] | None = None,
         copy_key_file: str | os.PathLike[str] | None = None,
+        copy_host: str | None = None,
+        copy_mount_root: str | None = None,
+        copy_retention: CopyRetentionPolicy | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -536,6 +557,21 @@ class Cluster:
         )
         """The copy key file (``[copies] key_file``): copies are encrypted with its key,
         and encrypted copies read with it. Its path goes into plans, never the key."""
+        self.copy_host = copy_host
+        """Where a copy exposes, mounts and reads snapshots that are block devices
+        (``[copies] host``; None: the database host). Another host means that
+        pgsnap runs there (``pgsnap copy`` on the backup host)."""
+        self.copy_mount_root = copy_mount_root or DEFAULT_MOUNT_ROOT
+        """Where those snapshots are mounted read-only (``[copies] mount_root``)."""
+        if copy_retention is not None and not isinstance(copy_retention, CopyRetentionPolicy):
+            raise InputError(
+                f"copy_retention must be a CopyRetentionPolicy, not {copy_retention!r}",
+                hint="e.g. CopyRetentionPolicy(monthly=12, max_age=timedelta(days=800))",
+                argument="copy_retention",
+            )
+        self.copy_retention = copy_retention
+        """The copies' own retention policy (``[copies.retention]``; None: copy
+        retention deletes nothing): :meth:`plan_copy_expiry` applies it."""
 
     @classmethod
     def from_config(
@@ -923,6 +959,23 @@ class Cluster:
             f"backup {backup_id}'s snapshots or copies changed",
         )
 
+    def _check_fresh_copy_expiry(self, plan: Plan) -> None:
+        """Refuse a copy expiry plan made before the copies, their manifests, the
+        snapshots or what the policy decides changed."""
+        target = str(plan.request.get("target"))
+        stale = plan.request.get("stale_after_seconds")
+        _same_plan(
+            plan,
+            lambda: plan_copy_expiry(
+                self.observer.copy_expiry_facts(target),
+                CopyRetentionPolicy.from_request(plan.request),
+                stale_after=dt.timedelta(seconds=stale)
+                if isinstance(stale, int)
+                else DEFAULT_STALE_AFTER,
+            ),
+            f"the copies in {target} (or their backups' snapshots) changed",
+        )
+
     def _check_fresh(self, plan: Plan) -> None:
         """Refuse a recovery plan whose facts changed since it was made.
 
@@ -941,6 +994,9 @@ class Cluster:
             return
         if plan.kind == "copy":
             self._check_fresh_copy(plan)
+            return
+        if plan.kind == "copy-expiry":
+            self._check_fresh_copy_expiry(plan)
             return
         if plan.kind != "recovery" or not plan.request:
             return
@@ -1085,11 +1141,22 @@ class Cluster:
             copy_id=copy_id,
             target_options=self.copy_target_options if location.startswith("s3://") else {},
             key_file=self.copy_key_file or "",
+            mount_root=self.copy_mount_root,
+            runs_on=self._copy_runs_on(),
         )
         observer = self.observer
-        return plan_copy(
-            record, observer.snapshot_access(record), request, observer.backup_wal(record)
-        )
+        access = observer.snapshot_access(record, host=self.copy_host or self.host.name)
+        return plan_copy(record, access, request, observer.backup_wal(record))
+
+    def _copy_runs_on(self) -> str:
+        """The host a copy runs on, by the storage's name for it: the database host
+        when pgsnap reaches it locally; else the backup host ``[copies] host`` names
+        (pgsnap runs there); else "" (neither: exposing snapshots is refused)."""
+        if isinstance(self.host.runner, LocalRunner):
+            return self.host.name
+        if self.copy_host and self.copy_host != self.host.name:
+            return self.copy_host
+        return ""
 
     def copy(
         self,
@@ -1128,6 +1195,102 @@ class Cluster:
         options = self.copy_target_options if location.startswith("s3://") else {}
         key = CopyKey.from_file(self.copy_key_file) if self.copy_key_file else None
         return verify_copy(open_target(location, options), copy_id, sample=sample, key=key)
+
+    # ------------------------------------------------------------------ copy retention
+
+    def _copy_location(self, target: str | os.PathLike[str] | None, command: str) -> str:
+        where = target if target is not None else self.copy_target
+        if where is None:
+            raise ConfigurationError(
+                "no copy target: say which one",
+                hint=f"pgsnap {command} --to DIR (or s3://bucket/prefix), or [copies] path "
+                "in the configuration",
+            )
+        return _target_location(where)
+
+    def plan_copy_expiry(
+        self,
+        policy: CopyRetentionPolicy | None = None,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+    ) -> Plan:
+        """Observe and return the plan that applies copy retention to the copies in
+        ``target`` (default :attr:`copy_target`): ``policy``, default
+        :attr:`copy_retention` (``[copies.retention]``; with neither, nothing is
+        deleted). Its ``kept`` says why each copy stays, each step why a copy goes
+        (see :mod:`pgsnap.planner.copy_expiry`); the plan ends with a garbage
+        collection (``stale_after`` as :func:`~pgsnap.copies.collect_garbage`)."""
+        chosen = policy if policy is not None else self.copy_retention
+        if chosen is None:
+            chosen = CopyRetentionPolicy()
+        if not isinstance(chosen, CopyRetentionPolicy):
+            raise InputError(
+                f"policy must be a CopyRetentionPolicy, not {chosen!r}",
+                hint="e.g. CopyRetentionPolicy(monthly=12, max_age=timedelta(days=800))",
+                argument="policy",
+            )
+        location = self._copy_location(target, "expire-copies")
+        return plan_copy_expiry(
+            self.observer.copy_expiry_facts(location), chosen, stale_after=stale_after
+        )
+
+    def expire_copies(
+        self,
+        policy: CopyRetentionPolicy | None = None,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        dry_run: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> Plan:
+        """Apply copy retention (``pgsnap expire-copies``): :meth:`plan_copy_expiry`,
+        then execute it (journalled, under the cluster lock held exclusively, as an
+        expiry). With ``dry_run`` nothing is deleted. Returns the plan."""
+        plan = self.plan_copy_expiry(policy, target)
+        if not _flag("dry_run", dry_run) and plan.steps:
+            self.execute(plan, on_event=on_event)
+        return plan
+
+    def collect_copy_garbage(
+        self,
+        target: str | os.PathLike[str] | None = None,
+        *,
+        dry_run: bool = False,
+        stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> GcReport:
+        """Remove from ``target`` (default :attr:`copy_target`) the chunks no manifest
+        names (``pgsnap copy-gc``): :func:`pgsnap.copies.collect_garbage`, run as a
+        one-step plan under the cluster lock held exclusively (no copy of this
+        cluster runs meanwhile; the target's markers keep other clusters' copies
+        safe). ``dry_run`` counts only (no lock, nothing written).
+
+        Raises :class:`~pgsnap.errors.CopyBusy` (with ``holders``) while a copy or
+        another collection is in progress on the target, and
+        :class:`~pgsnap.errors.ClusterLockedError` while another run holds the cluster.
+        """
+        location = self._copy_location(target, "copy-gc")
+        options = self.copy_target_options if location.startswith("s3://") else {}
+        if _flag("dry_run", dry_run):
+            return collect_garbage(
+                open_target(location, options),
+                clock=self._now,
+                stale_after=stale_after,
+                dry_run=True,
+            )
+        plan = plan_collect_garbage(location, options, now=self._now(), stale_after=stale_after)
+        try:
+            result = self.execute(plan, on_event=on_event)
+        except ExecutionError as exc:
+            if isinstance(exc.cause, CopyBusy):
+                raise exc.cause from exc  # nothing needs undoing: say who is in the way
+            raise
+        report = gc_report(result.outputs.get("collect-garbage", {}))
+        if report is None:  # pragma: no cover - the step raises CopyBusy instead
+            raise ExecutionError(
+                "the garbage collection step reported nothing", step_id="collect-garbage"
+            )
+        return report
 
     def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster."""

@@ -15,6 +15,7 @@ way in; :func:`cluster_arguments` gives what it builds with,
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import math
 import os
@@ -29,16 +30,20 @@ from pgsnap.catalog import DirectoryCatalog
 from pgsnap.errors import ConfigurationError
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
+from pgsnap.planner.copy_expiry import CopyRetentionPolicy
 from pgsnap.wal.archive import DirectoryWalArchive
 
 __all__ = [
+    "COPY_RETENTION_KEYS",
     "RETENTION_KEYS",
     "TIMEOUT_KEYS",
     "Source",
     "Timeouts",
     "cluster_arguments",
+    "load_copy_retention",
     "load_retention",
     "load_timeouts",
+    "parse_duration",
 ]
 
 
@@ -169,6 +174,20 @@ _COPIES_KEYS = (
     "key_file",
 )
 _COPY_TARGET_KEYS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+_COPIES_HOST_KEYS = ("host", "mount_root")
+"""``[copies]`` keys of where snapshots are exposed and mounted (not target options)."""
+COPY_RETENTION_KEYS: Final = (
+    "redundancy",
+    "window",
+    "hourly",
+    "daily",
+    "weekly",
+    "monthly",
+    "yearly",
+    "max_age",
+)
+"""The keys of ``[copies.retention]``: the snapshots' ``[retention]`` keys that apply to
+copies, plus ``yearly`` and ``max_age`` (copies are kept longer)."""
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -547,12 +566,33 @@ def cluster_arguments(
         "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
         "copy_target_options": _copy_options(_table(conf, "copies") or {}, rel),
         "copy_key_file": _copy_key_file(_table(conf, "copies") or {}, rel),
+        **_copy_host(_table(conf, "copies") or {}),
+        "copy_retention": _copy_retention(_table(conf, "copies") or {}),
     }
+
+
+def _copy_host(section: dict[str, Any]) -> dict[str, str]:
+    """``[copies] host`` (where snapshots that must be exposed are exposed, mounted
+    and read: default the database host) and ``mount_root`` (where they are
+    mounted), as Cluster arguments; absent keys are left out."""
+    out: dict[str, str] = {}
+    host = _text(section, "host", "[copies]")
+    if host is not None:
+        out["copy_host"] = host
+    root = _text(section, "mount_root", "[copies]")
+    if root is not None:
+        if not root.startswith("/"):
+            raise ConfigurationError(
+                f"[copies] mount_root must be an absolute directory, not {root!r}",
+                hint="e.g. mount_root = '/run/pgsnap/copies'",
+            )
+        out["copy_mount_root"] = root
+    return out
 
 
 def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
     """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
-    _check_keys(section, _COPIES_KEYS, "[copies]")
+    _check_keys(section, (*_COPIES_KEYS, *_COPIES_HOST_KEYS, "retention"), "[copies]")
     where = _text(section, "path", "[copies]")
     if where is None or where.startswith("s3://"):
         return where
@@ -575,6 +615,68 @@ def _copy_key_file(section: dict[str, Any], rel: Callable[[Any], str]) -> str | 
     key is read where it is used), relative to the configuration's directory."""
     where = _text(section, "key_file", "[copies]")
     return None if not where else rel(where)
+
+
+_DURATION_UNITS: Final = {
+    "min": 60,
+    "s": 1,
+    "h": 3600,
+    "d": 86400,
+    "w": 7 * 86400,
+    "y": 365 * 86400,
+}
+
+
+def parse_duration(value: Any, where: str) -> dt.timedelta:
+    """A duration of the configuration: ``"400d"``, ``"52w"``, ``"12h"``, ``"90min"``,
+    ``"30s"``, ``"1y"`` (365 days), or a number of seconds; a ``timedelta``."""
+    hint = 'write a number with a unit in quotes: "12h", "30d", "52w", "1y"'
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{where} must be a duration, not {value!r}", hint=hint)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        raw = value.strip().lower()
+        unit = next(
+            (u for u in sorted(_DURATION_UNITS, key=len, reverse=True) if raw.endswith(u)), ""
+        )
+        number = raw[: -len(unit)] if unit else raw
+        try:
+            seconds = float(number) * _DURATION_UNITS.get(unit, 1)
+        except ValueError:
+            raise ConfigurationError(f"{where} is not a duration: {value!r}", hint=hint) from None
+    else:
+        raise ConfigurationError(f"{where} must be a duration, not {value!r}", hint=hint)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigurationError(f"{where} must be a positive duration, not {value!r}", hint=hint)
+    return dt.timedelta(seconds=seconds)
+
+
+def _copy_retention(section: dict[str, Any]) -> CopyRetentionPolicy | None:
+    """``[copies.retention]``: the copies' own retention policy (None: not configured,
+    and then copy retention deletes nothing)."""
+    if "retention" not in section:
+        return None
+    table = section["retention"]
+    if not isinstance(table, dict):
+        raise ConfigurationError(
+            f"[copies] retention must be a section ([copies.retention]), not {table!r}",
+            hint='write [copies.retention] with keys such as monthly = 12, max_age = "3y"',
+        )
+    _check_keys(table, COPY_RETENTION_KEYS, "[copies.retention]")
+    spans: dict[str, Any] = {
+        key: parse_duration(table[key], f"[copies.retention] {key}")
+        for key in ("window", "max_age")
+        if key in table
+    }
+    counts = {k: v for k, v in table.items() if k not in spans}
+    return CopyRetentionPolicy(**counts, **spans)
+
+
+def load_copy_retention(source: Source) -> CopyRetentionPolicy | None:
+    """The ``[copies.retention]`` section of a configuration as a policy (None when
+    absent: then copy retention deletes nothing)."""
+    return _copy_retention(_table(_read(source), "copies") or {})
 
 
 def load_retention(source: Source) -> dict[str, Any]:

@@ -705,18 +705,50 @@ class Pin:
         return self.until is None or now < self.until
 
 
+def _check_access(instance: SnapshotAccess, _attribute: object, _value: object) -> None:
+    if bool(instance.path) == bool(instance.host):
+        from pgsnap.errors import ConfigurationError  # noqa: PLC0415
+
+        raise ConfigurationError(
+            "a SnapshotAccess gives either a path (read in place) or a host (exposed "
+            f"there first), not {'both' if instance.path else 'neither'}",
+            hint="SnapshotAccess.in_place(path) or SnapshotAccess.exposed_on(host)",
+        )
+
+
 @attrs.frozen
 class SnapshotAccess:
-    """How a snapshot's content can be read without touching its origin
-    (:meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access`).
+    """How a snapshot's content can be read without touching its origin, for a copy.
 
-    ``path`` is a directory on the database host holding the snapshot's tree,
-    read-only in spirit (a btrfs read-only snapshot, the mock's copy): a copy
-    reads it in place. (Snapshots that must first be attached and mounted, as
-    LVM's and PowerFlex's, come with the rest of issue 21.)
+    Either:
+
+    - **in place**: ``path`` is a directory on the database host holding the
+      snapshot's tree, read-only in spirit (a btrfs read-only snapshot, the
+      mock's copy; :meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access`):
+      the copy reads it as it is;
+    - **exposed**: ``host`` names the host (the storage's name for it) on which
+      the snapshot must first be exposed (:class:`~pgsnap.protocols.ExposableSnapshots`:
+      LVM activates it, PowerFlex maps it to the host's SDC) and mounted
+      read-only; the copy plan does that, and undoes it, around the send.
     """
 
-    path: str
+    path: str = attrs.field(default="", validator=_check_access)
+    host: str = ""
+
+    @classmethod
+    def in_place(cls, path: str) -> SnapshotAccess:
+        """A snapshot tree read where it is."""
+        return cls(path=path)
+
+    @classmethod
+    def exposed_on(cls, host: str) -> SnapshotAccess:
+        """A snapshot to expose on ``host`` and mount read-only before it is read."""
+        return cls(host=host)
+
+    @property
+    def must_expose(self) -> bool:
+        """True when the snapshot is exposed and mounted before it is read."""
+        return bool(self.host)
 
 
 @attrs.frozen

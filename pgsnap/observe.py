@@ -50,6 +50,7 @@ from pgsnap.model import (
 )
 from pgsnap.planner.checks import DEFAULT_SEGMENT_SIZE, CheckFacts
 from pgsnap.planner.copy import backup_wal_names
+from pgsnap.planner.copy_expiry import CopyExpiryFacts
 from pgsnap.planner.expiry import ExpiryFacts
 from pgsnap.planner.facts import (
     BackupFacts,
@@ -65,6 +66,7 @@ from pgsnap.protocols import (
     Capability,
     Catalog,
     DatabaseAdapter,
+    ExposableSnapshots,
     LocalWalArchive,
     ReadableSnapshots,
     StorageBackend,
@@ -476,28 +478,45 @@ class Observer:
             paths=self._path_facts(server),
         )
 
-    def snapshot_access(self, record: BackupRecord) -> dict[str, SnapshotAccess]:
+    def snapshot_access(
+        self, record: BackupRecord, *, host: str | None = None
+    ) -> dict[str, SnapshotAccess]:
         """Where each data and tablespace snapshot of ``record`` can be read (volume id
-        → access), for a copy; a snapshot that is gone is left out (the copy planner
-        refuses then). :class:`~pgsnap.errors.UnsupportedCapability` when the backend
-        cannot expose its snapshots in place."""
-        if not isinstance(self.backend, ReadableSnapshots):
+        → access), for a copy: in place (:class:`~pgsnap.protocols.ReadableSnapshots`),
+        or exposed on ``host`` (default: the database host's name) and mounted
+        there first (:class:`~pgsnap.protocols.ExposableSnapshots`). A snapshot
+        that is gone is left out (the copy planner refuses then).
+        :class:`~pgsnap.errors.UnsupportedCapability` when the backend can do
+        neither."""
+        backend = self.backend
+        if not isinstance(backend, ReadableSnapshots | ExposableSnapshots):
             raise UnsupportedCapability(
-                f"the {self.backend.name} backend's snapshots cannot be read in place yet, "
-                "so its backups cannot be copied",
-                hint="copies work on the mock (directory volumes) and btrfs now; LVM and "
-                "PowerFlex snapshots, which must be activated or mapped and mounted, "
-                "come later",
-                backend=self.backend.name,
+                f"the {backend.name} backend's snapshots can be neither read in place nor "
+                "exposed on a host, so its backups cannot be copied",
+                hint="copies work on backends with ReadableSnapshots (mock, btrfs) or "
+                "ExposableSnapshots (LVM, PowerFlex)",
+                backend=backend.name,
             )
+        wanted = [
+            (vol, snap)
+            for vol in record.layout.volumes
+            if (snap := record.snapshots.get(vol.id)) is not None
+            and vol.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
+        ]
         found: dict[str, SnapshotAccess] = {}
-        for vol in record.layout.volumes:
-            snap = record.snapshots.get(vol.id)
-            if snap is None or vol.role not in (VolumeRole.DATA, VolumeRole.TABLESPACE):
-                continue
-            try:
-                found[vol.id] = self.backend.snapshot_access(snap)
-            except SnapshotNotFound:
+        if isinstance(backend, ReadableSnapshots):
+            for vol, snap in wanted:
+                try:
+                    found[vol.id] = backend.snapshot_access(snap)
+                except SnapshotNotFound:
+                    log.info("backup %s: snapshot %s of %s is gone", record.id, snap, vol.id)
+            return found
+        where = host or self.host.name
+        present = {s.id for s in backend.list_snapshots()}
+        for vol, snap in wanted:
+            if snap in present:
+                found[vol.id] = SnapshotAccess.exposed_on(where)
+            else:
                 log.info("backup %s: snapshot %s of %s is gone", record.id, snap, vol.id)
         return found
 
@@ -539,6 +558,36 @@ class Observer:
             holds=self.snapshot_holds(),
             unreadable=tuple(u.backup_id for u in scan.unreadable),
             safety=self.catalog.list_safety(),
+        )
+
+    def copy_expiry_facts(self, target: str) -> CopyExpiryFacts:
+        """Observe what copy retention needs for the copy target ``target``: the
+        catalog, the manifests in the target (one listing; a target that cannot be
+        listed is a :class:`~pgsnap.errors.CopyError`: nothing is planned on doubt)
+        and the storage's snapshots (when the storage cannot be listed, the array
+        may be gone: the facts say so, and every backup counts as one whose
+        snapshots are gone)."""
+        scan = scan_catalog(self.catalog)
+        options = dict(self.copy_options) if target.startswith("s3://") else {}
+        manifests = frozenset(open_target(target, options).manifest_ids())
+        snapshots: frozenset[str] | None
+        try:
+            snapshots = frozenset(s.id for s in self.backend.list_snapshots())
+        except PgsnapError as exc:
+            log.warning(
+                "the storage's snapshots cannot be listed (%s): every backup counts as one "
+                "whose snapshots are gone",
+                exc,
+            )
+            snapshots = None
+        return CopyExpiryFacts(
+            backups=scan.records,
+            target=target,
+            manifests=manifests,
+            now=self._now(),
+            snapshots=snapshots,
+            target_options=options,
+            unreadable=tuple(u.backup_id for u in scan.unreadable),
         )
 
     def check_facts(

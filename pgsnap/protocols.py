@@ -59,6 +59,7 @@ __all__ = [
     "Catalog",
     "ClusterLockProvider",
     "DatabaseAdapter",
+    "ExposableSnapshots",
     "LocalWalArchive",
     "ReadableSnapshots",
     "RecoveryOutcome",
@@ -244,7 +245,7 @@ class ReadableSnapshots(Protocol):
     ``isinstance(backend, ReadableSnapshots)`` tells. The mock (directory
     volumes) and btrfs (read-only snapshot subvolumes) have it; LVM and
     PowerFlex, whose snapshots must first be activated or mapped and mounted,
-    will say so another way (issue 21).
+    have :class:`ExposableSnapshots` instead.
     """
 
     def snapshot_access(self, snapshot_id: str) -> SnapshotAccess:
@@ -252,6 +253,36 @@ class ReadableSnapshots(Protocol):
         :class:`~pgsnap.errors.SnapshotNotFound` if it is gone;
         :class:`~pgsnap.errors.UnsupportedCapability` for one that cannot be
         read in place (an in-memory or block-device snapshot)."""
+        ...
+
+
+@runtime_checkable
+class ExposableSnapshots(Protocol):
+    """Optional for a :class:`StorageBackend`: its snapshots are block devices that
+    are read by exposing them on a host and mounting them read-only there, for a
+    copy off the array (``pgsnap copy``), without touching their origins.
+
+    ``isinstance(backend, ExposableSnapshots)`` tells (as for
+    :class:`ReadableSnapshots`, the protocol is the declaration). LVM activates
+    the snapshot on its own host (a thin snapshot skips activation otherwise);
+    PowerFlex maps the snapshot volume read-only to the host's SDC. The copy
+    planner builds expose → mount read-only → send → unmount → conceal from
+    it, naming no backend; the mount options come from
+    :func:`pgsnap.host.readonly.read_only_mount_options`.
+    """
+
+    def expose_snapshot(self, snapshot_id: str, host: str) -> Location:
+        """Make the snapshot's block device visible on ``host`` (the storage's name
+        for it, as :meth:`StorageBackend.attach` takes) and return where that host
+        finds it (a device node, which may take a moment to appear). Idempotent;
+        never changes the snapshot's origin volume or its mappings.
+        :class:`~pgsnap.errors.SnapshotNotFound` if it is gone;
+        :class:`~pgsnap.errors.BackendError` for a host that cannot see it."""
+        ...
+
+    def conceal_snapshot(self, snapshot_id: str, host: str) -> None:
+        """Undo :meth:`expose_snapshot` (the caller unmounts first). Idempotent: a
+        snapshot not exposed there, or gone, is fine."""
         ...
 
 

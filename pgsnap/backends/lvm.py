@@ -121,6 +121,7 @@ from pgsnap.errors import (
     UnsupportedCapability,
     VolumeNotFound,
 )
+from pgsnap.host.readonly import mount_read_only
 from pgsnap.model import (
     Location,
     RestorePreparation,
@@ -1159,21 +1160,7 @@ class LvmBackend(CommandBackend):
         superblock. :meth:`ex_unmount_snapshot` undoes it.
         """
         device = self.ex_activate(snapshot_id)
-        head = self._host.run(
-            ["dd", f"if={device}", "bs=4096", "count=1", "status=none"], timeout=60
-        ).stdout
-        options: list[str] = []
-        if head[:4] == b"XFSB":
-            options.append("nouuid")
-            if read_only:
-                options += ["ro", "norecovery"]
-        elif head[1080:1082] == b"\x53\xef":  # ext2/3/4
-            if read_only:
-                options += ["ro", "noload"]
-        elif read_only:
-            options.append("ro")
-        self._host.make_dirs(mount_point, mode=0o755)
-        self._host.mount(device, mount_point, options=options)
+        mount_read_only(self._host, device, mount_point, read_only=read_only)
         return device
 
     def ex_unmount_snapshot(self, snapshot_id: str, mount_point: str) -> None:
@@ -1183,6 +1170,39 @@ class LvmBackend(CommandBackend):
         snap = self._snapshot(self._lvs(), snapshot_id)
         if snap.lv.thin:
             self.ex_deactivate(snapshot_id)
+
+    # ------------------------------------------------------------------ ExposableSnapshots
+
+    def _check_exposed_on(self, snapshot_id: str, host: str) -> None:
+        if host != self._host.name:
+            raise LvmError(
+                f"snapshot {snapshot_id} can be activated only on {self._host.name!r}, the "
+                f"host whose lvm holds it, not on {host!r}",
+                hint="copy an LVM backup on the host of its volume group ([copies] host "
+                "unset, or that host's name)",
+                backend=_NAME,
+                snapshot_id=snapshot_id,
+            )
+
+    def expose_snapshot(self, snapshot_id: str, host: str) -> Location:
+        """Activate the snapshot on its own host (``lvchange -ay -K`` for a thin
+        snapshot, which skips activation; a classic one is active with its origin)
+        and return its device ``/dev/vg/lv``; idempotent. The origin is not touched.
+        ``host`` must be this backend's host (lvm is local to it)."""
+        self._check_exposed_on(snapshot_id, host)
+        return Location.device(self.ex_activate(snapshot_id))
+
+    def conceal_snapshot(self, snapshot_id: str, host: str) -> None:
+        """Deactivate a thin snapshot again (a classic one stays active with its
+        origin); idempotent: a snapshot already gone is fine."""
+        self._check_exposed_on(snapshot_id, host)
+        with self._lock:
+            try:
+                snap = self._snapshot(self._lvs(), snapshot_id)
+            except SnapshotNotFound:
+                return
+            if snap.lv.thin and snap.lv.active:
+                self.ex_deactivate(snapshot_id)
 
     def ex_logical_volumes(self) -> tuple[LogicalVolume, ...]:
         """Every LV of the volume groups as ``lvs`` reports it (for checks and tests)."""

@@ -1538,26 +1538,36 @@ class PowerFlexBackend:
         ``addMappedSdc`` (``sdcId``) on 3.x and 4.x; ``addMappedHost``
         (``hostId``, the SDC's Host) on 5.x.
         """
-        vol = self._resolve(volume_id, fresh=True)
-        sdc = self._sdc(host)
-        if any(m.get("sdcId") == sdc.get("id") for m in vol.get("mappedSdcInfo") or ()):
-            return
-        key, action = ("hostId", "addMappedHost") if self._maps_hosts else ("sdcId", "addMappedSdc")
-        body = {key: sdc["id"], "allowMultipleMappings": self._multiple, "accessMode": "ReadWrite"}
-        try:
-            self._write(f"/instances/Volume::{vol['id']}/action/{action}", body)
-        except PowerFlexAPIError as exc:
-            if exc.details.get("error_code") == 81:
-                return  # mapped meanwhile: what was asked
-            raise
-        log.info("volume %s mapped to SDC %s (%s)", vol["id"], sdc.get("name") or sdc["id"], action)
+        self._map(self._resolve(volume_id, fresh=True), host, "ReadWrite")
 
     def detach(self, volume_id: str, host: str) -> None:
         """Unmap the volume from the SDC ``host``; idempotent.
 
         ``removeMappedSdc`` on 3.x and 4.x; ``removeMappedHost`` on 5.x.
         """
-        vol = self._resolve(volume_id, fresh=True)
+        self._unmap(self._resolve(volume_id, fresh=True), host)
+
+    def _map(self, vol: Mapping[str, Any], host: str, mode: str) -> None:
+        sdc = self._sdc(host)
+        if any(m.get("sdcId") == sdc.get("id") for m in vol.get("mappedSdcInfo") or ()):
+            return
+        key, action = ("hostId", "addMappedHost") if self._maps_hosts else ("sdcId", "addMappedSdc")
+        body = {key: sdc["id"], "allowMultipleMappings": self._multiple, "accessMode": mode}
+        try:
+            self._write(f"/instances/Volume::{vol['id']}/action/{action}", body)
+        except PowerFlexAPIError as exc:
+            if exc.details.get("error_code") == 81:
+                return  # mapped meanwhile: what was asked
+            raise
+        log.info(
+            "volume %s mapped to SDC %s (%s, %s)",
+            vol["id"],
+            sdc.get("name") or sdc["id"],
+            action,
+            mode,
+        )
+
+    def _unmap(self, vol: Mapping[str, Any], host: str) -> None:
         sdc = self._sdc(host)
         if not any(m.get("sdcId") == sdc.get("id") for m in vol.get("mappedSdcInfo") or ()):
             return
@@ -1574,6 +1584,26 @@ class PowerFlexBackend:
         log.info(
             "volume %s unmapped from SDC %s (%s)", vol["id"], sdc.get("name") or sdc["id"], action
         )
+
+    # ------------------------------------------------------------------ ExposableSnapshots
+
+    def expose_snapshot(self, snapshot_id: str, host: str) -> Location:
+        """Map the snapshot (a volume of its own) read-only to the SDC ``host``, as
+        :meth:`attach` maps a volume, and return the device that SDC shows for it
+        (``/dev/disk/by-id/emc-vol-<system id>-<snapshot id>``); idempotent. The
+        origin volume and its mappings are not touched."""
+        snap = self._snapshot(snapshot_id)
+        self._map(snap, host, "ReadOnly")
+        return Location.device(f"/dev/disk/by-id/emc-vol-{self.system_id}-{snap['id']}")
+
+    def conceal_snapshot(self, snapshot_id: str, host: str) -> None:
+        """Unmap the snapshot from the SDC ``host``; idempotent (a snapshot already
+        gone or not mapped is fine)."""
+        try:
+            snap = self._snapshot(snapshot_id)
+        except SnapshotNotFound:
+            return
+        self._unmap(snap, host)
 
     # ------------------------------------------------------------------ clones
 

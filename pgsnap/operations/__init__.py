@@ -87,9 +87,13 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "storage.detach": f"{_OPS}.storage:DetachVolume",
         "storage.pause_policies": f"{_OPS}.storage:PausePolicies",
         "storage.resume_policies": f"{_OPS}.storage:ResumePolicies",
+        "storage.expose_snapshot": f"{_OPS}.storage:ExposeSnapshot",
+        "storage.conceal_snapshot": f"{_OPS}.storage:ConcealSnapshot",
         "host.unmount": f"{_OPS}.host:UnmountVolume",
         "host.mount": f"{_OPS}.host:MountVolume",
         "host.wait_for_device": f"{_OPS}.host:WaitForDevice",
+        "host.mount_snapshot": f"{_OPS}.host:MountSnapshot",
+        "host.unmount_snapshot": f"{_OPS}.host:UnmountSnapshot",
         "catalog.record_backup_start": f"{_OPS}.catalog:RecordBackupStart",
         "catalog.record_backup_stop": f"{_OPS}.catalog:RecordBackupStop",
         "catalog.mark_done": f"{_OPS}.catalog:MarkBackupDone",
@@ -108,6 +112,9 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "copy.restore": f"{_OPS}.copies:RestoreFromCopy",
         "copy.restore_wal": f"{_OPS}.copies:RestoreWalFromCopy",
         "catalog.record_copy": f"{_OPS}.copies:RecordCopy",
+        "copy.expire_manifest": f"{_OPS}.copy_retention:ExpireCopyManifest",
+        "catalog.forget_copy": f"{_OPS}.copy_retention:ForgetCopy",
+        "copy.collect_garbage": f"{_OPS}.copy_retention:CollectCopyGarbage",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

@@ -4,7 +4,9 @@ restored from there.
 :class:`SendCopy` reads the trees of a backup's snapshots in place (where
 :meth:`~pgsnap.protocols.ReadableSnapshots.snapshot_access` says they are)
 and writes them to a copy target as chunks and, last, a manifest
-(:func:`pgsnap.copies.copy_trees`). It is idempotent: a resumed or repeated
+(:func:`pgsnap.copies.copy_trees`), or the mount points where the plan's
+``host.mount_snapshot`` steps mounted them read-only, and never a tree at,
+in or above a volume of the layout. It is idempotent: a resumed or repeated
 run sends only the chunks still missing. Its undo removes the manifest, so a
 copy the catalog does not record is not left looking complete.
 :class:`RecordCopy` adds the copy to the backup's record.
@@ -45,15 +47,31 @@ from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
-from pgsnap.model import CopyRecord, VolumeRole
+from pgsnap.model import CopyRecord, Volume, VolumeRole
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
+from pgsnap.operations.host import MountSnapshot, check_apart_from_layout
 from pgsnap.wal import COMPRESSION_SUFFIXES
 from pgsnap.wal.reader import archived_segment_problem
 
-__all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "RestoreWalFromCopy", "SendCopy"]
+__all__ = [
+    "DeleteCopyManifest",
+    "RecordCopy",
+    "RestoreFromCopy",
+    "RestoreWalFromCopy",
+    "SendCopy",
+    "copy_tree_name",
+]
 
 log = logging.getLogger(__name__)
+
+
+def copy_tree_name(vol: Volume) -> str:
+    """The name of volume ``vol``'s tree in a copy: ``pgdata`` for the data
+    directory's volume, ``tablespace-<oid>`` for a tablespace's."""
+    if vol.role is VolumeRole.DATA:
+        return "pgdata"
+    return f"tablespace-{vol.tablespace_oid}" if vol.tablespace_oid else f"volume-{vol.name}"
 
 
 def _str_tuple(values: object) -> tuple[str, ...]:
@@ -94,12 +112,24 @@ class SendCopy(Operation):
                 f"a snapshot tree is named {WAL_TREE}, the name of the copy's WAL",
                 "make a new plan (pgsnap copy)",
             )
-        if not isinstance(ctx.host.runner, LocalRunner):
+        mounted = {op.mount_point: op for _sid, op in plan.of(MountSnapshot)}
+        for name, path in self.trees.items():
+            check_apart_from_layout(self, ctx, path, f"it reads tree {name} from")
+            if mounted and path not in mounted:
+                raise self.mismatch(
+                    ctx,
+                    f"it reads tree {name} from {path}, where no step of this plan mounts "
+                    "a snapshot of the backup",
+                    "the plan was edited: make a new plan",
+                )
+        backup_host = bool(mounted) and all(op.host != ctx.host.name for op in mounted.values())
+        if not backup_host and not isinstance(ctx.host.runner, LocalRunner):
             raise self.mismatch(
                 ctx,
                 f"a copy reads the snapshots on this machine, and the database host is "
                 f"{ctx.host.description}",
-                "run pgsnap copy on the database host (copies from a backup host come later)",
+                "run pgsnap copy on the database host, or on a backup host named in "
+                "[copies] host (LVM and PowerFlex snapshots)",
             )
         try:
             record = ctx.catalog.get(self.backup_id)
@@ -116,6 +146,8 @@ class SendCopy(Operation):
                 "make a new plan (pgsnap copy)",
             )
         for name, path in self.trees.items():
+            if path in mounted and ctx.step_id not in plan.started:
+                continue  # the plan mounts it before this step (checked when it runs)
             if not os.path.isdir(path):
                 raise self.mismatch(
                     ctx,
@@ -143,7 +175,9 @@ class SendCopy(Operation):
         if self.spcmapfile:
             files["tablespace_map"] = self.spcmapfile
         with tempfile.TemporaryDirectory(prefix="pgsnap-copy-wal-") as staged:
-            trees = dict(self.trees)
+            # A tree is the directory at its path: a path through a symbolic link (a
+            # simulated mount point is one) is read at the directory it leads to.
+            trees = {name: os.path.realpath(path) for name, path in self.trees.items()}
             held: list[str] = []
             if self.wal:
                 held = _stage_wal(ctx, self.backup_id, self.wal, staged)
@@ -446,6 +480,13 @@ class RestoreFromCopy(Operation):
                 f"{self.volume_id} at {vol.mount_point}",
                 "the plan was edited: make a new plan",
             )
+        if self.tree != copy_tree_name(vol):
+            raise self.mismatch(
+                ctx,
+                f"it writes the copy's tree {self.tree!r} into volume {self.volume_id}, "
+                f"whose tree is {copy_tree_name(vol)!r}",
+                "the plan was edited: make a new plan",
+            )
         if not isinstance(ctx.host.runner, LocalRunner):
             raise self.mismatch(
                 ctx,
@@ -570,6 +611,13 @@ class RestoreWalFromCopy(Operation):
                 ctx,
                 f"it writes WAL into {self.directory}, but the layout has the data volume "
                 f"{data.id} at {data.mount_point}",
+                "the plan was edited: make a new plan",
+            )
+        if self.data_tree != copy_tree_name(data):
+            raise self.mismatch(
+                ctx,
+                f"it looks for the data directory in the copy's tree {self.data_tree!r}, "
+                f"not in the data volume's {copy_tree_name(data)!r}",
                 "the plan was edited: make a new plan",
             )
         if not isinstance(ctx.host.runner, LocalRunner):

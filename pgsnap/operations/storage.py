@@ -10,6 +10,7 @@ import attrs
 
 from pgsnap.errors import SnapshotNotFound
 from pgsnap.model import SnapshotGroup as SnapshotGroupRecord
+from pgsnap.model import VolumeRole
 from pgsnap.operations.base import (
     JSONValue,
     Operation,
@@ -21,12 +22,16 @@ from pgsnap.operations.base import (
     renamed_operations,
 )
 from pgsnap.operations.base import Target as _Target
+from pgsnap.operations.host import check_reading_host
+from pgsnap.protocols import ExposableSnapshots
 
 __all__ = [
     "AttachVolume",
+    "ConcealSnapshot",
     "DeleteSnapshotGroup",
     "DeleteSnapshots",
     "DetachVolume",
+    "ExposeSnapshot",
     "PausePolicies",
     "RestoreVolume",
     "ResumePolicies",
@@ -359,6 +364,141 @@ class ResumePolicies(Operation):
     def run(self, ctx: OperationContext) -> Outputs:
         for pid in self.policy_ids:
             ctx.backend.resume_policy(pid)
+        return {}
+
+
+# --------------------------------------------------------------------------- copies
+
+
+def _check_copied_snapshot(
+    op: Operation,
+    ctx: OperationContext,
+    backup_id: str,
+    volume_id: str,
+    snapshot_id: str,
+    *,
+    on_storage: bool,
+) -> ExposableSnapshots:
+    """``snapshot_id`` is, by the catalog (and, ``on_storage``, the storage), backup
+    ``backup_id``'s snapshot of data or tablespace volume ``volume_id``, and no
+    volume of the layout: the storage's exposing seam, or the mismatch."""
+    vol = next((v for v in ctx.layout.volumes if v.id == volume_id), None)
+    if vol is None or vol.role not in (VolumeRole.DATA, VolumeRole.TABLESPACE):
+        raise op.mismatch(
+            ctx,
+            f"volume {volume_id} is not a data or tablespace volume of the cluster's layout",
+            "the plan was edited or made for another cluster: make a new plan",
+        )
+    if snapshot_id in {v.id for v in ctx.layout.volumes}:
+        raise op.mismatch(
+            ctx,
+            f"{snapshot_id} is a volume of the cluster, not a snapshot: an origin is never "
+            "exposed, mounted or unmapped for a copy",
+            "the plan was edited: make a new plan",
+        )
+    record = op.backup_record(ctx, backup_id)
+    recorded = record.snapshots.get(volume_id)
+    if recorded != snapshot_id:
+        raise op.mismatch(
+            ctx,
+            f"{snapshot_id} is not backup {backup_id}'s snapshot of volume {volume_id} "
+            f"(the catalog records {recorded or 'none for that volume'})",
+            "the plan was edited or the catalog changed: make a new plan",
+        )
+    backend = ctx.backend
+    if not isinstance(backend, ExposableSnapshots):
+        raise op.mismatch(
+            ctx,
+            f"the {backend.name} backend does not expose snapshots on a host",
+            "the plan was made for another storage: make a new plan",
+        )
+    if on_storage and not any(s.id == snapshot_id for s in ctx.backend.list_snapshots(volume_id)):
+        raise op.mismatch(
+            ctx,
+            f"the storage has no snapshot {snapshot_id} of volume {volume_id} "
+            f"(backup {backup_id}'s)",
+            "the snapshot was deleted: the backup cannot be copied any more",
+        )
+    return backend
+
+
+@attrs.frozen
+class ExposeSnapshot(Operation):
+    """Make backup ``backup_id``'s snapshot ``snapshot_id`` of volume ``volume_id``
+    readable as a block device on host ``host``
+    (:meth:`~pgsnap.protocols.ExposableSnapshots.expose_snapshot`: LVM activates
+    it, PowerFlex maps it read-only to the host's SDC); outputs the ``device``.
+    Idempotent. Its undo (and the plan's later step) conceals it again.
+
+    Checked before the run: the catalog records that snapshot for that volume
+    of that backup, the storage has it, it is not a volume of the layout, and
+    ``host`` is where pgsnap runs.
+    """
+
+    name = "storage.expose_snapshot"
+    target = _Target.STORAGE
+    compensation = "storage.conceal_snapshot"
+
+    backup_id: str
+    volume_id: str
+    snapshot_id: str
+    host: str
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        check_reading_host(self, ctx, self.host)
+        _check_copied_snapshot(
+            self,
+            ctx,
+            self.backup_id,
+            self.volume_id,
+            self.snapshot_id,
+            on_storage=not plan.undo and ctx.step_id not in plan.started,
+        )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        backend = _check_copied_snapshot(
+            self, ctx, self.backup_id, self.volume_id, self.snapshot_id, on_storage=False
+        )
+        where = backend.expose_snapshot(self.snapshot_id, self.host)
+        return {"device": where.path, "kind": where.kind.value}
+
+
+@attrs.frozen
+class ConcealSnapshot(Operation):
+    """Undo :class:`ExposeSnapshot` (the snapshot's file system is unmounted first);
+    idempotent. Only a snapshot that a step of this plan exposes, and the catalog
+    records for the backup, is concealed: never an origin volume."""
+
+    name = "storage.conceal_snapshot"
+    target = _Target.STORAGE
+
+    backup_id: str
+    volume_id: str
+    snapshot_id: str
+    host: str
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        check_reading_host(self, ctx, self.host)
+        _check_copied_snapshot(
+            self, ctx, self.backup_id, self.volume_id, self.snapshot_id, on_storage=False
+        )
+        same = (self.backup_id, self.volume_id, self.snapshot_id, self.host)
+        if not any(
+            (op.backup_id, op.volume_id, op.snapshot_id, op.host) == same
+            for _sid, op in plan.of(ExposeSnapshot)
+        ):
+            raise self.mismatch(
+                ctx,
+                f"it conceals snapshot {self.snapshot_id} on {self.host}, which no step of "
+                "this plan exposes there",
+                "the plan was edited: make a new plan",
+            )
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        backend = _check_copied_snapshot(
+            self, ctx, self.backup_id, self.volume_id, self.snapshot_id, on_storage=False
+        )
+        backend.conceal_snapshot(self.snapshot_id, self.host)
         return {}
 
 

@@ -8,6 +8,17 @@ backup label and tablespace map; undone by removing the manifest) and
 backup that is not DONE, one whose snapshots of the data or a tablespace
 are gone, and a target that is not an absolute directory path.
 
+Snapshots read in place (btrfs, the mock) are sent as they are. Snapshots
+that must be exposed on a host first (LVM, PowerFlex:
+:class:`~pgsnap.protocols.ExposableSnapshots`) get, per volume and before
+``send``, ``expose-<volume>`` (``storage.expose_snapshot``, undone by
+concealing it) and ``mount-<volume>`` (``host.mount_snapshot``: read-only at
+``<mount root>/<copy id>/<tree>``, undone by unmounting); ``send`` reads
+those mount points; then ``unmount-<volume>`` and ``conceal-<volume>``, and
+``record``. No backend is named: the steps come from the access alone. The
+host the snapshots are exposed on must be where pgsnap runs
+(``CopyRequest.runs_on``), since the copy reads them locally.
+
 The WAL volume's snapshot is not copied (at snapshot time it does not yet
 hold the end of the backup). What a consistent restore needs is the WAL from
 the backup's start to its stop (:func:`backup_wal_names`), and the copy
@@ -21,7 +32,9 @@ warning: it then needs the archive to restore.
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Mapping
+from typing import Final
 
 import attrs
 
@@ -30,12 +43,25 @@ from pgsnap.copies.manifest import WAL_TREE, is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import LSN, BackupRecord, SnapshotAccess, Volume, VolumeRole
 from pgsnap.operations.base import Ref
-from pgsnap.operations.copies import DeleteCopyManifest, RecordCopy, SendCopy
+from pgsnap.operations.copies import DeleteCopyManifest, RecordCopy, SendCopy, copy_tree_name
+from pgsnap.operations.host import MountSnapshot, UnmountSnapshot
+from pgsnap.operations.storage import ConcealSnapshot, ExposeSnapshot
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import fingerprint
 from pgsnap.wal.names import history_file_name, segment_name, segment_number
 
-__all__ = ["CopyRequest", "backup_wal_names", "copied_roles", "copy_tree_name", "plan_copy"]
+__all__ = [
+    "DEFAULT_MOUNT_ROOT",
+    "CopyRequest",
+    "backup_wal_names",
+    "copied_roles",
+    "copy_tree_name",
+    "plan_copy",
+]
+
+DEFAULT_MOUNT_ROOT: Final = "/run/pgsnap/copies"
+"""Where a copy mounts the snapshots it must expose first (``[copies] mount_root``):
+``<root>/<copy id>/<tree>``."""
 
 copied_roles = (VolumeRole.DATA, VolumeRole.TABLESPACE)
 """The roles whose snapshots a copy carries (the WAL comes from the archive)."""
@@ -58,14 +84,13 @@ class CopyRequest:
     key_file: str = ""
     """Encrypt the copy with the copy key in this file (its path travels in the
     plan, never the key); "" : not encrypted."""
-
-
-def copy_tree_name(vol: Volume) -> str:
-    """The name of volume ``vol``'s tree in a copy: ``pgdata`` for the data
-    directory's volume, ``tablespace-<oid>`` for a tablespace's."""
-    if vol.role is VolumeRole.DATA:
-        return "pgdata"
-    return f"tablespace-{vol.tablespace_oid}" if vol.tablespace_oid else f"volume-{vol.name}"
+    mount_root: str = DEFAULT_MOUNT_ROOT
+    """Where snapshots that must be exposed are mounted read-only (a directory
+    pgsnap owns: ``<mount_root>/<copy id>/<tree>`` is made and removed)."""
+    runs_on: str | None = None
+    """The name of the host pgsnap runs on (the copy reads there); a snapshot to be
+    exposed on any other host is refused. None: not checked; "": neither the
+    database host nor a backup host of the configuration (every exposure refused)."""
 
 
 def backup_wal_names(record: BackupRecord) -> tuple[str, ...]:
@@ -93,6 +118,30 @@ def _next_copy_id(record: BackupRecord) -> str:
     while f"{record.id}.{n}" in taken:
         n += 1
     return f"{record.id}.{n}"
+
+
+def _mount_root(root: str) -> str:
+    norm = posixpath.normpath(root) if root else ""
+    if not posixpath.isabs(norm) or norm == "/":
+        raise ConfigurationError(
+            f"the copies' mount root {root!r} is not an absolute directory below /",
+            hint="e.g. [copies] mount_root = '/run/pgsnap/copies'",
+        )
+    return norm
+
+
+def _check_reading_host(backup_id: str, host: str, runs_on: str | None) -> None:
+    if runs_on is None or host == runs_on:
+        return
+    here = f"on {runs_on}" if runs_on else "on neither the database host nor a backup host"
+    raise PlanningError(
+        f"backup {backup_id}'s snapshots would be exposed and mounted on host {host!r}, but "
+        f"pgsnap runs {here}: a copy reads the snapshots where pgsnap runs",
+        hint=f"run pgsnap copy on {host} with a configuration whose [copies] host = "
+        f"{host!r}, or set [copies] host to the host pgsnap runs on",
+        backup_id=backup_id,
+        host=host,
+    )
 
 
 def plan_copy(
@@ -130,6 +179,7 @@ def plan_copy(
         )
     wanted = [v for v in record.layout.volumes if v.role in copied_roles]
     trees: dict[str, str] = {}
+    exposed: list[tuple[Volume, str, str, str]] = []  # volume, snapshot, host, mount point
     for vol in wanted:
         snap = record.snapshots.get(vol.id)
         where = access.get(vol.id)
@@ -141,7 +191,13 @@ def plan_copy(
                 backup_id=record.id,
                 volume_id=vol.id,
             )
-        trees[copy_tree_name(vol)] = where.path
+        if not where.must_expose:
+            trees[copy_tree_name(vol)] = where.path
+            continue
+        _check_reading_host(record.id, where.host, request.runs_on)
+        point = posixpath.join(_mount_root(request.mount_root), copy_id, copy_tree_name(vol))
+        trees[copy_tree_name(vol)] = point
+        exposed.append((vol, snap, where.host, point))
     needed = backup_wal_names(record)
     found = dict(wal or {})
     segments = [n for n in needed if not n.endswith(".history")]
@@ -170,7 +226,54 @@ def plan_copy(
         key_file=request.key_file,
     )
     what = ", ".join([*trees, *([f"{WAL_TREE} ({len(carried)} WAL files)"] if carried else [])])
+    before: list[Step] = []
+    after: list[Step] = []
+    for vol, snap, host, point in exposed:
+        ids = (record.id, vol.id, snap, host)
+        expose = ExposeSnapshot(*ids)
+        conceal = ConcealSnapshot(*ids)
+        mount = MountSnapshot(
+            backup_id=record.id,
+            volume_id=vol.id,
+            snapshot_id=snap,
+            device=Ref(f"expose-{vol.id}", "device"),
+            mount_point=point,
+            host=host,
+        )
+        unmount = UnmountSnapshot(mount_point=point, host=host)
+        before += [
+            Step.of(
+                f"expose-{vol.id}",
+                expose,
+                description=f"expose snapshot {snap} of {vol.id} on {host}",
+                reason="the snapshot is a block device: it is made visible on the host that "
+                "reads it, its origin untouched",
+                undo=conceal,
+            ),
+            Step.of(
+                f"mount-{vol.id}",
+                mount,
+                description=f"mount snapshot {snap} read-only on {point} ({host})",
+                reason="read-only, without replaying its journal: the snapshot is never written",
+                undo=unmount,
+            ),
+        ]
+        after += [
+            Step.of(
+                f"unmount-{vol.id}",
+                unmount,
+                description=f"unmount snapshot {snap} from {point} ({host})",
+                reason="the copy has read it",
+            ),
+            Step.of(
+                f"conceal-{vol.id}",
+                conceal,
+                description=f"conceal snapshot {snap} of {vol.id} from {host} again",
+                reason="leave the storage as the copy found it",
+            ),
+        ]
     steps = (
+        *before,
         Step.of(
             "send",
             sent,
@@ -182,6 +285,7 @@ def plan_copy(
                 target_options=request.target_options,
             ),
         ),
+        *after,
         Step.of(
             "record",
             RecordCopy(
@@ -203,6 +307,7 @@ def plan_copy(
                 "copies": [c.copy_id for c in record.copies],
                 "trees": trees,
                 "wal": list(carried),
+                "exposed": sorted((vol.id, snap, host) for vol, snap, host, _p in exposed),
             }
         ),
         summary={

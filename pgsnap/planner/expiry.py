@@ -28,7 +28,16 @@ A FAILED backup goes (its record, any snapshots it still names and the
 leftovers it recorded) once a newer DONE backup exists. A DONE backup whose
 snapshots vanished from the storage counts for no rule: it is marked FAILED
 ("cannot be restored", reported in the plan's warnings) and a later expiry
-removes it. WAL: on each timeline, everything from the oldest
+removes it.
+
+**Copies** (issue 21): a backup with copies off the array never loses its
+record here. When the policy does not keep it, only its snapshots are
+deleted; a DONE backup whose snapshots are gone but that has copies stays
+DONE (the recovery planner restores it from a copy) and is kept, with the
+WAL from its start, until copy retention (:mod:`pgsnap.planner.copy_expiry`)
+has removed its last copy; only then is it marked and removed as above.
+Copies count for no rule of this policy (the snapshots' rules are about
+snapshots). WAL: on each timeline, everything from the oldest
 position a kept backup's recovery can start from on that timeline onward is
 kept (a kept backup's own timeline from its start segment, every timeline
 descending from its position from where that timeline begins); segments
@@ -53,8 +62,8 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Iterable, Mapping
-from typing import Final
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Final, TypeVar
 
 import attrs
 
@@ -76,8 +85,10 @@ from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
 
 __all__ = [
     "MIN_ORPHANS_AFTER",
+    "PERIODS",
     "ExpiryFacts",
     "RetentionPolicy",
+    "keep_by_rules",
     "kept_backups",
     "plan_delete",
     "plan_delete_safety",
@@ -307,6 +318,76 @@ def _secure_until(b: BackupRecord, snapshots: Mapping[str, Snapshot]) -> tuple[b
     return holds, until
 
 
+_T = TypeVar("_T")
+
+
+def keep_by_rules(
+    items: Sequence[_T],
+    when: Callable[[_T], dt.datetime],
+    *,
+    now: dt.datetime,
+    redundancy: int | None = None,
+    window: dt.timedelta | None = None,
+    levels: Iterable[tuple[int, str]] = (),
+    noun: str = "backup",
+) -> tuple[list[tuple[_T, str]], list[str]]:
+    """The grandfather-father-son selection both retentions share (pure).
+
+    ``items`` are the restore points that count, **newest first**; ``when``
+    gives each one's time. Returns ``(item, why)`` for every reason an item is
+    kept (an item may come several times) and the warnings: ``redundancy``
+    keeps the newest N; ``window`` the newest item at or before ``now -
+    window`` (the anchor) and every newer one (all, with a warning, while no
+    item is that old); ``levels`` are ``(count, unit)`` with unit ``hour``,
+    ``day``, ``week`` (ISO), ``month`` or ``year`` (UTC): the newest item of
+    each of the last ``count`` such periods that have one. ``noun`` names the
+    items in the warnings. Used by :func:`kept_backups` (snapshots) and
+    :mod:`pgsnap.planner.copy_expiry` (copies).
+    """
+    held: list[tuple[_T, str]] = []
+    warnings: list[str] = []
+    if redundancy is not None:
+        held += [(b, f"within redundancy {redundancy}") for b in items[:redundancy]]
+    if window is not None:
+        start = now - window
+        anchor = next((b for b in items if when(b) <= start), None)
+        if anchor is None:
+            held += [(b, f"the window {_fmt_delta(window)} is not yet covered") for b in items]
+            if items:
+                warnings.append(
+                    f"no {noun} is older than the window's start ({start.isoformat()}): "
+                    f"every {noun} is kept until one is"
+                )
+        else:
+            held.append((anchor, f"anchor of the window {_fmt_delta(window)}"))
+            held += [
+                (b, f"within the window {_fmt_delta(window)}")
+                for b in items
+                if when(b) > when(anchor)
+            ]
+        if len(items) >= 2:
+            gaps = [when(a) - when(b) for a, b in itertools.pairwise(items)]
+            if max(gaps) > window:
+                warnings.append(
+                    f"the window {_fmt_delta(window)} is shorter than the time between "
+                    f"some {noun}s ({_fmt_delta(max(gaps))}): it keeps more than it says"
+                )
+    for count, unit in levels:
+        if not count:
+            continue
+        key = PERIODS[unit]
+        periods: list[tuple[int, ...]] = []
+        for b in items:  # newest first: the first of a period is its newest
+            period = key(when(b))
+            if period in periods:
+                continue
+            if len(periods) == count:
+                break
+            periods.append(period)
+            held.append((b, f"newest of its {unit} ({count} {unit}s kept)"))
+    return held, warnings
+
+
 def kept_backups(
     facts: ExpiryFacts, policy: RetentionPolicy
 ) -> tuple[dict[str, list[str]], list[str]]:
@@ -330,49 +411,22 @@ def kept_backups(
     def hold(b: BackupRecord, why: str) -> None:
         keep.setdefault(b.id, []).append(why)
 
-    if policy.redundancy is not None:
-        for b in done[: policy.redundancy]:
-            hold(b, f"within redundancy {policy.redundancy}")
-    if policy.window is not None:
-        start = now - policy.window
-        anchor = next((b for b in done if _when(b) <= start), None)
-        if anchor is None:
-            for b in done:
-                hold(b, f"the window {_fmt_delta(policy.window)} is not yet covered")
-            if done:
-                warnings.append(
-                    f"no backup is older than the window's start ({start.isoformat()}): "
-                    f"every backup is kept until one is"
-                )
-        else:
-            hold(anchor, f"anchor of the window {_fmt_delta(policy.window)}")
-            for b in done:
-                if _when(b) > _when(anchor):
-                    hold(b, f"within the window {_fmt_delta(policy.window)}")
-        if len(done) >= 2:
-            gaps = [_when(a) - _when(b) for a, b in itertools.pairwise(done)]
-            if max(gaps) > policy.window:
-                warnings.append(
-                    f"the window {_fmt_delta(policy.window)} is shorter than the time between "
-                    f"some backups ({_fmt_delta(max(gaps))}): it keeps more than it says"
-                )
-    for count, unit, key in (
-        (policy.hourly, "hour", _hour),
-        (policy.daily, "day", _day),
-        (policy.weekly, "week", _week),
-        (policy.monthly, "month", _month),
-    ):
-        if not count:
-            continue
-        periods: list[tuple[int, ...]] = []
-        for b in done:  # newest first: the first of a period is its newest
-            period = key(_when(b))
-            if period in periods:
-                continue
-            if len(periods) == count:
-                break
-            periods.append(period)
-            hold(b, f"newest of its {unit} ({count} {unit}s kept)")
+    held, notes = keep_by_rules(
+        done,
+        _when,
+        now=now,
+        redundancy=policy.redundancy,
+        window=policy.window,
+        levels=(
+            (policy.hourly, "hour"),
+            (policy.daily, "day"),
+            (policy.weekly, "week"),
+            (policy.monthly, "month"),
+        ),
+    )
+    for b, why in held:
+        hold(b, why)
+    warnings += notes
     snapshots = {s.id: s for s in facts.snapshots}
     for b in facts.backups:
         if b.pin is not None and b.pin.holds(now):
@@ -410,6 +464,21 @@ def _week(t: dt.datetime) -> tuple[int, ...]:
 def _month(t: dt.datetime) -> tuple[int, ...]:
     u = t.astimezone(dt.UTC)
     return (u.year, u.month)
+
+
+def _year(t: dt.datetime) -> tuple[int, ...]:
+    return (t.astimezone(dt.UTC).year,)
+
+
+PERIODS: Final[Mapping[str, Callable[[dt.datetime], tuple[int, ...]]]] = {
+    "hour": _hour,
+    "day": _day,
+    "week": _week,
+    "month": _month,
+    "year": _year,
+}
+"""The grandfather-father-son periods (UTC; weeks are ISO weeks): unit → the key
+that names the period a time falls in."""
 
 
 def _wal_floor(facts: ExpiryFacts, kept: list[BackupRecord]) -> tuple[dict[int, int], list[str]]:
@@ -454,8 +523,18 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     )
     steps: list[Step] = []
     gone: list[BackupRecord] = []
+    snapshots_lost: list[str] = []
     for b in sorted(facts.backups, key=lambda r: (_when(r), r.id)):
         vanished = sorted(f"{v}: {s}" for v, s in b.snapshots.items() if s not in present)
+        if b.state is BackupState.DONE and vanished and b.copies:
+            # The array lost them (or an expiry deleted them): the copies off the
+            # array still restore the backup, so its record stays, DONE.
+            keep.setdefault(b.id, []).append(
+                f"its snapshots are gone, its copies ({_copy_ids(b)}) restore it: its "
+                "record (and the WAL from its start) stay while it has a copy "
+                "(pgsnap expire-copies decides how long)"
+            )
+            continue
         if b.state is BackupState.DONE and vanished:
             keep.setdefault(b.id, []).append("marked unusable now; removed by a later expiry")
             why = f"its snapshots vanished from the storage ({'; '.join(vanished)})"
@@ -480,6 +559,22 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
             if b.state is BackupState.FAILED
             else _why_not_kept(b, policy)
         )
+        if b.copies:
+            # Never orphan a copy: the snapshots go, the record (and what the copies
+            # need to be restored: the WAL from its start) stays.
+            snap_steps = _delete_snapshot_steps(b, present, why)
+            steps += snap_steps
+            keep.setdefault(b.id, []).append(
+                ("its snapshots go now (" + why + "); " if snap_steps else "")
+                + f"its record stays for its copies ({_copy_ids(b)}): "
+                "pgsnap expire-copies decides how long"
+            )
+            if snap_steps:
+                snapshots_lost.append(
+                    f"snapshots of backup {b.id} ({b.label}, {_when(b).isoformat()}); "
+                    "its copies remain"
+                )
+            continue
         gone.append(b)
         steps += _delete_backup_steps(b, present, why)
     orphans = facts.orphans()
@@ -495,6 +590,8 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     seg = facts.archive.segment_size
     parts = {
         "backups": sorted((b.id, b.state.value, str(_when(b))) for b in facts.backups),
+        # A copy recorded or removed since changes whether a record may go.
+        "copies": sorted((b.id, c.copy_id) for b in facts.backups for c in b.copies),
         "snapshots": sorted(present),
         # Where each run of segments starts, not where it ends: the archiver keeps
         # appending while the plan waits, and new WAL changes nothing it deletes.
@@ -524,6 +621,7 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
         + tuple(orphan_kept)
         + tuple(safety_kept),
         lost=tuple(f"backup {b.id} ({b.label}, {_when(b).isoformat()})" for b in gone)
+        + tuple(snapshots_lost)
         + tuple(orphan_lost)
         + tuple(safety_lost)
         + tuple(wal_lost),
@@ -531,11 +629,37 @@ def plan_expiry(facts: ExpiryFacts, policy: RetentionPolicy) -> Plan:
     )
 
 
+def _copy_ids(b: BackupRecord) -> str:
+    return ", ".join(f"{c.copy_id} in {c.target}" for c in b.copies)
+
+
 def _delete_backup_steps(b: BackupRecord, present: set[str], why: str) -> list[Step]:
     """The steps that delete backup ``b``: the leftovers a failed run recorded, its
     snapshot group (while the storage has it), then its record (snapshots first: a
     run cut short leaves a record the recovery planner passes over, never
-    snapshots no record names)."""
+    snapshots no record names). A backup with copies keeps its record: the
+    callers plan only :func:`_delete_snapshot_steps` for it."""
+    if b.copies:
+        raise PlanningError(  # never reached through the planners: they check first
+            f"backup {b.id} has copies ({_copy_ids(b)}): its record is not deleted",
+            hint="remove its copies first (pgsnap expire-copies)",
+            backup_id=b.id,
+        )
+    steps = _delete_snapshot_steps(b, present, why)
+    steps.append(
+        Step.of(
+            f"delete-record-{b.id}",
+            DeleteBackupRecord(backup_id=b.id),
+            description=f"delete backup {b.id} ({b.label}) from the catalog",
+            reason=why,
+        )
+    )
+    return steps
+
+
+def _delete_snapshot_steps(b: BackupRecord, present: set[str], why: str) -> list[Step]:
+    """The steps that delete backup ``b``'s snapshots: the leftovers a failed run
+    recorded, then its snapshot group (while the storage has it)."""
     steps: list[Step] = []
     leftovers = tuple(s for s in b.orphaned_snapshots if s in present)
     if leftovers:
@@ -557,14 +681,6 @@ def _delete_backup_steps(b: BackupRecord, present: set[str], why: str) -> list[S
                 reason=why,
             )
         )
-    steps.append(
-        Step.of(
-            f"delete-record-{b.id}",
-            DeleteBackupRecord(backup_id=b.id),
-            description=f"delete backup {b.id} ({b.label}) from the catalog",
-            reason=why,
-        )
-    )
     return steps
 
 
@@ -790,7 +906,30 @@ def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
             backup_id=b.id,
         )
     present = {s.id for s in facts.snapshots}
-    steps = _delete_backup_steps(b, present, "asked for (pgsnap delete)")
+    why = "asked for (pgsnap delete)"
+    warnings: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    if b.copies:
+        # Its copies stay restorable: the snapshots go, the record stays.
+        steps = _delete_snapshot_steps(b, present, why)
+        if not steps:
+            raise PlanningError(
+                f"backup {b.id}'s snapshots are gone already and its record stays for its "
+                f"copies ({_copy_ids(b)}): nothing to delete",
+                hint="its copies go with copy retention (pgsnap expire-copies, e.g. "
+                "--max-age); its record goes with the last of them",
+                backup_id=b.id,
+            )
+        lost = (f"snapshots of backup {b.id} ({b.label}, {_when(b).isoformat()})",)
+        kept = (f"backup {b.id}: its record stays for its copies ({_copy_ids(b)})",)
+        warnings = (
+            f"backup {b.id} has copies off the array ({_copy_ids(b)}): only its snapshots "
+            "are deleted; its record stays so that a recovery can restore it from a copy "
+            "(copy retention removes the copies: pgsnap expire-copies)",
+        )
+    else:
+        steps = _delete_backup_steps(b, present, why)
+        lost = (f"backup {b.id} ({b.label}, {_when(b).isoformat()})",)
     return Plan(
         kind="delete",
         steps=tuple(steps),
@@ -798,11 +937,14 @@ def plan_delete(facts: ExpiryFacts, backup_id: str) -> Plan:
             {
                 "backup": (b.id, b.state.value),
                 "snapshots": sorted(present & set(b.snapshots.values())),
+                "copies": sorted(c.copy_id for c in b.copies),
             }
         ),
         summary={"backup": b.id, "label": b.label},
         request={"backup_id": b.id},
-        lost=(f"backup {b.id} ({b.label}, {_when(b).isoformat()})",),
+        kept=kept,
+        lost=lost,
+        warnings=warnings,
     )
 
 

@@ -244,10 +244,12 @@ def make_env(
     block: bool = False,
     host: Any = None,
     deep_wal: bool = False,
+    copy_target: Path | None = None,
     **settings: Any,
 ) -> Env:
     """``deep_wal``: pg_wal lives in a subdirectory of the WAL volume (``initdb --waldir
-    /walvol/cluster1/wal``), not at its root nor in ``<root>/pg_wal``."""
+    /walvol/cluster1/wal``), not at its root nor in ``<root>/pg_wal``. ``copy_target``:
+    where ``cluster.copy`` puts copies off the array."""
     server: PgServer = factory(
         bindir,
         wal_segsize_mb=1,
@@ -258,7 +260,8 @@ def make_env(
     if deep_wal:
         _move_pg_wal_deeper(server)
     server.start()
-    cluster = mock_cluster(server, block=block, host=host)
+    options: dict[str, Any] = {} if copy_target is None else {"copy_target": copy_target}
+    cluster = mock_cluster(server, block=block, host=host, **options)
     layout = cluster.layout
     archive = layout.by_role(VolumeRole.ARCHIVE)[0]
     assert layout.wal is not None

@@ -12,14 +12,19 @@ PostgreSQL replays to the target. The test checks WHICH ROWS EXIST.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import pytest
 
 from pgsnap.backends.powerflex import PowerFlexBackend, PowerFlexSnapshotLimit
-from pgsnap.errors import ExecutionError
+from pgsnap.errors import ExecutionError, InvariantError, PgsnapError
+from pgsnap.executor import Event, EventKind
 from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
+from pgsnap.plan import Plan
 from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator, powerflex_cluster
 
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
@@ -182,3 +187,97 @@ def test_a_backup_through_faults_makes_one_group(pf_env: Any) -> None:
     env.lose_data()
     env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[DATA]))
     assert env.batches() == env.expect(1, 2)
+
+
+def _doctored(plan: Plan, step_id: str, **params: Any) -> Plan:
+    """``plan`` with a step's parameters changed (built in Python: no id to disagree)."""
+    steps = tuple(
+        attrs.evolve(s, params={**s.params, **params}) if s.id == step_id else s for s in plan.steps
+    )
+    return attrs.evolve(plan, steps=steps)
+
+
+def test_a_copy_of_a_powerflex_backup_recovers_once_the_snapshots_are_gone(
+    pf_env: Any, tmp_path: Path
+) -> None:
+    """Issue 21: the backup's snapshot volume is mapped read-only to the SDC, mounted
+    beside its origin, copied, unmounted and unmapped; doctored plans that would
+    mount over or read the live data directory, or unmap an origin, are refused
+    before the first step; a failed send is undone; then every snapshot is
+    deleted and the recovery planner restores the copy and replays to a time."""
+    env, sim = pf_env("4.5")
+    env.cluster.copy_mount_root = str(tmp_path / "copy-mnt")
+    target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
+    (record,) = env.cluster.backups()
+    data, snap = env.data_vol, record.snapshots[env.data_vol]
+    plan = env.cluster.plan_copy(record.id, tmp_path / "copies")
+    assert [s.id for s in plan.steps] == [
+        f"expose-{data}",
+        f"mount-{data}",
+        "send",
+        f"unmount-{data}",
+        f"conceal-{data}",
+        "record",
+    ]
+    point = str(tmp_path / "copy-mnt" / f"{record.id}.1" / "pgdata")
+    assert plan.steps[2].params["trees"] == {"pgdata": point}
+
+    maps = sim.count(action="addMappedSdc")
+    live = str(env.server.data_dir)
+    for step, edit, refusal in (
+        (f"mount-{data}", {"mount_point": live}, "mount point of volume"),
+        (f"unmount-{data}", {"mount_point": live}, "mount point of volume"),
+        ("send", {"trees": {"pgdata": live}}, "mount point of volume"),
+        ("send", {"trees": {"pgdata": str(env.server.data_dir.parent)}}, "inside or around"),
+        ("send", {"trees": {"pgdata": str(tmp_path / "elsewhere")}}, "no step of this plan"),
+        (f"expose-{data}", {"snapshot_id": data}, "is a volume of the cluster"),
+        (f"conceal-{data}", {"snapshot_id": data}, "is a volume of the cluster"),
+        (f"expose-{data}", {"snapshot_id": record.snapshots[env.wal_vol]}, "not backup"),
+        (f"mount-{data}", {"device": "/dev/sda"}, "not the device a step"),
+        (f"expose-{data}", {"host": "backup1"}, "pgsnap runs on the database host"),
+    ):
+        with pytest.raises(InvariantError, match=refusal):
+            env.cluster.execute(_doctored(plan, step, **edit))
+    assert sim.count(action="addMappedSdc") == maps  # nothing was mapped
+    assert not (tmp_path / "copy-mnt").exists()
+
+    # A send that fails (the target cannot be made) unmounts and unmaps the snapshot.
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    failing = env.cluster.plan_copy(record.id, tmp_path / "blocked" / "copies")
+    with pytest.raises(PgsnapError):
+        env.cluster.execute(failing)
+    assert sim.volume(snap)["mappedSdcInfo"] in (None, [])
+    assert not os.path.exists(point) and env.cluster.interrupted() == ()
+    assert sim.count(action="removeMappedSdc") == 1
+
+    # Interrupted once the snapshot is mounted (as a crash would stop pgsnap): the
+    # plan resumes from its journal, reads the mount point and undoes the exposure.
+    def crash_after_mount(event: Event) -> None:
+        if event.kind is EventKind.FINISHED and event.step_id == f"mount-{data}":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        env.cluster.execute(plan, on_event=crash_after_mount)
+    assert [p.id for p in env.cluster.interrupted()] == [plan.id]
+    assert os.path.isdir(point)  # still mounted
+    events: list[Event] = []
+    assert env.cluster.execute(plan, on_event=events.append).resumed
+    skipped = [e.step_id for e in events if e.kind is EventKind.SKIPPED]
+    assert skipped == [f"expose-{data}", f"mount-{data}"]
+    (copy,) = env.cluster.catalog.get(record.id).copies
+    assert copy.files > 100 and env.cluster.verify_copy(copy.copy_id, tmp_path / "copies").ok
+    assert sim.volume(snap)["mappedSdcInfo"] in (None, [])  # unmapped again
+    assert not os.path.exists(point)  # unmounted, its mount point removed
+    assert sim.count(action="removeMappedSdc") == 2
+
+    # The array loses the backup; the data volume is wiped (a fresh, mounted file system).
+    assert record.snapshot_group_id is not None
+    env.cluster.backend.delete_snapshot_group(record.snapshot_group_id)
+    env.crash()
+    env.lose_data()
+    env.cluster.copy_target = str(tmp_path / "copies")
+    recovery = env.cluster.plan_recovery(target, lost=[DATA])
+    actions = [s.action for s in recovery.steps]
+    assert actions.count("copy.restore") == 1 and "storage.restore_volume" not in actions
+    env.cluster.execute(recovery)
+    assert env.batches() == env.expect(1, 2), recovery.explain()

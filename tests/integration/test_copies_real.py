@@ -160,6 +160,7 @@ def test_pgsnap_copy_and_verify_copy(cli_env: CliEnv) -> None:
     code, out, err = env.run("copy", record["id"], "--to", str(target), "--copy-id", "c1")
     assert code == 0, err
     assert out.startswith(f"copy c1 of backup {record['id']} in {target}: ")
+    assert "it carries the backup's WAL" in out
     assert "MiB read" in err and "files" in err  # progress on stderr, as a backup's
     (listed,) = env.run_json("list")
     assert [c["copy_id"] for c in listed["copies"]] == ["c1"]

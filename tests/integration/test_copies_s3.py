@@ -359,3 +359,49 @@ def test_two_collections_at_once_one_runs_and_the_other_refuses(target: CopyTarg
         if isinstance(o, CopyBusy):
             assert "another garbage collection is running" in str(o)
     assert list(target.chunk_ids()) == [] and target.marker_names() == ()
+
+
+def test_copy_retention_expires_a_copy_in_s3_and_collects_its_chunks(
+    s3: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21 §2 on the real S3 server: ``[copies.retention]`` keeps the newest copy;
+    the older one's manifest goes, then its record, then the chunks only it named;
+    the copy kept still verifies. Keys come from the environment, and no plan holds
+    them."""
+    import pgsnap
+
+    from ..unit.test_cli_unit import write_config
+    from .test_copy_retention_cli import backed_up
+
+    monkeypatch.setenv("PGSNAP_S3_KEY", s3.admin.access_key)
+    monkeypatch.setenv("PGSNAP_S3_SECRET", s3.admin.secret_key)
+    config = write_config(tmp_path)
+    with config.open("a") as f:
+        f.write(
+            '\n[copies]\npath = "s3://pgsnap-copies/retention"\n'
+            f'endpoint_url = "{s3.endpoint}"\n'
+            'access_key_env = "PGSNAP_S3_KEY"\nsecret_key_env = "PGSNAP_S3_SECRET"\n'
+            "\n[copies.retention]\nredundancy = 1\n"
+        )
+    cluster = pgsnap.Cluster.from_config(config)
+    old, new = (backed_up(cluster, tmp_path / "data", n, days_ago=2 - n) for n in range(2))
+    first, second = cluster.copy(old.id), cluster.copy(new.id)
+    store = S3CopyTarget("pgsnap-copies", "retention", endpoint_url=s3.endpoint, client=s3.client())
+    from pgsnap.copies import Manifest
+
+    own = Manifest.from_json(store.get_manifest(first.copy_id)).chunk_ids() - set(
+        Manifest.from_json(store.get_manifest(second.copy_id)).chunk_ids()
+    )
+    plan = cluster.plan_copy_expiry()
+    assert s3.admin.secret_key not in plan.to_json()
+    assert [s.id for s in plan.steps] == [
+        f"expire-manifest-{first.copy_id}",
+        f"forget-copy-{first.copy_id}",
+        "collect-garbage",
+    ]
+    cluster.execute(plan)
+    assert store.manifest_ids() == (second.copy_id,)
+    assert own and not own & set(store.chunk_ids())
+    assert cluster.catalog.get(old.id).copies == ()
+    assert cluster.verify_copy(second.copy_id).ok
+    assert cluster.collect_copy_garbage(dry_run=True).chunks_deleted == 0

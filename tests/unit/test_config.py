@@ -113,6 +113,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "backend",
         "catalog",
         "copy_key_file",
+        "copy_retention",
         "copy_target",
         "copy_target_options",
         "journal_dir",
@@ -149,3 +150,43 @@ def test_a_block_mode_mock_is_not_given_mount_points_as_its_volumes(tmp_path: Pa
     where the host sees it: the tables are not passed."""
     config = write_config(tmp_path, options=["block = true", 'capabilities = ["mapping"]'])
     assert pgsnap.Cluster.from_config(config).backend.list_volumes() == ()
+
+
+def test_copies_have_their_own_retention_section(tmp_path: Path) -> None:
+    """``[copies.retention]``: the snapshots' keys plus yearly and max_age, durations
+    written as text; absent, copy retention deletes nothing (None)."""
+    import datetime as dt
+
+    from pgsnap.config import load_copy_retention
+    from pgsnap.planner.copy_expiry import CopyRetentionPolicy
+
+    conf = _mapping(write_config(tmp_path))
+    assert load_copy_retention(conf) is None
+    assert pgsnap.Cluster.from_config(conf).copy_retention is None
+    conf["retention"] = {"redundancy": 3}  # the snapshots' policy is not the copies'
+    conf["copies"] = {
+        "path": str(tmp_path / "copies"),
+        "retention": {"daily": 7, "monthly": 12, "yearly": 3, "max_age": "3y", "window": "2w"},
+    }
+    expected = CopyRetentionPolicy(
+        daily=7,
+        monthly=12,
+        yearly=3,
+        max_age=dt.timedelta(days=3 * 365),
+        window=dt.timedelta(weeks=2),
+    )
+    assert load_copy_retention(conf) == expected
+    assert pgsnap.Cluster.from_config(conf).copy_retention == expected
+    for retention, message in (
+        ({"keep_daily": 7}, "did you mean 'daily'?"),
+        ({"max_age": "soon"}, "is not a duration"),
+        ({"max_age": "-3d"}, "positive duration"),
+        ({"daily": True}, "whole number"),
+    ):
+        conf["copies"] = {"retention": retention}
+        with pytest.raises(ConfigurationError) as info:
+            pgsnap.Cluster.from_config(conf)
+        assert message in str(info.value), (retention, str(info.value))
+    conf["copies"] = {"retention": 7}
+    with pytest.raises(ConfigurationError, match=r"\[copies.retention\]"):
+        load_copy_retention(conf)

@@ -464,3 +464,50 @@ def test_storage_problems_of_snapshots_pools_and_leftovers(runner: FakeRunner) -
     )
     (full,) = [p for p in backend.storage_problems() if p.code == "pool_filling"]
     assert full.severity is Severity.ERROR and "stop" in full.message
+
+
+# --------------------------------------------------------------------------- exposed for a copy
+
+
+def test_snapshots_are_exposed_by_activation_on_their_own_host(
+    runner: FakeRunner, backend: LvmBackend
+) -> None:
+    """Issue 21: a thin snapshot (activation skipped) is activated to be read, a classic
+    one is active with its origin; concealing deactivates only an active thin one; any
+    other host is refused, and the origin is never touched."""
+    from pgsnap.model import Location
+    from pgsnap.protocols import ExposableSnapshots
+
+    assert isinstance(backend, ExposableSnapshots)
+    here = backend.host.name
+    assert backend.expose_snapshot("vg0/t.pgsnap.811f9000.1", here) == Location.device(
+        "/dev/vg0/t.pgsnap.811f9000.1"
+    )
+    assert backend.expose_snapshot("vg0/a.pgsnap.811f9000.1", here).path == (
+        "/dev/vg0/a.pgsnap.811f9000.1"
+    )
+    assert runner.issued() == [("lvchange", "-ay", "-K", "vg0/t.pgsnap.811f9000.1")]
+    backend.conceal_snapshot("vg0/t.pgsnap.811f9000.1", here)  # listed inactive: nothing to do
+    backend.conceal_snapshot("vg0/gone.pgsnap.811f9000.1", here)  # gone: fine
+    runner.lvs_text = LVS_2_03_16.replace('"Vwi---tz-k"', '"Vwi-a-tz-k"')
+    backend.conceal_snapshot("vg0/t.pgsnap.811f9000.1", here)
+    backend.conceal_snapshot("vg0/a.pgsnap.811f9000.1", here)  # classic: stays with its origin
+    assert runner.issued()[1:] == [("lvchange", "-an", "vg0/t.pgsnap.811f9000.1")]
+    with pytest.raises(LvmError, match="only on"):
+        backend.expose_snapshot("vg0/t.pgsnap.811f9000.1", "backup1")
+    with pytest.raises(SnapshotNotFound):
+        backend.expose_snapshot("vg0/t", here)  # an origin is not a snapshot
+
+
+def test_read_only_mount_options_depend_on_the_file_system() -> None:
+    from pgsnap.host.readonly import file_system_type, read_only_mount_options
+
+    xfs = b"XFSB" + bytes(4092)
+    ext4 = bytearray(4096)
+    ext4[1080:1082] = b"\x53\xef"
+    assert file_system_type(xfs) == "xfs" and file_system_type(bytes(ext4)) == "ext4"
+    assert file_system_type(b"") is None
+    assert read_only_mount_options("xfs") == ("nouuid", "ro", "norecovery")
+    assert read_only_mount_options("ext4") == ("ro", "noload")
+    assert read_only_mount_options(None) == ("ro",)
+    assert read_only_mount_options("xfs", read_only=False) == ("nouuid",)

@@ -161,9 +161,10 @@ def test_backup_facts_list_the_archive_when_nothing_was_archived_yet(tmp_path):
     assert facts.archive_timelines == (1, 3)
 
 
-def test_a_backend_whose_snapshots_cannot_be_read_in_place_cannot_copy() -> None:
-    """Issue 21: LVM and PowerFlex snapshots must be activated or mapped first; until
-    then the observer refuses a copy with the reason, before anything is planned."""
+def test_a_backend_whose_snapshots_cannot_be_read_at_all_cannot_copy() -> None:
+    """Issue 21: a backend whose snapshots can be neither read in place nor exposed on
+    a host (LVM, PowerFlex expose them) is refused with the reason, before anything
+    is planned."""
     import pytest
 
     from pgsnap.errors import UnsupportedCapability
@@ -174,5 +175,5 @@ def test_a_backend_whose_snapshots_cannot_be_read_in_place_cannot_copy() -> None
 
     observer = Observer.__new__(Observer)
     object.__setattr__(observer, "backend", NotReadable())
-    with pytest.raises(UnsupportedCapability, match="cannot be read in place"):
+    with pytest.raises(UnsupportedCapability, match="neither read in place nor exposed"):
         observer.snapshot_access(None)  # type: ignore[arg-type]

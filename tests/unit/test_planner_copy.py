@@ -121,3 +121,87 @@ def test_a_copy_carries_the_backups_wal_as_the_archive_stores_it() -> None:
         "000000020000000000000003",
         "00000002.history",
     )
+
+
+# --------------------------------------------------------------------------- exposed snapshots
+
+EXPOSED = {"vol-data": SnapshotAccess.exposed_on("db1"), "vol-ts": SnapshotAccess.exposed_on("db1")}
+
+
+def exposed_request(*, mount_root: str = "/run/pgsnap/copies", runs_on: str = "db1") -> CopyRequest:
+    return CopyRequest("b1", "/copies", mount_root=mount_root, runs_on=runs_on)
+
+
+def test_block_snapshots_are_exposed_and_mounted_read_only_around_the_send() -> None:
+    """Issue 21: LVM and PowerFlex snapshots are exposed on the reading host and mounted
+    at fresh mount points before `send`, unmounted and concealed after it, each with
+    its undo; no backend is named, the send reads the mount points."""
+    plan = plan_copy(record(), EXPOSED, exposed_request())
+    assert [s.id for s in plan.steps] == [
+        "expose-vol-data",
+        "mount-vol-data",
+        "expose-vol-ts",
+        "mount-vol-ts",
+        "send",
+        "unmount-vol-data",
+        "conceal-vol-data",
+        "unmount-vol-ts",
+        "conceal-vol-ts",
+        "record",
+    ]
+    steps = {s.id: s for s in plan.steps}
+    expose, mount = steps["expose-vol-data"], steps["mount-vol-data"]
+    assert expose.action == "storage.expose_snapshot"
+    assert expose.params == {
+        "backup_id": "b1",
+        "volume_id": "vol-data",
+        "snapshot_id": "b1-d",
+        "host": "db1",
+    }
+    assert expose.compensation == "storage.conceal_snapshot"
+    assert expose.compensation_params == expose.params
+    assert mount.action == "host.mount_snapshot"
+    assert mount.params["device"] == {"$ref": ["expose-vol-data", "device"]}
+    assert mount.params["mount_point"] == "/run/pgsnap/copies/b1.1/pgdata"
+    assert mount.compensation == "host.unmount_snapshot"
+    assert steps["send"].params["trees"] == {
+        "pgdata": "/run/pgsnap/copies/b1.1/pgdata",
+        "tablespace-16400": "/run/pgsnap/copies/b1.1/tablespace-16400",
+    }
+    assert steps["unmount-vol-data"].params == {
+        "mount_point": "/run/pgsnap/copies/b1.1/pgdata",
+        "host": "db1",
+    }
+    assert steps["unmount-vol-data"].compensation is None  # undone by the mount's undo
+    assert steps["conceal-vol-ts"].params["snapshot_id"] == "b1-t"
+    assert "read-only" in plan.explain()
+    assert Plan.from_json(plan.to_json()) == plan
+    assert plan_copy(record(), EXPOSED, exposed_request()).id == plan.id  # deterministic
+    in_place = plan_copy(record(), ACCESS, CopyRequest("b1", "/copies", copy_id="b1.1"))
+    assert in_place.fingerprint != plan.fingerprint
+
+
+def test_a_copy_that_would_read_on_another_host_than_pgsnap_runs_on_is_refused() -> None:
+    """The copy reads the mounted snapshots locally: a backup host means running
+    pgsnap there."""
+    backup_host = {k: SnapshotAccess.exposed_on("backup1") for k in EXPOSED}
+    with pytest.raises(PlanningError, match=r"mounted on host 'backup1', but pgsnap runs on db1"):
+        plan_copy(record(), backup_host, exposed_request())
+    with pytest.raises(PlanningError, match="neither the database host nor a backup host"):
+        plan_copy(record(), EXPOSED, exposed_request(runs_on=""))
+    plan = plan_copy(record(), backup_host, exposed_request(runs_on="backup1"))
+    assert {s.params.get("host") for s in plan.steps if "host" in s.params} == {"backup1"}
+
+
+@pytest.mark.parametrize("root", ["relative/mnt", "/", ""])
+def test_the_mount_root_must_be_an_absolute_directory(root: str) -> None:
+    with pytest.raises(ConfigurationError, match="mount root"):
+        plan_copy(record(), EXPOSED, exposed_request(mount_root=root))
+
+
+def test_a_snapshot_access_is_in_place_or_exposed_never_both() -> None:
+    assert SnapshotAccess("/s") == SnapshotAccess.in_place("/s")
+    assert not SnapshotAccess("/s").must_expose and SnapshotAccess.exposed_on("h").must_expose
+    for bad in ({"path": "/s", "host": "h"}, {}):
+        with pytest.raises(ConfigurationError, match="either a path"):
+            SnapshotAccess(**bad)
