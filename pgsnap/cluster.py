@@ -972,6 +972,7 @@ class Cluster:
                 stale_after=dt.timedelta(seconds=stale)
                 if isinstance(stale, int)
                 else DEFAULT_STALE_AFTER,
+                key_file=self.copy_key_file or "",
             ),
             f"the copies in {target} (or their backups' snapshots) changed",
         )
@@ -1232,7 +1233,10 @@ class Cluster:
             )
         location = self._copy_location(target, "expire-copies")
         return plan_copy_expiry(
-            self.observer.copy_expiry_facts(location), chosen, stale_after=stale_after
+            self.observer.copy_expiry_facts(location),
+            chosen,
+            stale_after=stale_after,
+            key_file=self.copy_key_file or "",
         )
 
     def expire_copies(
@@ -1277,8 +1281,15 @@ class Cluster:
                 clock=self._now,
                 stale_after=stale_after,
                 dry_run=True,
+                key=CopyKey.from_file(self.copy_key_file) if self.copy_key_file else None,
             )
-        plan = plan_collect_garbage(location, options, now=self._now(), stale_after=stale_after)
+        plan = plan_collect_garbage(
+            location,
+            options,
+            now=self._now(),
+            stale_after=stale_after,
+            key_file=self.copy_key_file or "",
+        )
         try:
             result = self.execute(plan, on_event=on_event)
         except ExecutionError as exc:

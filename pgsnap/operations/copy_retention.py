@@ -20,7 +20,9 @@ from collections.abc import Mapping
 
 import attrs
 
-from pgsnap.copies import GcProgress, GcReport, Manifest, collect_garbage, open_target
+from pgsnap.copies import GcProgress, GcReport, collect_garbage, open_target
+from pgsnap.copies.keys import CopyKey
+from pgsnap.copies.manifest import decode_manifest
 from pgsnap.copies.markers import DEFAULT_STALE_AFTER
 from pgsnap.errors import BackupNotFound, CopyBusy, CopyError, CopyNotFound, FormatError
 from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView
@@ -29,6 +31,10 @@ from pgsnap.operations.base import Target as _Target
 __all__ = ["CollectCopyGarbage", "ExpireCopyManifest", "ForgetCopy", "gc_outputs", "gc_report"]
 
 log = logging.getLogger(__name__)
+
+
+def _key(key_file: str) -> CopyKey | None:
+    return CopyKey.from_file(key_file) if key_file else None
 
 
 @attrs.frozen
@@ -46,6 +52,8 @@ class ExpireCopyManifest(Operation):
     target_dir: str
     manifest_digest: str
     target_options: Mapping[str, str] = attrs.field(factory=dict)
+    key_file: str = ""
+    """The copy key's file, to read an encrypted copy's manifest ("" : none)."""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         if ctx.step_id in plan.started:
@@ -81,7 +89,7 @@ class ExpireCopyManifest(Operation):
             )
             return {"deleted": False}
         try:
-            digest = Manifest.from_json(text).digest()
+            digest = decode_manifest(text, self.copy_id, _key(self.key_file)).digest()
         except FormatError as exc:
             digest = f"unreadable ({exc.message})"
         if digest != self.manifest_digest:
@@ -172,6 +180,9 @@ class CollectCopyGarbage(Operation):
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     stale_after_seconds: int = int(DEFAULT_STALE_AFTER.total_seconds())
     busy_ok: bool = False
+    key_file: str = ""
+    """The copy key's file, to read encrypted copies' manifests ("" : none; a target
+    with one then refuses the collection, removing nothing)."""
 
     def run(self, ctx: OperationContext) -> Outputs:
         def progress(p: GcProgress) -> None:
@@ -186,6 +197,7 @@ class CollectCopyGarbage(Operation):
                 clock=ctx.clock,
                 stale_after=dt.timedelta(seconds=self.stale_after_seconds),
                 on_progress=progress,
+                key=_key(self.key_file),
             )
         except CopyBusy as exc:
             if not self.busy_ok:

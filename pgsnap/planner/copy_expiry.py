@@ -380,6 +380,7 @@ def plan_collect_garbage(
     *,
     now: dt.datetime,
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+    key_file: str = "",
 ) -> Plan:
     """The plan of ``pgsnap copy-gc``: one step that removes from ``target`` the chunks
     no manifest names (refused, :class:`~pgsnap.errors.CopyBusy`, while a copy is in
@@ -387,7 +388,14 @@ def plan_collect_garbage(
     ``now`` (when it was asked for) makes each collection a plan of its own."""
     _check_stale_after(stale_after)
     options = dict(target_options or {}) if target.startswith("s3://") else {}
-    step = _gc_step(target, options, stale_after, busy_ok=False, why="asked for (pgsnap copy-gc)")
+    step = _gc_step(
+        target,
+        options,
+        stale_after,
+        busy_ok=False,
+        why="asked for (pgsnap copy-gc)",
+        key_file=key_file,
+    )
     return Plan(
         kind="copy-gc",
         steps=(step,),
@@ -421,6 +429,7 @@ def _gc_step(
     *,
     busy_ok: bool,
     why: str,
+    key_file: str = "",
 ) -> Step:
     return Step.of(
         "collect-garbage",
@@ -429,6 +438,7 @@ def _gc_step(
             target_options=dict(options),
             stale_after_seconds=int(stale_after.total_seconds()),
             busy_ok=busy_ok,
+            key_file=key_file,
         ),
         description=f"remove the chunks no manifest names from {target} (garbage collection)",
         reason=why,
@@ -440,6 +450,7 @@ def plan_copy_expiry(
     policy: CopyRetentionPolicy,
     *,
     stale_after: dt.timedelta = DEFAULT_STALE_AFTER,
+    key_file: str = "",
 ) -> Plan:
     """The plan that applies ``policy`` to the copies in ``facts.target``: for each
     copy that goes (oldest first) its manifest, then its record; then one garbage
@@ -469,6 +480,7 @@ def plan_copy_expiry(
                         target_dir=facts.target,
                         manifest_digest=e.copy.manifest_digest,
                         target_options=options,
+                        key_file=key_file,
                     ),
                     description=f"remove the manifest of {e.describe()} from {facts.target}",
                     reason=why,
@@ -493,6 +505,7 @@ def plan_copy_expiry(
                 busy_ok=True,
                 why="the chunks only the removed copies named are garbage now (deferred to "
                 "the next pgsnap copy-gc while a copy is in progress)",
+                key_file=key_file,
             )
         )
     if facts.unreadable:

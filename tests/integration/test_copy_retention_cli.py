@@ -126,3 +126,47 @@ def test_expire_copies_and_copy_gc_on_a_directory_target(
     assert cluster.catalog.get("b2").copies and not [
         s for s in cluster.backend.list_snapshots() if s.id in records[2].snapshots.values()
     ]
+
+
+def test_expire_copies_and_copy_gc_read_encrypted_copies_with_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With [copies] key_file, retention reads the sealed manifests: an expired copy's
+    own chunks are collected and the kept copy verifies; without the key the
+    collection refuses and removes nothing."""
+    from pgsnap.copies.keys import CopyKey  # noqa: PLC0415
+
+    key_file = tmp_path / "copy.key"
+    CopyKey.generate(key_file)
+    config = write_config(tmp_path)
+    target = tmp_path / "copies"
+    with config.open("a") as f:
+        f.write(
+            f'\n[copies]\npath = "{target}"\nkey_file = "{key_file}"\n\n'
+            "[copies.retention]\nredundancy = 1\n"
+        )
+    cluster = pgsnap.Cluster.from_config(config)
+    data = tmp_path / "data"
+    records = [backed_up(cluster, data, n, days_ago=2 - n) for n in range(2)]
+    for r in records:
+        code, _out, err = run(capsys, config, "copy", r.id)
+        assert code == 0, err
+    store = DirectoryCopyTarget(target)
+    before = set(store.chunk_ids())
+    code, out, err = run(capsys, config, "expire-copies")
+    assert code == 0, (out, err)
+    assert store.manifest_ids() == ("b1.1",)
+    assert set(store.chunk_ids()) < before  # b0's own chunks went with it
+    code, out, err = run(capsys, config, "verify-copy", "b1.1")
+    assert code == 0 and "all present and whole" in out, (out, err)
+    code, out, err = run(capsys, config, "copy-gc")
+    assert code == 0, (out, err)
+
+    (tmp_path / "keyless").mkdir()
+    keyless = write_config(tmp_path / "keyless")
+    with keyless.open("a") as f:
+        f.write(f'\n[copies]\npath = "{target}"\n')
+    left = set(store.chunk_ids())
+    code, out, err = run(capsys, keyless, "copy-gc")
+    assert code != 0 and "encrypted" in err, (out, err)
+    assert set(store.chunk_ids()) == left
