@@ -360,10 +360,11 @@ def keep_by_rules(
                 )
         else:
             held.append((anchor, f"anchor of the window {_fmt_delta(window)}"))
+            # As new as the anchor counts too: two copies of the anchor backup.
             held += [
                 (b, f"within the window {_fmt_delta(window)}")
                 for b in items
-                if when(b) > when(anchor)
+                if b is not anchor and when(b) >= when(anchor)
             ]
         if len(items) >= 2:
             gaps = [when(a) - when(b) for a, b in itertools.pairwise(items)]

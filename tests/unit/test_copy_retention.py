@@ -221,3 +221,12 @@ def test_a_copy_expiry_plan_round_trips_and_its_fingerprint_follows_the_copies()
 def test_a_policy_that_makes_no_sense_is_refused(kwargs, message):
     with pytest.raises(ConfigurationError, match=message):
         CopyRetentionPolicy(**kwargs)
+
+
+def test_two_copies_of_the_window_anchor_are_both_kept():
+    """Found by the property test: the anchor of the window is a backup time, and
+    every copy of that backup is as old as the anchor (the window kept one)."""
+    b = copied(_backup(0, 5, BackupState.DONE, False), TARGET, TARGET)
+    found = facts([b])
+    kept, gone, _warnings = kept_copies(found, CopyRetentionPolicy(window=DAY))
+    assert set(kept) == {f"{b.id}.1", f"{b.id}.2"} and not gone
