@@ -259,6 +259,14 @@ class LocalRunner:
         _log.debug("local: %s exited with status %d", args[0], returncode)
         return CommandResult(args, returncode, stdout, stderr)
 
+    def process_argv(
+        self, argv: Sequence[str], *, user: str | None = None
+    ) -> tuple[list[str], Mapping[str, str]]:
+        """The process that runs ``argv`` here as ``user``: what a stream to or from
+        the command starts (:mod:`pgsnap.host.streams`)."""
+        args = _check_argv(argv)
+        return [*self._user_prefix(user), *args], dict(os.environ, LC_ALL="C")
+
     @staticmethod
     def _user_prefix(user: str | None) -> list[str]:
         """The argv prefix that runs a command as ``user`` (empty: as ourselves)."""

@@ -286,6 +286,19 @@ class SshRunner:
         _log.debug("%s: %s exited with status %d", self.description, args[0], result.returncode)
         return result
 
+    def process_argv(
+        self, argv: Sequence[str], *, user: str | None = None
+    ) -> tuple[list[str], Mapping[str, str]]:
+        """The local ``ssh`` process that runs ``argv`` on the remote host as ``user``:
+        what a stream to or from the command starts (:mod:`pgsnap.host.streams`).
+        Not retried: a stream cannot be replayed (ssh's exit status 255 is the
+        failure to connect)."""
+        args = _check_argv(argv)
+        command = shlex.join(["env", "-C", "/", "LC_ALL=C", *self._become_prefix(user), *args])
+        private_dir = self._ensure_private_dir()
+        base = self._base_argv(private_dir if self._multiplex else None)
+        return [*base, "--", self._destination, command], dict(os.environ, LC_ALL="C")
+
     def close(self) -> None:
         """End the shared connection, if one was opened, and remove the private
         directory; idempotent.
