@@ -1150,14 +1150,15 @@ class Cluster:
         return plan_copy(record, access, request, observer.backup_wal(record))
 
     def _copy_runs_on(self) -> str:
-        """The host a copy runs on, by the storage's name for it: the database host
-        when pgsnap reaches it locally; else the backup host ``[copies] host`` names
-        (pgsnap runs there); else "" (neither: exposing snapshots is refused)."""
+        """The host a copy reads the snapshots on, by the storage's name for it: the
+        database host when pgsnap reaches it locally; else the backup host
+        ``[copies] host`` names (pgsnap runs there); else the database host, read
+        through the Host seam (``tar`` there, its stream over ssh)."""
         if isinstance(self.host.runner, LocalRunner):
             return self.host.name
         if self.copy_host and self.copy_host != self.host.name:
             return self.copy_host
-        return ""
+        return self.host.name
 
     def copy(
         self,

@@ -169,11 +169,13 @@ def write_tree_tar(
     key: CopyKey | None = None,
     parallel: int = 4,
     on_progress: Callable[[RestoreProgress], None] | None = None,
+    top: bool = True,
 ) -> int:
     """Write tree ``tree`` of ``manifest`` to ``out`` as a tar stream; return the bytes
-    of file content written. A chunk or file that does not match its checksum is a
-    :class:`~pgsnap.errors.DamagedChunkError` (the stream is then incomplete: the
-    caller stops the ``tar`` reading it)."""
+    of file content written. ``top=False`` leaves the tree's top directory out (its
+    owner, mode and time are then the destination's own). A chunk or file that does
+    not match its checksum is a :class:`~pgsnap.errors.DamagedChunkError` (the stream
+    is then incomplete: the caller stops the ``tar`` reading it)."""
     if tree not in manifest.trees:
         raise ConfigurationError(
             f"copy {manifest.copy_id} has no tree {tree!r} (its trees: "
@@ -185,7 +187,10 @@ def write_tree_tar(
     chunk_key = _chunk_key(manifest, key)
     # Each directory's whole subtree together, parents first: GNU tar sets a
     # directory's time once the stream leaves it, and would see it change after.
-    entries = sorted(manifest.entries_of(tree), key=lambda e: e.path.split("/") if e.path else [])
+    entries = sorted(
+        (e for e in manifest.entries_of(tree) if top or e.path),
+        key=lambda e: e.path.split("/") if e.path else [],
+    )
     files_total = sum(1 for e in entries if e.kind is EntryKind.FILE)
     bytes_total = sum(e.size for e in entries if e.kind is EntryKind.FILE)
     written = files_done = 0

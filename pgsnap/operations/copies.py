@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 import time
@@ -45,12 +46,15 @@ from pgsnap.copies import (
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
 from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
+from pgsnap.copies.tarstream import TAR_EXTRACT, write_tree_tar
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
+from pgsnap.host import FileKind, Host
 from pgsnap.host.runners import LocalRunner
+from pgsnap.host.streams import writing
 from pgsnap.model import CopyRecord, Volume, VolumeRole
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
-from pgsnap.operations.host import MountSnapshot, check_apart_from_layout
+from pgsnap.operations.host import MountSnapshot, check_apart_from_layout, reading_host
 from pgsnap.wal import COMPRESSION_SUFFIXES
 from pgsnap.wal.reader import archived_segment_problem
 
@@ -104,6 +108,12 @@ class SendCopy(Operation):
     wal: tuple[str, ...] = attrs.field(default=(), converter=_str_tuple)
     key_file: str = ""
 
+    @staticmethod
+    def _reader(ctx: OperationContext, mount: MountSnapshot | None) -> Host:
+        """The host a tree is read on: where the plan mounts it (the database host, or
+        the backup host pgsnap runs on), else the database host (read in place)."""
+        return reading_host(ctx, mount.host) if mount is not None else ctx.host
+
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         _key(self.key_file)  # a missing or unsafe key file: refused before anything runs
         if WAL_TREE in self.trees:
@@ -122,15 +132,6 @@ class SendCopy(Operation):
                     "a snapshot of the backup",
                     "the plan was edited: make a new plan",
                 )
-        backup_host = bool(mounted) and all(op.host != ctx.host.name for op in mounted.values())
-        if not backup_host and not isinstance(ctx.host.runner, LocalRunner):
-            raise self.mismatch(
-                ctx,
-                f"a copy reads the snapshots on this machine, and the database host is "
-                f"{ctx.host.description}",
-                "run pgsnap copy on the database host, or on a backup host named in "
-                "[copies] host (LVM and PowerFlex snapshots)",
-            )
         try:
             record = ctx.catalog.get(self.backup_id)
         except BackupNotFound:
@@ -148,7 +149,8 @@ class SendCopy(Operation):
         for name, path in self.trees.items():
             if path in mounted and ctx.step_id not in plan.started:
                 continue  # the plan mounts it before this step (checked when it runs)
-            if not os.path.isdir(path):
+            found = self._reader(ctx, mounted.get(path)).stat(path)
+            if found is None or found.kind is not FileKind.DIRECTORY:
                 raise self.mismatch(
                     ctx,
                     f"the snapshot tree {name} ({path}) of backup {self.backup_id} is gone",
@@ -408,6 +410,13 @@ def _check_recorded_copy(
     return copy
 
 
+def _clear_on(host: Host, directory: str) -> int:
+    """:func:`_clear` through the Host seam."""
+    names = [n for n in host.list_dir(directory) if n != "lost+found"]
+    host.remove([posixpath.join(directory, n) for n in names], recursive=True)
+    return len(names)
+
+
 def _clear(directory: str) -> int:
     """Remove everything in ``directory`` (a fresh file system's ``lost+found`` aside),
     keeping the directory itself (a mount point); return the entries removed."""
@@ -487,18 +496,12 @@ class RestoreFromCopy(Operation):
                 f"whose tree is {copy_tree_name(vol)!r}",
                 "the plan was edited: make a new plan",
             )
-        if not isinstance(ctx.host.runner, LocalRunner):
-            raise self.mismatch(
-                ctx,
-                f"a restore from a copy writes on this machine, and the database host is "
-                f"{ctx.host.description}",
-                "run the recovery on the database host",
-            )
         _check_recorded_copy(self, ctx)
         self.check_writes_label(ctx, plan, self.backup_id)
         if ctx.step_id not in plan.started:
             self._manifest(ctx)
-            if not os.path.isdir(self.directory):
+            found = ctx.host.stat(self.directory)
+            if found is None or found.kind is not FileKind.DIRECTORY:
                 raise self.mismatch(
                     ctx,
                     f"{self.directory}, where volume {self.volume_id} is mounted, is not a "
@@ -509,7 +512,8 @@ class RestoreFromCopy(Operation):
     def run(self, ctx: OperationContext) -> Outputs:
         manifest = self._manifest(ctx)
         started = time.monotonic()
-        removed = _clear(self.directory)
+        local = isinstance(ctx.host.runner, LocalRunner)
+        removed = _clear(self.directory) if local else _clear_on(ctx.host, self.directory)
         if removed:
             log.info("removed %d entries of %s before the restore", removed, self.directory)
 
@@ -530,15 +534,28 @@ class RestoreFromCopy(Operation):
                 },
             )
 
+        store = open_target(self.target_dir, self.target_options)
         try:
-            written = restore_trees(
-                manifest,
-                open_target(self.target_dir, self.target_options),
-                {self.tree: self.directory},
-                parallel=self.parallel,
-                on_progress=progress,
-                key=_key(self.key_file),
-            )
+            if local:
+                written = restore_trees(
+                    manifest,
+                    store,
+                    {self.tree: self.directory},
+                    parallel=self.parallel,
+                    on_progress=progress,
+                    key=_key(self.key_file),
+                )
+            else:  # through the Host seam: tar on the database host writes the stream
+                with writing(ctx.host.runner, [*TAR_EXTRACT, "-C", self.directory]) as pipe:
+                    written = write_tree_tar(
+                        manifest,
+                        store,
+                        self.tree,
+                        pipe,
+                        key=_key(self.key_file),
+                        parallel=self.parallel,
+                        on_progress=progress,
+                    )
         except OSError as exc:
             raise CopyError(
                 f"cannot write copy {self.copy_id}'s tree {self.tree} into "
@@ -620,13 +637,6 @@ class RestoreWalFromCopy(Operation):
                 f"not in the data volume's {copy_tree_name(data)!r}",
                 "the plan was edited: make a new plan",
             )
-        if not isinstance(ctx.host.runner, LocalRunner):
-            raise self.mismatch(
-                ctx,
-                f"a restore from a copy writes on this machine, and the database host is "
-                f"{ctx.host.description}",
-                "run the recovery on the database host",
-            )
         copy = _check_recorded_copy(self, ctx)
         extra = sorted(set(self.names) - set(copy.wal))
         if extra:
@@ -665,6 +675,8 @@ class RestoreWalFromCopy(Operation):
                 hint="verify the copy (pgsnap verify-copy); restore from another copy",
                 copy_id=self.copy_id,
             )
+        if not isinstance(ctx.host.runner, LocalRunner):
+            return self._run_on_host(ctx, manifest, top)
         pg_wal = os.path.realpath(os.path.join(self.directory, top, "pg_wal"))
         if not os.path.isdir(pg_wal):
             raise CopyError(
@@ -701,6 +713,42 @@ class RestoreWalFromCopy(Operation):
             ) from exc
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        if kept:
+            log.info("kept %d WAL files already in %s: %s", len(kept), pg_wal, ", ".join(kept))
+        return {"written": written, "kept": kept, "pg_wal": pg_wal}
+
+    def _run_on_host(self, ctx: OperationContext, manifest: Manifest, top: str) -> Outputs:
+        """:meth:`run` on a database host reached through the Host seam: ``tar`` there
+        writes the WAL tree into ``pg_wal``, keeping files already there; the new
+        ones get ``pg_wal``'s owner and PostgreSQL's mode."""
+        host = ctx.host
+        pg_wal = host.realpath(posixpath.join(self.directory, top, "pg_wal"))
+        info = host.stat(pg_wal)
+        if info is None or info.kind is not FileKind.DIRECTORY:
+            raise CopyError(
+                f"the restored data directory has no pg_wal directory ({pg_wal} on "
+                f"{host.description})",
+                hint="check the restored data directory and the WAL volume's mount, then resume",
+                path=pg_wal,
+            )
+        before = set(host.list_dir(pg_wal))
+        extract = [*TAR_EXTRACT, "--skip-old-files", "-C", pg_wal]
+        with writing(host.runner, extract) as pipe:
+            write_tree_tar(
+                manifest,
+                open_target(self.target_dir, self.target_options),
+                WAL_TREE,
+                pipe,
+                key=_key(self.key_file),
+                top=False,
+            )
+        carried = {e.path for e in manifest.entries_of(WAL_TREE) if e.kind is EntryKind.FILE}
+        written = sorted(carried - before)
+        kept = sorted(carried & before)
+        if written:
+            paths = [posixpath.join(pg_wal, n) for n in written]
+            host.run(["chown", f"{info.uid}:{info.gid}", "--", *paths])
+            host.run(["chmod", "0640" if info.mode & 0o050 else "0600", "--", *paths])
         if kept:
             log.info("kept %d WAL files already in %s: %s", len(kept), pg_wal, ", ".join(kept))
         return {"written": written, "kept": kept, "pg_wal": pg_wal}

@@ -162,18 +162,11 @@ def reading_host(ctx: OperationContext, name: str) -> Host:
 
 
 def check_reading_host(op: Operation, ctx: OperationContext, name: str) -> None:
-    """The :meth:`~Operation.mismatch` raised unless host ``name`` is where pgsnap
-    runs: the database host reached locally, or another host (``[copies] host``)
-    while the database host is reached remotely (pgsnap runs on that backup host)."""
+    """The :meth:`~Operation.mismatch` raised unless host ``name`` is one a copy reads
+    on: the database host (locally, or through the Host seam: a tar stream), or
+    another host (``[copies] host``) while the database host is reached remotely
+    (pgsnap runs on that backup host)."""
     local = isinstance(ctx.host.runner, LocalRunner)
-    if name == ctx.host.name and not local:
-        raise op.mismatch(
-            ctx,
-            f"it exposes and reads the snapshots on the database host {name!r} "
-            f"({ctx.host.description}), which is not where pgsnap runs",
-            "run pgsnap copy on the database host, or on a backup host named in "
-            "[copies] host, then make a new plan",
-        )
     if name != ctx.host.name and local:
         raise op.mismatch(
             ctx,

@@ -11,7 +11,8 @@ catalog and archive are pgsnap's side. Rows are checked in the recovered server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,11 +52,21 @@ class CountingRunner:
         result: CommandResult = self.inner.run(argv, user=user, stdin=stdin, timeout=timeout)
         return result
 
+    def process_argv(
+        self, argv: Sequence[str], *, user: str | None = None
+    ) -> tuple[list[str], Mapping[str, str]]:
+        """Streams (a copy's tar) go through the inner runner's ssh process too."""
+        self.programs.append(argv[0])
+        result: tuple[list[str], Mapping[str, str]] = self.inner.process_argv(argv, user=user)
+        return result
+
 
 @pytest.fixture
-def remote_env(pg_server: Any, sshd_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+def remote_env(
+    pg_server: Any, sshd_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Any:
     runner = CountingRunner(sshd_server.runner())
-    env = make_env(pg_server, host=Host(runner))
+    env = make_env(pg_server, host=Host(runner), copy_target=tmp_path / "copies")
 
     def no_local_commands(self: LocalRunner, argv: Sequence[str], **kwargs: Any) -> CommandResult:
         raise AssertionError(f"the database host was reached locally: {list(argv)}")
@@ -96,3 +107,27 @@ def test_complete_recovery_over_ssh_replays_the_surviving_wal(remote_env: Any) -
     env.lose_data()
     env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest(), lost=[VolumeRole.DATA]))
     assert env.batches() == env.expect(1, 2, 3)
+
+
+def test_a_copy_made_and_restored_over_ssh_recovers_once_the_snapshots_are_gone(
+    remote_env: Any,
+) -> None:
+    """Issue 21: the copy reads the backup's snapshot on the database host through the
+    Host seam (tar there, its stream over ssh), and the recovery writes the copy's
+    trees and WAL back there the same way."""
+    env, runner = remote_env
+    target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
+    (record,) = env.cluster.catalog.list()
+    runner.programs.clear()
+    copy = env.cluster.copy(record.id)
+    assert "tar" in runner.programs and copy.wal
+    assert record.snapshot_group_id is not None
+    env.backend.delete_snapshot_group(record.snapshot_group_id)
+    env.crash()
+    env.lose_data()
+    plan = env.cluster.plan_recovery(target, lost=[VolumeRole.DATA])
+    assert "copy.restore" in [s.action for s in plan.steps]
+    runner.programs.clear()
+    env.cluster.execute(plan)
+    assert runner.programs.count("tar") == 2  # the data tree, then the copy's WAL
+    assert env.batches() == env.expect(1, 2)
