@@ -35,7 +35,7 @@ from pgsnap.catalog import (
     scan_catalog,
 )
 from pgsnap.config import Timeouts, cluster_arguments
-from pgsnap.copies import VerifyReport, is_copy_id, open_target, verify_copy
+from pgsnap.copies import DEFAULT_PARALLEL, VerifyReport, is_copy_id, open_target, verify_copy
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
@@ -514,6 +514,8 @@ class Cluster:
         wal_index: WalIndex | str | os.PathLike[str] | bool | None = None,
         copy_target: str | os.PathLike[str] | None = None,
         copy_target_options: Mapping[str, str] | None = None,
+        copy_parallel: int = DEFAULT_PARALLEL,
+        copy_bandwidth_limit: int | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -530,6 +532,10 @@ class Cluster:
         """Where :meth:`copy` puts copies when it is not told (``[copies] path``)."""
         self.copy_target_options: dict[str, str] = dict(copy_target_options or {})
         """An S3 target's options (``[copies]`` ``endpoint_url``, ``access_key_env``...)."""
+        self.copy_parallel = copy_parallel
+        """Upload threads of a copy (``[copies] parallel``)."""
+        self.copy_bandwidth_limit = copy_bandwidth_limit
+        """Bytes a second a copy may send, or None (``[copies] bandwidth_limit``)."""
 
     @classmethod
     def from_config(
@@ -1077,6 +1083,8 @@ class Cluster:
             target_dir=location,
             copy_id=copy_id,
             target_options=self.copy_target_options if location.startswith("s3://") else {},
+            parallel=self.copy_parallel,
+            bandwidth_limit=self.copy_bandwidth_limit,
         )
         return plan_copy(record, self.observer.snapshot_access(record), request)
 

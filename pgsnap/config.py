@@ -26,6 +26,7 @@ from typing import Any, Final
 import attrs
 
 from pgsnap.catalog import DirectoryCatalog
+from pgsnap.copies.bandwidth import parse_size
 from pgsnap.errors import ConfigurationError
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
@@ -160,6 +161,8 @@ _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name"
 _ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
 _COPIES_KEYS = ("path", "endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+_COPIES_SETTINGS = ("parallel", "bandwidth_limit")
+"""``[copies]`` keys of how a copy runs (the others say where it goes)."""
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -537,12 +540,13 @@ def cluster_arguments(
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
         "copy_target": _copy_target(_table(conf, "copies") or {}, rel),
         "copy_target_options": _copy_options(_table(conf, "copies") or {}, rel),
+        **_copy_settings(_table(conf, "copies") or {}),
     }
 
 
 def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
     """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
-    _check_keys(section, _COPIES_KEYS, "[copies]")
+    _check_keys(section, (*_COPIES_KEYS, *_COPIES_SETTINGS), "[copies]")
     where = _text(section, "path", "[copies]")
     if where is None or where.startswith("s3://"):
         return where
@@ -557,6 +561,24 @@ def _copy_options(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[st
         value = _text(section, key, "[copies]")
         if value is not None:
             out[key] = rel(value) if key == "ca_bundle" else value
+    return out
+
+
+def _copy_settings(section: dict[str, Any]) -> dict[str, Any]:
+    """``[copies] parallel`` (upload threads, a whole number) and ``bandwidth_limit``
+    (bytes a second: a number, or text with a unit such as ``"50MiB"``)."""
+    out: dict[str, Any] = {}
+    parallel = section.get("parallel")
+    if parallel is not None:
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 64:
+            raise ConfigurationError(
+                f"[copies] parallel must be a whole number from 1 to 64, not {parallel!r}",
+                hint="the number of upload threads of a copy, without quotes, e.g. parallel = 4",
+            )
+        out["copy_parallel"] = parallel
+    limit = section.get("bandwidth_limit")
+    if limit is not None:
+        out["copy_bandwidth_limit"] = parse_size(limit, "[copies] bandwidth_limit")
     return out
 
 

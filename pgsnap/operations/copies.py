@@ -33,7 +33,7 @@ from pgsnap.copies import (
     open_target,
     restore_trees,
 )
-from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
+from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.errors import BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host.runners import LocalRunner
 from pgsnap.model import CopyRecord, VolumeRole
@@ -45,12 +45,23 @@ __all__ = ["DeleteCopyManifest", "RecordCopy", "RestoreFromCopy", "SendCopy"]
 log = logging.getLogger(__name__)
 
 
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``: a time left, for a progress line."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
 @attrs.frozen
 class SendCopy(Operation):
     """Copy ``trees`` (name → a snapshot's directory) to the copy target
     ``target_dir`` (a directory or ``s3://bucket/prefix``, with ``target_options``)
     as copy ``copy_id`` of backup ``backup_id``, with the backup label and
-    tablespace map in the manifest."""
+    tablespace map in the manifest; ``parallel`` upload threads, at most
+    ``bandwidth_limit`` bytes a second (None: no limit)."""
 
     name = "copy.send"
     target = _Target.COPY
@@ -65,6 +76,8 @@ class SendCopy(Operation):
     chunk_size: int = DEFAULT_CHUNK_SIZE
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
+    parallel: int = DEFAULT_PARALLEL
+    bandwidth_limit: int | None = None
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         if not isinstance(ctx.host.runner, LocalRunner):
@@ -99,16 +112,20 @@ class SendCopy(Operation):
 
     def run(self, ctx: OperationContext) -> Outputs:
         def progress(p: CopyProgress) -> None:
+            left = p.seconds_left
             ctx.progress(
                 f"{p.files_done}/{p.files_total} files, "
                 f"{p.bytes_read / 2**20:.0f} of {p.bytes_total / 2**20:.0f} MiB read, "
-                f"{p.bytes_sent / 2**20:.0f} MiB sent",
+                f"{p.bytes_sent / 2**20:.0f} MiB sent, {p.rate / 2**20:.1f} MiB/s"
+                + ("" if left is None else f", {_duration(left)} left"),
                 {
                     "files_done": p.files_done,
                     "files_total": p.files_total,
                     "bytes_read": p.bytes_read,
                     "bytes_total": p.bytes_total,
                     "bytes_sent": p.bytes_sent,
+                    "rate": round(p.rate, 1),
+                    "seconds_left": None if left is None else round(left, 1),
                 },
             )
 
@@ -117,7 +134,7 @@ class SendCopy(Operation):
             files["tablespace_map"] = self.spcmapfile
         manifest, stats = copy_trees(
             self.trees,
-            open_target(self.target_dir, self.target_options),
+            open_target(self.target_dir, self.target_options, connections=2 * self.parallel),
             copy_id=self.copy_id,
             backup_id=self.backup_id,
             files=files,
@@ -125,6 +142,8 @@ class SendCopy(Operation):
             codec=self.codec or default_codec(),
             clock=ctx.clock,
             on_progress=progress,
+            parallel=self.parallel,
+            bandwidth_limit=self.bandwidth_limit,
         )
         return {
             "manifest_digest": manifest.digest(),
@@ -317,19 +336,18 @@ class RestoreFromCopy(Operation):
             log.info("removed %d entries of %s before the restore", removed, self.directory)
 
         def progress(p: RestoreProgress) -> None:
-            elapsed = max(time.monotonic() - started, 1e-6)
-            rate = p.bytes_written / elapsed
-            left = (p.bytes_total - p.bytes_written) / rate if rate > 0 else None
+            left = p.seconds_left
             ctx.progress(
                 f"{p.files_done}/{p.files_total} files, {p.bytes_written / 2**20:.0f} of "
-                f"{p.bytes_total / 2**20:.0f} MiB, {rate / 2**20:.1f} MiB/s"
-                + ("" if left is None else f", {left:.0f} s left"),
+                f"{p.bytes_total / 2**20:.0f} MiB, {p.rate / 2**20:.1f} MiB/s"
+                + ("" if left is None else f", {_duration(left)} left"),
                 {
                     "files_done": p.files_done,
                     "files_total": p.files_total,
                     "bytes_done": p.bytes_written,
                     "bytes_total": p.bytes_total,
-                    "rate": rate,
+                    "rate": round(p.rate, 1),
+                    "seconds_left": None if left is None else round(left, 1),
                 },
             )
 

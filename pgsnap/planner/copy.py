@@ -20,7 +20,7 @@ from collections.abc import Mapping
 
 import attrs
 
-from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
+from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.manifest import is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import BackupRecord, SnapshotAccess, Volume, VolumeRole
@@ -49,6 +49,10 @@ class CopyRequest:
     codec: str = ""
     target_options: Mapping[str, str] = attrs.field(factory=dict)
     """The S3 target's options (:data:`pgsnap.copies.TARGET_OPTIONS`): no secret."""
+    parallel: int = DEFAULT_PARALLEL
+    """Upload threads of the copy."""
+    bandwidth_limit: int | None = None
+    """Bytes a second the copy may send (None: no limit)."""
 
 
 def copy_tree_name(vol: Volume) -> str:
@@ -122,6 +126,8 @@ def plan_copy(
         chunk_size=request.chunk_size,
         codec=request.codec,
         target_options=request.target_options,
+        parallel=request.parallel,
+        bandwidth_limit=request.bandwidth_limit,
     )
     steps = (
         Step.of(
