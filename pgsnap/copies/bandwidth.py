@@ -62,7 +62,7 @@ def parse_size(value: object, what: str = "the size") -> int:
     if unit not in _UNITS:
         raise ConfigurationError(
             f"{what} has an unknown unit {unit!r} ({value!r})",
-            hint="use B, k/kB, KiB, M/MB, MiB, G/GB, GiB, T/TB or TiB",
+            hint='use B, k/kB, KiB, M/MB, MiB, G/GB, GiB, T/TB or TiB, e.g. "50MiB"',
         )
     size = int(number * _UNITS[unit])
     if size <= 0:
