@@ -381,6 +381,7 @@ class _Sender:
         self._met: set[str] = set()
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._stopped = False
         self._pool = (
             concurrent.futures.ThreadPoolExecutor(
                 max_workers=parallel, thread_name_prefix="pgsnap-copy"
@@ -400,7 +401,8 @@ class _Sender:
         """See that chunk ``cid`` (content ``block``) ends up in the target."""
         self._raise()
         if cid in self._met or cid in self._present:
-            self.reused += 1  # sent or found by this copy already, or listed
+            with self._lock:  # the threads count too
+                self.reused += 1  # sent or found by this copy already, or listed
             return
         self._met.add(cid)
         check = not self._complete
@@ -418,7 +420,7 @@ class _Sender:
         future.add_done_callback(lambda _f: self._slots.release())
 
     def _work(self, cid: str, block: bytes, check: bool) -> None:
-        if self._error is not None:
+        if self._error is not None or self._stopped:
             return
         try:
             if check:
@@ -451,9 +453,8 @@ class _Sender:
 
     def close(self) -> None:
         """Stop: drop the chunks not begun, wait for those under way."""
+        self._stopped = True
         if self._pool is not None:
-            if self._error is None:
-                self._error = CopyError("the copy stopped")
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     def absent(self, ids: Iterable[str]) -> list[str]:
@@ -786,27 +787,49 @@ def restore_trees(
     return written
 
 
+_REPEATS_KEPT: Final = 8
+"""Chunks a restore keeps for their next use (at most 4 MiB each by default)."""
+
+
 def _fetched(
     target: CopyTarget,
     chunks: list[str],
     pool: concurrent.futures.Executor,
     window: int,
 ) -> Generator[bytes, None, None]:
-    """The decoded chunks in order, at most ``window`` fetched ahead of the consumer."""
+    """The decoded chunks in order, at most ``window`` fetched ahead of the consumer.
+
+    A chunk named more than once (a run of zero pages, a file twice) is fetched
+    once and kept until its last use, for at most :data:`_REPEATS_KEPT` such
+    chunks at a time (beyond them, a repeat is fetched again).
+    """
     pending: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+    uses = collections.Counter(chunks)
+    kept: dict[str, concurrent.futures.Future[bytes]] = {}
     todo = iter(chunks)
 
     def fetch(cid: str) -> bytes:
         return decode_chunk(target.get_chunk(cid), cid)
 
+    def ahead(cid: str) -> None:
+        uses[cid] -= 1
+        future = kept.get(cid)
+        if future is None:
+            future = pool.submit(fetch, cid)
+            if uses[cid] > 0 and len(kept) < _REPEATS_KEPT:
+                kept[cid] = future
+        if uses[cid] <= 0:
+            kept.pop(cid, None)
+        pending.append(future)
+
     try:
         for cid in itertools.islice(todo, window):
-            pending.append(pool.submit(fetch, cid))
+            ahead(cid)
         while pending:
             data = pending.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(fetch, nxt))
+                ahead(nxt)
             yield data
     finally:
         for f in pending:

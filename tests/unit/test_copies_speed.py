@@ -325,3 +325,27 @@ def test_what_no_retry_changes_fails_at_the_first_answer(
         target.get_manifest("c1")
     assert client.calls == 1 and waits == []
     assert info.value.hint
+
+
+def test_a_restore_fetches_a_repeated_chunk_once(tmp_path: Path) -> None:
+    """Runs of zero pages name one chunk many times: it is fetched once and kept until
+    its last use (in a window of a few such chunks)."""
+    tree = tmp_path / "data"
+    tree.mkdir()
+    zeros = bytes(CHUNK)
+    (tree / "a").write_bytes(zeros * 5 + os.urandom(CHUNK))
+    (tree / "b").write_bytes(os.urandom(CHUNK) + zeros * 3)
+    target = Counting()
+    manifest, stats = copy(tree, target)
+    assert stats.chunks_new == 3 and stats.chunks_reused == 7  # zeros, two others
+    fetched: list[str] = []
+    real_get = target.get_chunk
+
+    def get_chunk(chunk: str) -> bytes:
+        fetched.append(chunk)
+        return real_get(chunk)
+
+    target.get_chunk = get_chunk  # type: ignore[method-assign]
+    restore_trees(manifest, target, {"pgdata": tmp_path / "restored"}, parallel=2)
+    assert sorted(fetched) == sorted(manifest.chunk_ids())  # each once
+    assert snapshot(tmp_path / "restored") == snapshot(tree)
