@@ -200,6 +200,15 @@ def in_child(fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float, f
 def run_tree(argv: Sequence[str], *, env: dict[str, str] | None = None) -> tuple[float, float, str]:
     """Run ``argv``: (wall seconds, CPU seconds of it and of the processes it waited
     for, its output). Raises with the output on failure."""
+    wall, cpu, text, _rss = run_rusage(argv, env=env)
+    return wall, cpu, text
+
+
+def run_rusage(
+    argv: Sequence[str], *, env: dict[str, str] | None = None
+) -> tuple[float, float, str, int]:
+    """:func:`run_tree`, and the peak resident memory (bytes) of the process or of the
+    largest process it waited for (``os.wait4``'s ``ru_maxrss``)."""
     with tempfile.TemporaryFile("w+") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -217,7 +226,7 @@ def run_tree(argv: Sequence[str], *, env: dict[str, str] | None = None) -> tuple
         text = out.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{text[-3000:]}")
-    return wall, usage.ru_utime + usage.ru_stime, text
+    return wall, usage.ru_utime + usage.ru_stime, text, usage.ru_maxrss * 1024
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -623,6 +632,73 @@ pg1-user=postgres
         (data,) = [v for v in record.layout.volumes if v.role is VolumeRole.DATA]
         return Path(access[data.id].path)
 
+    def cli_config(self, round_no: int) -> Path:
+        """A configuration file for the ``pgsnap`` command: the cluster :meth:`cluster`
+        builds (btrfs, the same catalog and archive), copies to a prefix of its own."""
+        assert self.fs is not None
+        srv = self.srv
+        q = json.dumps  # a JSON string is a TOML basic string
+        data, wal = str(srv.data_dir), str(srv.wal_dir)
+        copies = {"path": f"s3://{BUCKET}/pgsnap-cli-r{round_no}", **self.options()}
+        text = "\n".join(
+            [
+                "[database]",
+                f"conninfo = {q(srv.conninfo())}",
+                f"data_directory = {q(data)}",
+                f"bindir = {q(str(srv.bindir))}",
+                f"os_user = {q(srv.os_user)}",
+                f"log_file = {q(str(srv.log_file))}",
+                "[storage]",
+                'backend = "btrfs"',
+                "[storage.options]",
+                f"snapshot_dir = {q(str(self.fs.mount_point / 'snapshots'))}",
+                "[archive]",
+                f"path = {q(str(srv.archive_dir))}",
+                "[catalog]",
+                f"path = {q(str(srv.base_dir / 'catalog'))}",
+                f"journal = {q(str(srv.base_dir / 'journal'))}",
+                "[copies]",
+                *(f"{k} = {q(v)}" for k, v in copies.items()),
+                "[[volume]]",
+                f"id = {q(data)}",
+                'name = "pgdata"',
+                'role = "data"',
+                f"mount_point = {q(data)}",
+                "[[volume]]",
+                f"id = {q(wal)}",
+                'name = "pgwal"',
+                'role = "wal"',
+                f"mount_point = {q(wal)}",
+                "",
+            ]
+        )
+        path = srv.base_dir / f"pgsnap-cli-r{round_no}.toml"
+        path.write_text(text)
+        return path
+
+    def pgsnap_cli(self, round_no: int, backup_id: str) -> None:
+        """The full backup copied again, to a fresh prefix (a first copy), by a new
+        ``pgsnap copy`` process: start-up and imports included, and its peak memory."""
+        config = self.cli_config(round_no)
+        prefix = f"pgsnap-cli-r{round_no}/"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        before = self.usage(prefix)
+        argv = [sys.executable, "-m", "pgsnap.cli", "copy", backup_id, "-c", str(config)]
+        wall, cpu, _text, rss = run_rusage(argv, env=env)
+        after = self.usage(prefix)
+        self.record(
+            round=round_no,
+            phase="cli",
+            method="pgsnap",
+            step="copy",
+            wall=wall,
+            cpu=cpu,
+            pg_cpu=0.0,
+            sent=after[1] - before[1],
+            rss=rss,
+            note=f"`pgsnap copy` as a new process, peak RSS {rss / MB:.0f} MB",
+        )
+
     # ----------------------------------------------------------------- pgBackRest, barman
 
     def pgbackrest_backup(self, round_no: int, phase: str) -> None:
@@ -924,6 +1000,9 @@ pg1-user=postgres
                 self.pgbackrest_backup(n, "full")
             else:
                 self.barman_backup(n)
+        if "pgsnap" in self.methods:
+            self.prepare()
+            self.pgsnap_cli(n, ids["full"])
         change = self.change(n)
         incr = [m for m in ("pgsnap", "pgbackrest") if m in self.methods]
         say(
@@ -999,6 +1078,7 @@ def report(say: Callable[[str], None], bench: Bench) -> None:
         ("pgsnap", "`Cluster.backup()` (btrfs snapshots)", pick("pgsnap", "full", "backup"), "yes"),
         ("pgsnap", "first `Cluster.copy()`", pick("pgsnap", "full", "copy"), "no (1)"),
         ("pgsnap", "backup + first copy", summed("pgsnap", "full"), "-"),
+        ("pgsnap", "first copy, `pgsnap copy` process", pick("pgsnap", "cli"), "no (1)"),
         ("pgBackRest", "full backup", pick("pgbackrest", "full"), "yes (2)"),
         ("barman-cloud-backup", "full backup, gzip", pick("barman", "full"), "yes"),
         ("pgsnap", "`Cluster.backup()`", pick("pgsnap", "incremental", "backup"), "yes"),
@@ -1061,6 +1141,13 @@ def report(say: Callable[[str], None], bench: Bench) -> None:
         "remote workers, with a repository host) runs on the database host; so does "
         "barman-cloud-backup. Here everything shares one 2-vCPU machine."
     )
+    cli = pick("pgsnap", "cli")
+    if cli:
+        say(
+            "`pgsnap copy` as a new process (python -m pgsnap.cli: start-up, imports, "
+            "configuration, plan, copy, catalog): peak RSS "
+            f"{spread([r['rss'] / MB for r in cli], 0)} MB (os.wait4 ru_maxrss)"
+        )
 
     # ratios
     def ratio(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> str:

@@ -36,6 +36,7 @@ from pgsnap.catalog import (
 )
 from pgsnap.config import Timeouts, cluster_arguments
 from pgsnap.copies import (
+    DEFAULT_PARALLEL,
     CopyKey,
     GcReport,
     VerifyReport,
@@ -536,6 +537,8 @@ class Cluster:
         copy_host: str | None = None,
         copy_mount_root: str | None = None,
         copy_retention: CopyRetentionPolicy | None = None,
+        copy_parallel: int = DEFAULT_PARALLEL,
+        copy_bandwidth_limit: int | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -572,6 +575,10 @@ class Cluster:
         self.copy_retention = copy_retention
         """The copies' own retention policy (``[copies.retention]``; None: copy
         retention deletes nothing): :meth:`plan_copy_expiry` applies it."""
+        self.copy_parallel = copy_parallel
+        """Upload threads of a copy (``[copies] parallel``)."""
+        self.copy_bandwidth_limit = copy_bandwidth_limit
+        """Bytes a second a copy may send, or None (``[copies] bandwidth_limit``)."""
 
     @classmethod
     def from_config(
@@ -1144,6 +1151,8 @@ class Cluster:
             key_file=self.copy_key_file or "",
             mount_root=self.copy_mount_root,
             runs_on=self._copy_runs_on(),
+            parallel=self.copy_parallel,
+            bandwidth_limit=self.copy_bandwidth_limit,
         )
         observer = self.observer
         access = observer.snapshot_access(record, host=self.copy_host or self.host.name)

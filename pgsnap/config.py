@@ -27,6 +27,7 @@ from typing import Any, Final
 import attrs
 
 from pgsnap.catalog import DirectoryCatalog
+from pgsnap.copies.bandwidth import parse_size
 from pgsnap.errors import ConfigurationError
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
@@ -188,6 +189,8 @@ COPY_RETENTION_KEYS: Final = (
 )
 """The keys of ``[copies.retention]``: the snapshots' ``[retention]`` keys that apply to
 copies, plus ``yearly`` and ``max_age`` (copies are kept longer)."""
+_COPIES_SETTINGS = ("parallel", "bandwidth_limit")
+"""``[copies]`` keys of how a copy runs (the others say where it goes)."""
 _VOLUME_KEYS = ("id", "name", "role", "mount_point", "tablespace_oid")
 
 TIMEOUT_KEYS: dict[str, str] = {
@@ -568,6 +571,7 @@ def cluster_arguments(
         "copy_key_file": _copy_key_file(_table(conf, "copies") or {}, rel),
         **_copy_host(_table(conf, "copies") or {}),
         "copy_retention": _copy_retention(_table(conf, "copies") or {}),
+        **_copy_settings(_table(conf, "copies") or {}),
     }
 
 
@@ -592,7 +596,9 @@ def _copy_host(section: dict[str, Any]) -> dict[str, str]:
 
 def _copy_target(section: dict[str, Any], rel: Callable[[Any], str]) -> str | None:
     """``[copies] path``: where ``pgsnap copy`` puts copies (None: not configured)."""
-    _check_keys(section, (*_COPIES_KEYS, *_COPIES_HOST_KEYS, "retention"), "[copies]")
+    _check_keys(
+        section, (*_COPIES_KEYS, *_COPIES_HOST_KEYS, *_COPIES_SETTINGS, "retention"), "[copies]"
+    )
     where = _text(section, "path", "[copies]")
     if where is None or where.startswith("s3://"):
         return where
@@ -677,6 +683,24 @@ def load_copy_retention(source: Source) -> CopyRetentionPolicy | None:
     """The ``[copies.retention]`` section of a configuration as a policy (None when
     absent: then copy retention deletes nothing)."""
     return _copy_retention(_table(_read(source), "copies") or {})
+
+
+def _copy_settings(section: dict[str, Any]) -> dict[str, Any]:
+    """``[copies] parallel`` (upload threads, a whole number) and ``bandwidth_limit``
+    (bytes a second: a number, or text with a unit such as ``"50MiB"``)."""
+    out: dict[str, Any] = {}
+    parallel = section.get("parallel")
+    if parallel is not None:
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or not 1 <= parallel <= 64:
+            raise ConfigurationError(
+                f"[copies] parallel must be a whole number from 1 to 64, not {parallel!r}",
+                hint="the number of upload threads of a copy, without quotes, e.g. parallel = 4",
+            )
+        out["copy_parallel"] = parallel
+    limit = section.get("bandwidth_limit")
+    if limit is not None:
+        out["copy_bandwidth_limit"] = parse_size(limit, "[copies] bandwidth_limit")
+    return out
 
 
 def load_retention(source: Source) -> dict[str, Any]:

@@ -56,6 +56,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   └── CatalogLockedError              another writer holds the lock
     └── CopyError                           a copy off the array cannot be written or read
         ├── CopyNotFound (LookupError)      no manifest, chunk or marker of that name in the target
+        ├── CopyTargetRefused               denied, no bucket, untrusted TLS: never retried
         ├── DamagedChunkError               a stored chunk does not hash to its name (chunk)
         ├── CopyKeyError                    an encrypted copy, and no key or not its key given
         └── CopyBusy                        retryable: a copy or garbage collection holds the target
@@ -88,6 +89,7 @@ __all__ = [
     "CopyError",
     "CopyKeyError",
     "CopyNotFound",
+    "CopyTargetRefused",
     "DamagedChunkError",
     "DamagedSegmentError",
     "DatabaseError",
@@ -614,6 +616,12 @@ class CopyError(PgsnapError):
 
 class CopyNotFound(CopyError, LookupError):
     """The copy target holds no copy (manifest) or chunk of that id."""
+
+
+class CopyTargetRefused(CopyError):
+    """The copy target refuses the request and asking again will not help: access
+    denied, a bucket that does not exist, a TLS certificate that cannot be verified.
+    Raised at the first answer, without retries."""
 
 
 class DamagedChunkError(CopyError):

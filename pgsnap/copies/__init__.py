@@ -22,6 +22,7 @@ from __future__ import annotations
 from pgsnap.copies.chunks import CODECS, chunk_id, decode_chunk, default_codec, encode_chunk
 from pgsnap.copies.copier import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_PARALLEL,
     CopyProgress,
     CopyStats,
     RestoreProgress,
@@ -46,6 +47,7 @@ from pgsnap.copies.target import TARGET_OPTIONS, CopyTarget, DirectoryCopyTarget
 __all__ = [
     "CODECS",
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PARALLEL",
     "TARGET_OPTIONS",
     "CopyKey",
     "CopyProgress",

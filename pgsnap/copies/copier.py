@@ -33,13 +33,16 @@ import logging
 import os
 import random
 import stat
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
 
+from pgsnap.copies.bandwidth import TokenBucket
 from pgsnap.copies.chunks import chunk_id, decode_chunk, default_codec, encode_chunk
 from pgsnap.copies.manifest import (
     EntryKind,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PARALLEL",
     "CopyProgress",
     "CopyStats",
     "RestoreProgress",
@@ -87,6 +91,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE: Final = 4 * 1024 * 1024
 """4 MiB: large enough for few objects, small enough that a change re-sends little."""
+
+DEFAULT_PARALLEL: Final = 4
+"""Upload threads of a copy: enough to keep an object store's round trips overlapped."""
 
 _GC_FINISH_POLLS: Final = 30
 _GC_FINISH_POLL_SECONDS: Final = 1.0
@@ -111,15 +118,37 @@ class CopyStats:
     seconds: float
 
 
+def _rate(done: int, seconds: float) -> float:
+    return done / seconds if seconds > 0 else 0.0
+
+
+def _left(done: int, total: int, seconds: float) -> float | None:
+    rate = _rate(done, seconds)
+    return max(total - done, 0) / rate if rate > 0 else None
+
+
 @attrs.frozen
 class CopyProgress:
-    """A progress report of :func:`copy_trees` (after each file)."""
+    """A progress report of :func:`copy_trees`: after each file, and about every
+    second within a large one. ``seconds`` since the copy started; :attr:`rate`
+    and :attr:`seconds_left` follow from them."""
 
     files_done: int
     files_total: int
     bytes_read: int
     bytes_total: int
     bytes_sent: int
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Bytes read a second so far (0 before any time passed)."""
+        return _rate(self.bytes_read, self.seconds)
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The time left at :attr:`rate` (None while nothing was read)."""
+        return _left(self.bytes_read, self.bytes_total, self.seconds)
 
 
 @attrs.frozen
@@ -216,13 +245,15 @@ class _InProgress:
 
     It also remembers the longest time its marker went unrefreshed (``widest``):
     a copy that paused longer than :data:`TRUSTED_GAP` may have looked dead to a
-    collection, which then swept without it.
+    collection, which then swept without it. :meth:`tick` may be called from
+    several threads (a copy's upload threads each call it before a request).
     """
 
     def __init__(self, target: CopyTarget, copy_id: str, clock: Callable[[], dt.datetime]) -> None:
         self._target = target
         self._copy_id = copy_id
         self._clock = clock
+        self._lock = threading.Lock()
         self.marker = Marker.new(pending_marker(copy_id), clock(), copy_id=copy_id)
         self.widest = dt.timedelta(0)
 
@@ -255,16 +286,18 @@ class _InProgress:
 
     def tick(self) -> None:
         """Before each request to the target: refresh the marker when it is due."""
-        now = self._clock()
-        unrefreshed = now - self.marker.refreshed_at
-        self.widest = max(self.widest, unrefreshed)
-        if unrefreshed >= REFRESH_INTERVAL:
-            self.marker = self.marker.refreshed(now)
-            self._target.put_marker(self.marker.name, self.marker.to_json())
+        with self._lock:
+            now = self._clock()
+            unrefreshed = now - self.marker.refreshed_at
+            self.widest = max(self.widest, unrefreshed)
+            if unrefreshed >= REFRESH_INTERVAL:
+                self.marker = self.marker.refreshed(now)
+                self._target.put_marker(self.marker.name, self.marker.to_json())
 
-    def finish(self, manifest: Manifest) -> None:
+    def finish(self, manifest: Manifest, absent: Callable[[Iterable[str]], list[str]]) -> None:
         """After the manifest is written: make sure no collection swept without this
-        copy, check every chunk the manifest names once more, remove the marker.
+        copy, check every chunk the manifest names once more (``absent``: those of
+        the ids given that the target lacks), remove the marker.
 
         A copy that never went :data:`TRUSTED_GAP` without refreshing its marker
         looked alive to every collection (which then refused to sweep). One that
@@ -282,16 +315,12 @@ class _InProgress:
                 self.widest,
             )
             self._wait_for_gc()
-        absent = []
-        for c in sorted(manifest.chunk_ids()):
-            self.tick()
-            if not self._target.has_chunk(c):
-                absent.append(c)
-        if absent:
+        gone = absent(sorted(manifest.chunk_ids()))
+        if gone:
             self._target.delete_manifest(self._copy_id)
             raise CopyError(
-                f"copy {self._copy_id}: {len(absent)} chunks left the target while the "
-                f"manifest was written (first {absent[0]}); the manifest was removed",
+                f"copy {self._copy_id}: {len(gone)} chunks left the target while the "
+                f"manifest was written (first {gone[0]}); the manifest was removed",
                 hint="a garbage collection or someone else removed them; run the copy "
                 "again (it sends what is missing), with no garbage collection at the same time",
                 copy_id=self._copy_id,
@@ -311,6 +340,159 @@ class _InProgress:
         raise _gc_busy(self._target, self._copy_id, gc, "is not complete: its manifest was removed")
 
 
+_LISTING_KEYS_PER_REQUEST: Final = 1000
+"""What one request of a listing returns (S3's ``ListObjectsV2`` page)."""
+
+
+def _list_chunks(target: CopyTarget, pending: _InProgress, budget: int) -> tuple[set[str], bool]:
+    """The target's chunk ids, read up to ``budget`` of them: ``(ids, complete)``.
+
+    A listing that would cost more requests than the existence checks it saves
+    is cut short: then the ids read are still known to be there, and the others
+    are asked about one by one.
+    """
+    seen: set[str] = set()
+    pending.tick()
+    for n, cid in enumerate(target.chunk_ids(), 1):
+        if n > budget:
+            return seen, False
+        seen.add(cid)
+        if n % _LISTING_KEYS_PER_REQUEST == 0:
+            pending.tick()
+    return seen, True
+
+
+class _Sender:
+    """The chunks of a copy on their way to the target: each one the copy has not
+    met yet is checked for (unless a listing said it is absent), compressed and
+    sent by ``parallel`` threads, at most ``2 * parallel`` chunks in memory at
+    once. With ``parallel`` 1 everything runs in the caller's thread.
+
+    The first failure stops it: chunks not begun are dropped, the calling thread
+    gets the error at its next :meth:`send` or at :meth:`drain`.
+    """
+
+    def __init__(
+        self,
+        target: CopyTarget,
+        codec: str,
+        pending: _InProgress,
+        parallel: int,
+        limiter: TokenBucket | None,
+        present: set[str],
+        listing_complete: bool,
+        key: CopyKey | None = None,
+    ) -> None:
+        self._target = target
+        self._codec = codec
+        self._key = key
+        self._pending = pending
+        self._limiter = limiter
+        self._present = present
+        self._complete = listing_complete
+        self._met: set[str] = set()
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._stopped = False
+        self._pool = (
+            concurrent.futures.ThreadPoolExecutor(
+                max_workers=parallel, thread_name_prefix="pgsnap-copy"
+            )
+            if parallel > 1
+            else None
+        )
+        self._parallel = parallel
+        self._slots = threading.Semaphore(2 * parallel)
+        self.sent = self.new = self.reused = 0
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def send(self, cid: str, block: bytes) -> None:
+        """See that chunk ``cid`` (content ``block``) ends up in the target."""
+        self._raise()
+        if cid in self._met or cid in self._present:
+            with self._lock:  # the threads count too
+                self.reused += 1  # sent or found by this copy already, or listed
+            return
+        self._met.add(cid)
+        check = not self._complete
+        if self._pool is None:
+            self._work(cid, block, check)
+            self._raise()
+            return
+        self._slots.acquire()
+        try:
+            self._raise()
+            future = self._pool.submit(self._work, cid, block, check)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _f: self._slots.release())
+
+    def _work(self, cid: str, block: bytes, check: bool) -> None:
+        if self._error is not None or self._stopped:
+            return
+        try:
+            if check:
+                self._pending.tick()
+                if self._target.has_chunk(cid):
+                    with self._lock:
+                        self.reused += 1
+                    return
+            stored = encode_chunk(block, self._codec, key=self._key, chunk=cid)
+            if self._limiter is not None:
+                self._limiter.take(len(stored))
+            self._pending.tick()
+            written = self._target.put_chunk(cid, stored)
+            with self._lock:
+                if written:
+                    self.new += 1
+                    self.sent += len(stored)
+                else:
+                    self.reused += 1
+        except BaseException as exc:
+            with self._lock:
+                if self._error is None:
+                    self._error = exc
+
+    def drain(self) -> None:
+        """Wait for every chunk sent; raise the first failure."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._raise()
+
+    def close(self) -> None:
+        """Stop: drop the chunks not begun, wait for those under way."""
+        self._stopped = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def absent(self, ids: Iterable[str]) -> list[str]:
+        """Those of ``ids`` the target lacks now (one listing when the copy's first
+        listing was complete, else an existence check of each, in parallel)."""
+        wanted = list(ids)
+        if self._complete:
+            there, _ = _list_chunks(self._target, self._pending, sys.maxsize)
+            return [c for c in wanted if c not in there]
+
+        def lacks(cid: str) -> bool:
+            self._pending.tick()
+            return not self._target.has_chunk(cid)
+
+        if self._pool is None:
+            return [c for c in wanted if lacks(c)]
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._parallel, thread_name_prefix="pgsnap-check"
+        ) as checks:
+            return [c for c, gone in zip(wanted, checks.map(lacks, wanted), strict=True) if gone]
+
+
+_PROGRESS_EVERY: Final = 1.0
+"""Seconds between two progress reports within one large file."""
+
+
 def copy_trees(
     trees: Mapping[str, str | os.PathLike[str]],
     target: CopyTarget,
@@ -322,6 +504,9 @@ def copy_trees(
     codec: str | None = None,
     clock: Callable[[], dt.datetime] | None = None,
     on_progress: Callable[[CopyProgress], None] | None = None,
+    parallel: int = DEFAULT_PARALLEL,
+    bandwidth_limit: int | None = None,
+    limiter: TokenBucket | None = None,
     key: CopyKey | None = None,
 ) -> tuple[Manifest, CopyStats]:
     """Copy ``trees`` (name → directory) to ``target`` as copy ``copy_id`` of
@@ -332,17 +517,35 @@ def copy_trees(
     else (a socket, a device) is a :class:`~pgsnap.errors.CopyError`, since a
     data directory holds none.
 
+    Files are read, cut and hashed in order in the calling thread; the chunks
+    are checked for, compressed and sent by ``parallel`` threads (1: all in the
+    calling thread), at most ``2 * parallel`` chunks held at once. A target
+    whose chunk listing costs fewer requests than a quarter of the copy's chunks
+    is listed once at the start, and no chunk is asked about: those listed are
+    reused, the others sent. ``bandwidth_limit`` (bytes a second, of stored
+    chunks sent) is one :class:`~pgsnap.copies.bandwidth.TokenBucket` shared by
+    the threads; ``limiter`` gives one of your own (shared between copies, or
+    on a fake clock) instead.
+
     ``clock`` gives the manifest's time and the times in the copy's
     ``pending.<copy id>`` marker. While a garbage collection holds the target
     the copy does not start (:class:`~pgsnap.errors.CopyBusy`). A copy that
-    fails otherwise leaves its marker, so that no collection removes the
-    chunks it sent until the marker is stale: run it again to finish it.
+    fails otherwise (the first failure of any thread stops it, and no manifest
+    is written) leaves its marker, so that no collection removes the chunks it
+    sent until the marker is stale: run it again to finish it.
 
     ``key``: encrypt the copy (keyed chunk ids, sealed chunks and manifest:
     :mod:`pgsnap.copies.keys`).
     """
     if chunk_size < 4096:
         raise ConfigurationError(f"chunk_size must be at least 4096 bytes, not {chunk_size}")
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ConfigurationError(
+            f"parallel must be a whole number of at least 1, not {parallel!r}",
+            hint="the number of upload threads, e.g. 4",
+        )
+    if limiter is None and bandwidth_limit is not None:
+        limiter = TokenBucket(bandwidth_limit)
     codec = codec or default_codec()
     encode_chunk(b"", codec)  # an unknown or unavailable codec fails before anything is sent
     started = time.monotonic()
@@ -354,109 +557,141 @@ def copy_trees(
         if not root.is_dir():
             raise CopyError(f"tree {name!r} ({root}) is not a directory", tree=name)
         listing += [(name, root, rel, st) for rel, st in _walk(root)]
-    total = sum(st.st_size for *_, st in listing if stat.S_ISREG(st.st_mode))
-    n_files = sum(1 for *_, st in listing if stat.S_ISREG(st.st_mode))
+    regular = [st for *_, st in listing if stat.S_ISREG(st.st_mode)]
+    total = sum(st.st_size for st in regular)
+    n_files = len(regular)
+    n_chunks = sum(-(-st.st_size // chunk_size) for st in regular)
     entries: list[FileEntry] = []
-    read = sent = new = reused = done = 0
+    read = done = 0
     pending = _InProgress(target, copy_id, clock)
     pending.start()
-    for name, root, rel, st in listing:
-        path = root / rel if rel else root
-        if stat.S_ISDIR(st.st_mode):
-            entries.append(_entry(EntryKind.DIRECTORY, name, rel, st))
-        elif stat.S_ISLNK(st.st_mode):
-            entries.append(_entry(EntryKind.SYMLINK, name, rel, st, link=os.readlink(path)))
-        elif stat.S_ISREG(st.st_mode):
-            whole = hashlib.sha256()
-            chunks: list[str] = []
-            size = 0
-            with open(path, "rb") as f:
-                while block := f.read(chunk_size):
-                    whole.update(block)
-                    size += len(block)
-                    cid = chunk_id(block, key)
-                    chunks.append(cid)
-                    pending.tick()
-                    if target.has_chunk(cid):
-                        reused += 1
-                        continue
-                    stored = encode_chunk(block, codec, key=key, chunk=cid)
-                    pending.tick()
-                    if target.put_chunk(cid, stored):
-                        new += 1
-                        sent += len(stored)
-                    else:
-                        reused += 1
-            read += size
-            done += 1
-            entries.append(
-                _entry(
-                    EntryKind.FILE,
-                    name,
-                    rel,
-                    st,
-                    size=size,
-                    sha256=whole.hexdigest(),
-                    chunks=tuple(chunks),
-                )
-            )
-            if on_progress is not None:
-                on_progress(CopyProgress(done, n_files, read, total, sent))
-        else:
-            raise CopyError(
-                f"{path} is neither a file, a directory nor a symbolic link",
-                hint="a PostgreSQL data directory holds none: is this the right tree?",
-                tree=name,
-                path=str(path),
-            )
-    manifest = Manifest(
-        copy_id=copy_id,
-        backup_id=backup_id,
-        created_at=now,
-        chunk_size=chunk_size,
-        codec=codec,
-        trees=tuple(trees),
-        entries=tuple(entries),
-        files=dict(files or {}),
-        key_fingerprint=key.fingerprint if key is not None else "",
+    present, complete = _list_chunks(
+        target, pending, max(_LISTING_KEYS_PER_REQUEST, n_chunks * _LISTING_KEYS_PER_REQUEST // 4)
     )
-    absent = []
-    for c in sorted(manifest.chunk_ids()):
-        pending.tick()
-        if not target.has_chunk(c):
-            absent.append(c)
-    if absent:
-        raise CopyError(
-            f"copy {copy_id}: {len(absent)} chunks are not in the target after sending "
-            f"(first {absent[0]}); no manifest written",
-            hint="check the target; running the copy again sends what is missing",
+    log.debug(
+        "copy %s: %d chunks listed in %s (%s)",
+        copy_id,
+        len(present),
+        target.location,
+        "all of them" if complete else "a part: the others are asked about",
+    )
+    sender = _Sender(target, codec, pending, parallel, limiter, present, complete, key)
+    reported = time.monotonic()
+
+    def report() -> None:
+        if on_progress is not None:
+            elapsed = time.monotonic() - started
+            on_progress(CopyProgress(done, n_files, read, total, sender.sent, elapsed))
+
+    try:
+        for name, root, rel, st in listing:
+            path = root / rel if rel else root
+            if stat.S_ISDIR(st.st_mode):
+                entries.append(_entry(EntryKind.DIRECTORY, name, rel, st))
+            elif stat.S_ISLNK(st.st_mode):
+                entries.append(_entry(EntryKind.SYMLINK, name, rel, st, link=os.readlink(path)))
+            elif stat.S_ISREG(st.st_mode):
+                whole = hashlib.sha256()
+                chunks: list[str] = []
+                size = 0
+                with open(path, "rb") as f:
+                    while block := f.read(chunk_size):
+                        whole.update(block)
+                        size += len(block)
+                        read += len(block)
+                        cid = chunk_id(block, key)
+                        chunks.append(cid)
+                        sender.send(cid, block)
+                        if time.monotonic() - reported > _PROGRESS_EVERY:
+                            report()
+                            reported = time.monotonic()
+                done += 1
+                entries.append(
+                    _entry(
+                        EntryKind.FILE,
+                        name,
+                        rel,
+                        st,
+                        size=size,
+                        sha256=whole.hexdigest(),
+                        chunks=tuple(chunks),
+                    )
+                )
+                report()
+                reported = time.monotonic()
+            else:
+                raise CopyError(
+                    f"{path} is neither a file, a directory nor a symbolic link",
+                    hint="a PostgreSQL data directory holds none: is this the right tree?",
+                    tree=name,
+                    path=str(path),
+                )
+        sender.drain()
+        manifest = Manifest(
             copy_id=copy_id,
+            backup_id=backup_id,
+            created_at=now,
+            chunk_size=chunk_size,
+            codec=codec,
+            trees=tuple(trees),
+            entries=tuple(entries),
+            files=dict(files or {}),
+            key_fingerprint=key.fingerprint if key is not None else "",
         )
-    pending.tick()
-    target.put_manifest(copy_id, encode_manifest(manifest, key))
-    pending.finish(manifest)
-    stats = CopyStats(n_files, read, sent, new, reused, time.monotonic() - started)
+        pending.tick()
+        if pending.widest > TRUSTED_GAP:
+            # A collection may have taken this copy for dead and swept the chunks it
+            # found or sent: look before a manifest names them (the check after the
+            # manifest, in finish, is made by every copy).
+            absent = sender.absent(sorted(manifest.chunk_ids()))
+            if absent:
+                raise CopyError(
+                    f"copy {copy_id}: {len(absent)} chunks are not in the target after "
+                    f"sending (first {absent[0]}); no manifest written",
+                    hint="check the target; running the copy again sends what is missing",
+                    copy_id=copy_id,
+                )
+        pending.tick()
+        target.put_manifest(copy_id, encode_manifest(manifest, key))
+        pending.finish(manifest, sender.absent)
+    finally:
+        sender.close()
+    stats = CopyStats(
+        n_files, read, sender.sent, sender.new, sender.reused, time.monotonic() - started
+    )
     log.info(
         "copy %s of backup %s: %d files, %d bytes read, %d bytes sent (%d chunks new, %d reused)",
         copy_id,
         backup_id,
         n_files,
         read,
-        sent,
-        new,
-        reused,
+        stats.bytes_sent,
+        stats.chunks_new,
+        stats.chunks_reused,
     )
     return manifest, stats
 
 
 @attrs.frozen
 class RestoreProgress:
-    """A progress report of :func:`restore_trees` (after each file)."""
+    """A progress report of :func:`restore_trees` (after each file). ``seconds``
+    since the restore started; :attr:`rate` and :attr:`seconds_left` follow."""
 
     files_done: int
     files_total: int
     bytes_written: int
     bytes_total: int
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        """Bytes written a second so far (0 before any time passed)."""
+        return _rate(self.bytes_written, self.seconds)
+
+    @property
+    def seconds_left(self) -> float | None:
+        """The time left at :attr:`rate` (None while nothing was written)."""
+        return _left(self.bytes_written, self.bytes_total, self.seconds)
 
 
 _IGNORED_AT_TOP: Final = frozenset({"lost+found"})
@@ -481,9 +716,9 @@ def restore_trees(
     bytes written. Only the trees named are restored. A destination that holds
     anything is refused before a byte is written: a copy is never restored over
     data. Chunks are fetched ``parallel`` at a time, ahead of the writes, and each
-    is checked against its name and each file against its SHA-256. An encrypted
-    copy needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError` before anything is
-    written otherwise); a copy that is not encrypted ignores it.
+    is checked against its name and each file against its SHA-256.
+    An encrypted copy needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError`
+    before anything is written otherwise); a copy that is not encrypted ignores it.
     """
     chunk_key = _chunk_key(manifest, key)
     unknown = sorted(set(destinations) - set(manifest.trees))
@@ -509,33 +744,72 @@ def restore_trees(
     files_total = sum(1 for e in chosen if e.kind is EntryKind.FILE)
     bytes_total = sum(e.size for e in chosen if e.kind is EntryKind.FILE)
     written = files_done = 0
-    with concurrent.futures.ThreadPoolExecutor(
-        max_workers=parallel, thread_name_prefix="pgsnap-restore"
-    ) as pool:
+    started = time.monotonic()
+    # One stream of chunks for every file, in order: the fetches run ahead across
+    # files (a data directory is mostly small files), and the writer never waits
+    # for a file's fsync, which runs on the side; all are done before the return.
+    every = [
+        c
+        for name in manifest.trees
+        if name in destinations
+        for e in manifest.entries_of(name)
+        if e.kind is EntryKind.FILE
+        for c in e.chunks
+    ]
+    with (
+        concurrent.futures.ThreadPoolExecutor(
+            max_workers=parallel, thread_name_prefix="pgsnap-restore"
+        ) as pool,
+        concurrent.futures.ThreadPoolExecutor(
+            max_workers=parallel, thread_name_prefix="pgsnap-fsync"
+        ) as syncs,
+    ):
+        stream = _fetched(target, every, pool, 2 * parallel, chunk_key)
+        synced: list[concurrent.futures.Future[None]] = []
+        try:
+            for name in manifest.trees:
+                if name not in destinations:
+                    continue
+                dest = Path(os.fspath(destinations[name]))
+                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
+                entries = list(manifest.entries_of(name))
+                for e in entries:
+                    path = dest / e.path if e.path else dest
+                    if e.kind is EntryKind.DIRECTORY:
+                        path.mkdir(exist_ok=True, mode=0o700)
+                    elif e.kind is EntryKind.SYMLINK:
+                        assert e.link is not None
+                        os.symlink(e.link, path)
+                    else:
+                        written += _restore_file(e, stream, path, manifest.copy_id)
+                        synced.append(syncs.submit(_fsync, path))
+                        files_done += 1
+                        if on_progress is not None:
+                            on_progress(
+                                RestoreProgress(
+                                    files_done,
+                                    files_total,
+                                    written,
+                                    bytes_total,
+                                    time.monotonic() - started,
+                                )
+                            )
+            for f in synced:
+                f.result()
+        finally:
+            stream.close()  # a failure: the fetches not begun are dropped
         for name in manifest.trees:
             if name not in destinations:
                 continue
             dest = Path(os.fspath(destinations[name]))
-            dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-            entries = list(manifest.entries_of(name))
-            for e in entries:
-                path = dest / e.path if e.path else dest
-                if e.kind is EntryKind.DIRECTORY:
-                    path.mkdir(exist_ok=True, mode=0o700)
-                elif e.kind is EntryKind.SYMLINK:
-                    assert e.link is not None
-                    os.symlink(e.link, path)
-                else:
-                    written += _restore_file(
-                        e, target, path, manifest.copy_id, pool, parallel, chunk_key
-                    )
-                    files_done += 1
-                    if on_progress is not None:
-                        on_progress(RestoreProgress(files_done, files_total, written, bytes_total))
-            for e in reversed(entries):  # children before parents: a directory's time last
-                path = dest / e.path if e.path else dest
+            for e in reversed(list(manifest.entries_of(name))):  # children first: a
+                path = dest / e.path if e.path else dest  # directory's time last
                 _apply_meta(e, path)
     return written
+
+
+_REPEATS_KEPT: Final = 8
+"""Chunks a restore keeps for their next use (at most 4 MiB each by default)."""
 
 
 def _chunk_key(manifest: Manifest, key: CopyKey | None) -> CopyKey | None:
@@ -558,48 +832,57 @@ def _chunk_key(manifest: Manifest, key: CopyKey | None) -> CopyKey | None:
 
 def _fetched(
     target: CopyTarget,
-    chunks: tuple[str, ...],
+    chunks: list[str],
     pool: concurrent.futures.Executor,
     window: int,
     key: CopyKey | None = None,
-) -> Iterator[bytes]:
-    """The decoded chunks in order, at most ``window`` fetched ahead of the consumer."""
+) -> Generator[bytes, None, None]:
+    """The decoded chunks in order, at most ``window`` fetched ahead of the consumer.
+
+    A chunk named more than once (a run of zero pages, a file twice) is fetched
+    once and kept until its last use, for at most :data:`_REPEATS_KEPT` such
+    chunks at a time (beyond them, a repeat is fetched again).
+    """
     pending: collections.deque[concurrent.futures.Future[bytes]] = collections.deque()
+    uses = collections.Counter(chunks)
+    kept: dict[str, concurrent.futures.Future[bytes]] = {}
     todo = iter(chunks)
 
     def fetch(cid: str) -> bytes:
         return decode_chunk(target.get_chunk(cid), cid, key)
 
+    def ahead(cid: str) -> None:
+        uses[cid] -= 1
+        future = kept.get(cid)
+        if future is None:
+            future = pool.submit(fetch, cid)
+            if uses[cid] > 0 and len(kept) < _REPEATS_KEPT:
+                kept[cid] = future
+        if uses[cid] <= 0:
+            kept.pop(cid, None)
+        pending.append(future)
+
     try:
         for cid in itertools.islice(todo, window):
-            pending.append(pool.submit(fetch, cid))
+            ahead(cid)
         while pending:
             data = pending.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
-                pending.append(pool.submit(fetch, nxt))
+                ahead(nxt)
             yield data
     finally:
         for f in pending:
             f.cancel()
 
 
-def _restore_file(
-    entry: FileEntry,
-    target: CopyTarget,
-    path: Path,
-    copy_id: str,
-    pool: concurrent.futures.Executor,
-    window: int,
-    key: CopyKey | None = None,
-) -> int:
+def _restore_file(entry: FileEntry, stream: Iterator[bytes], path: Path, copy_id: str) -> int:
+    """Write ``entry``'s chunks, the next ones of ``stream``, to ``path``; check its SHA-256."""
     whole = hashlib.sha256()
     with open(path, "xb") as f:
-        for data in _fetched(target, entry.chunks, pool, window, key):
+        for data in itertools.islice(stream, len(entry.chunks)):
             whole.update(data)
             f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     if whole.hexdigest() != entry.sha256:
         raise DamagedChunkError(
             f"{entry.tree}/{entry.path} of copy {copy_id} does not match its checksum",
@@ -607,6 +890,14 @@ def _restore_file(
             path=str(path),
         )
     return entry.size
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _apply_meta(entry: FileEntry, path: Path) -> None:

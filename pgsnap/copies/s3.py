@@ -11,21 +11,38 @@ It talks S3 through ``boto3`` (``pip install 'pgsnap[s3]'``). Credentials
 are read from the environment variables it is told to read
 (``access_key_env``, ``secret_key_env``), else from boto3's usual chain
 (``AWS_ACCESS_KEY_ID``, a profile, an instance role); they are never part of
-its repr, a plan, a log line or an error. Retries with backoff on 5xx and
-timeouts are boto3's (``retries={"mode": "standard"}``); a PUT is atomic,
-so a reader sees a whole object or none. A chunk and a marker that must not
-be replaced are written with one conditional PUT (``If-None-Match: *``):
-S3 is strongly consistent (read after write, list after write), and of two
-such PUTs of one key exactly one succeeds.
+its repr, a plan, a log line or an error.
+
+Retries are pgsnap's, not boto3's: a 5xx answer, a throttling code, a
+timeout or a dropped connection is tried again (``attempts`` in all, with
+exponential backoff and jitter); an answer that asking again cannot change
+(access denied, a bucket that does not exist, a TLS certificate that cannot
+be verified) is a :class:`~pgsnap.errors.CopyTargetRefused` at once. One
+client is shared by a copy's threads, with a pool of ``max_connections``
+kept-alive connections; boto3's default CRC32 trailer on uploads is left
+out (SeaweedFS drops the connection after such a request, and a chunk is
+checked by its SHA-256 name on every read anyway).
+
+A PUT is atomic, so a reader sees a whole object or none; an object larger
+than ``multipart_threshold`` is sent as a multipart upload of
+``part_size`` parts (aborted on failure, so no part is left behind), atomic
+as well at its completion. A chunk and a marker that must not be replaced
+are written with one conditional request (``If-None-Match: *`` on the PUT or
+on the completion of the upload): S3 is strongly consistent (read after
+write, list after write), and of two such writes of one key exactly one
+succeeds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
-from collections.abc import Iterator
-from typing import Any
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
 
 from pgsnap.copies.manifest import (
     MARKER_GONE_HINT,
@@ -35,9 +52,15 @@ from pgsnap.copies.manifest import (
     is_chunk_id,
     is_marker_name,
 )
-from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
+from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound, CopyTargetRefused
 
-__all__ = ["S3CopyTarget"]
+__all__ = [
+    "DEFAULT_ATTEMPTS",
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MULTIPART_THRESHOLD",
+    "DEFAULT_PART_SIZE",
+    "S3CopyTarget",
+]
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +68,81 @@ _MISSING = ("404", "NoSuchKey", "NotFound")
 _EXISTS = ("PreconditionFailed", "412")
 _CONFLICT = ("ConditionalRequestConflict", "409")
 """AWS: another conditional write of the key is under way (its outcome decides)."""
+_DENIED = (
+    "AccessDenied",
+    "403",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AllAccessDisabled",
+)
+_TRANSIENT = (
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestThrottled",
+    "OperationAborted",
+)
+_TRANSIENT_EXCEPTIONS: Final = (
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "ConnectionClosedError",
+    "ResponseStreamingError",
+    "IncompleteReadError",
+    "ProxyConnectionError",
+    "SSLError",  # a handshake cut short; a certificate that fails to verify is not retried
+    "ConnectionError",
+    "HTTPClientError",
+)
+"""botocore's exceptions (by class name, botocore being optional) worth trying again."""
+
+DEFAULT_ATTEMPTS: Final = 5
+"""Tries of one request (the first and four retries) on a transient failure."""
+DEFAULT_MAX_CONNECTIONS: Final = 16
+"""Kept-alive connections of a target's pool: the copy's threads and its checks."""
+DEFAULT_MULTIPART_THRESHOLD: Final = 32 * 1024 * 1024
+"""Objects larger than this go up in parts."""
+DEFAULT_PART_SIZE: Final = 16 * 1024 * 1024
+"""The size of an upload's parts (S3 wants at least 5 MiB, the last one aside)."""
+MIN_PART_SIZE: Final = 5 * 1024 * 1024
+_BACKOFF_BASE: Final = 0.2
+_BACKOFF_CAP: Final = 10.0
+
+T = TypeVar("T")
 
 
-def _code(exc: Exception) -> str:
+def _code(exc: BaseException) -> str:
     response = getattr(exc, "response", None)
     if isinstance(response, dict):
         return str(response.get("Error", {}).get("Code", ""))
     return ""
+
+
+def _status(exc: BaseException) -> int:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status if isinstance(status, int) else 0
+    return 0
+
+
+def _untrusted(exc: BaseException) -> bool:
+    """A TLS certificate that does not verify (no retry changes that)."""
+    text = str(exc).lower()
+    return "certificate verify failed" in text or "certificate_verify_failed" in text
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether asking again may give another answer."""
+    if _untrusted(exc):
+        return False
+    if _code(exc) or _status(exc):
+        return _status(exc) >= 500 or _code(exc) in _TRANSIENT
+    names = {k.__name__ for k in type(exc).__mro__}
+    return bool(names & set(_TRANSIENT_EXCEPTIONS))
 
 
 class S3CopyTarget:
@@ -59,6 +150,12 @@ class S3CopyTarget:
 
     ``endpoint_url`` names a server other than AWS (``http://127.0.0.1:8333``);
     ``ca_bundle`` a file of CA certificates to verify its TLS certificate with.
+    ``attempts``: tries of a request on a transient failure (default
+    :data:`DEFAULT_ATTEMPTS`; 1 with a ``client`` of your own, which retries as
+    it was made to); ``max_connections``: the connection pool (as many as the
+    threads that share the target); objects above ``multipart_threshold`` bytes
+    go up in parts of ``part_size``. ``sleep`` waits between two tries (tests
+    replace it).
     """
 
     def __init__(
@@ -72,18 +169,37 @@ class S3CopyTarget:
         secret_key_env: str | None = None,
         ca_bundle: str | os.PathLike[str] | None = None,
         client: Any = None,
+        attempts: int | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        part_size: int = DEFAULT_PART_SIZE,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not bucket or "/" in bucket:
             raise ConfigurationError(
                 f"{bucket!r} is not a bucket name", hint="name the bucket alone, e.g. 'backups'"
             )
+        if part_size < MIN_PART_SIZE or multipart_threshold < part_size:
+            raise ConfigurationError(
+                f"part_size {part_size} must be at least {MIN_PART_SIZE} (5 MiB) and "
+                f"multipart_threshold {multipart_threshold} at least part_size",
+                hint="leave them out for 16 MiB parts above 32 MiB",
+            )
         self._bucket = bucket
         self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._endpoint = endpoint_url
+        self._attempts = max(
+            1, attempts if attempts is not None else 1 if client else DEFAULT_ATTEMPTS
+        )
+        self._multipart_threshold = multipart_threshold
+        self._part_size = part_size
+        self._sleep = sleep
         self._client = (
             client
             if client is not None
-            else self._connect(endpoint_url, region, access_key_env, secret_key_env, ca_bundle)
+            else self._connect(
+                endpoint_url, region, access_key_env, secret_key_env, ca_bundle, max_connections
+            )
         )
 
     @staticmethod
@@ -93,6 +209,7 @@ class S3CopyTarget:
         access_key_env: str | None,
         secret_key_env: str | None,
         ca_bundle: str | os.PathLike[str] | None,
+        max_connections: int,
     ) -> Any:
         try:
             boto3 = importlib.import_module("boto3")
@@ -115,12 +232,25 @@ class S3CopyTarget:
                     hint="export it before running pgsnap (its value is never written anywhere)",
                 )
             keys[arg] = value
+        settings: dict[str, Any] = {
+            "retries": {"max_attempts": 0, "mode": "standard"},  # pgsnap retries (_retrying)
+            "max_pool_connections": max(1, max_connections),
+            "connect_timeout": 10,
+            "read_timeout": 60,
+            "tcp_keepalive": True,
+            "request_checksum_calculation": "when_required",
+        }
+        try:
+            made = config.Config(**settings)
+        except TypeError:  # botocore before 1.36 has no default checksum to turn off
+            del settings["request_checksum_calculation"]
+            made = config.Config(**settings)
         return boto3.client(
             "s3",
             endpoint_url=endpoint_url,
             region_name=region or "us-east-1",
             verify=os.fspath(ca_bundle) if ca_bundle is not None else None,
-            config=config.Config(retries={"max_attempts": 5, "mode": "standard"}),
+            config=made,
             **keys,
         )
 
@@ -135,7 +265,9 @@ class S3CopyTarget:
 
     # ------------------------------------------------------------------ errors
 
-    def _error(self, exc: Exception, what: str, missing_hint: str | None = None) -> Exception:
+    def _error(
+        self, exc: BaseException, what: str, missing_hint: str | None = None, tries: int = 1
+    ) -> CopyError:
         code = _code(exc)
         if code in _MISSING:
             return CopyNotFound(
@@ -144,42 +276,149 @@ class S3CopyTarget:
                 or "list the target's copies; a chunk missing from a copy is damage",
             )
         if code == "NoSuchBucket":
-            return CopyError(
+            return CopyTargetRefused(
                 f"the bucket {self._bucket} does not exist ({self.location})",
                 hint="create the bucket, or name another one",
             )
-        if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-            return CopyError(
+        if code in _DENIED:
+            return CopyTargetRefused(
                 f"the copy target {self.location} refused {what}: {code}",
                 hint="check the access key and its permissions on the bucket "
                 "(a copy needs to list, read and write)",
             )
+        if _untrusted(exc):
+            return CopyTargetRefused(
+                f"the TLS certificate of the copy target {self.location} cannot be verified "
+                f"({type(exc).__name__}: certificate verify failed)",
+                hint="give the CA certificate that signed it as ca_bundle ([copies] ca_bundle), "
+                "or check that the endpoint's name is the certificate's",
+            )
+        again = f" ({tries} tries)" if tries > 1 else ""
         return CopyError(
-            f"{what} failed on the copy target {self.location}: {type(exc).__name__}: "
-            f"{code or exc}",
-            hint="check that the object store answers; boto3 retried timeouts and 5xx",
+            f"{what} failed on the copy target {self.location}{again}: "
+            f"{type(exc).__name__}: {code or exc}",
+            hint="check that the object store answers; timeouts, dropped connections and "
+            "5xx answers were tried again",
         )
+
+    def _retrying(
+        self, what: str, request: Callable[[], T], *, missing_hint: str | None = None
+    ) -> T:
+        """``request()``, tried again on a transient failure (see the module docstring);
+        any failure left is a CopyError."""
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return request()
+            except Exception as exc:  # botocore's ClientError, EndpointConnectionError...
+                if attempt == self._attempts or not _transient(exc):
+                    raise self._error(exc, what, missing_hint, attempt) from exc
+                pause = random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt))  # noqa: S311 - jitter
+                log.info(
+                    "%s on %s: %s (try %d of %d), again in %.1f s",
+                    what,
+                    self.location,
+                    type(exc).__name__,
+                    attempt,
+                    self._attempts,
+                    pause,
+                )
+                self._sleep(pause)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _call(
         self, what: str, method: str, *, missing_hint: str | None = None, **kwargs: Any
     ) -> Any:
-        try:
-            return getattr(self._client, method)(Bucket=self._bucket, **kwargs)
-        except Exception as exc:  # botocore's ClientError, EndpointConnectionError...
-            raise self._error(exc, what, missing_hint) from exc
+        return self._retrying(
+            what,
+            lambda: getattr(self._client, method)(Bucket=self._bucket, **kwargs),
+            missing_hint=missing_hint,
+        )
 
-    def _put_if_absent(self, key: str, body: bytes, what: str) -> bool:
-        """One conditional PUT: True when it wrote ``key``, False when the key existed
+    def _get(self, what: str, key: str, missing_hint: str | None = None) -> bytes:
+        """An object's bytes (the body read inside the retried request)."""
+
+        def request() -> bytes:
+            got = self._client.get_object(Bucket=self._bucket, Key=key)
+            return bytes(got["Body"].read())
+
+        return self._retrying(what, request, missing_hint=missing_hint)
+
+    def _put(self, key: str, body: bytes, what: str, *, if_absent: bool = False) -> bool:
+        """Write ``key`` (in parts above the threshold). With ``if_absent``, one
+        conditional write: True when it wrote ``key``, False when the key existed
         (412), or when another conditional write of it was under way (409: that one
         decides; a caller that needs the key written reads it back)."""
+        if len(body) > self._multipart_threshold:
+            return self._put_parts(key, body, what, if_absent=if_absent)
+        condition = {"IfNoneMatch": "*"} if if_absent else {}
         try:
-            self._client.put_object(Bucket=self._bucket, Key=key, Body=body, IfNoneMatch="*")
-        except Exception as exc:
-            code = _code(exc)
-            if code in _EXISTS or code in _CONFLICT:
+            self._retrying(
+                what,
+                lambda: self._client.put_object(
+                    Bucket=self._bucket, Key=key, Body=body, **condition
+                ),
+            )
+        except CopyError as exc:
+            if if_absent and _code(exc.__cause__ or exc) in (*_EXISTS, *_CONFLICT):
                 return False
-            raise self._error(exc, what) from exc
+            raise
         return True
+
+    def _put_parts(self, key: str, body: bytes, what: str, *, if_absent: bool) -> bool:
+        """A multipart upload of ``body``; aborted when it does not complete."""
+        started = self._call(f"{what} (starting its upload)", "create_multipart_upload", Key=key)
+        upload_id = str(started["UploadId"])
+        view = memoryview(body)
+        parts: list[dict[str, Any]] = []
+        try:
+            for number, offset in enumerate(range(0, len(body), self._part_size), 1):
+                part = bytes(view[offset : offset + self._part_size])
+                sent = self._call(
+                    f"{what} (part {number})",
+                    "upload_part",
+                    Key=key,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=part,
+                )
+                parts.append({"ETag": sent["ETag"], "PartNumber": number})
+            condition = {"IfNoneMatch": "*"} if if_absent else {}
+            self._call(
+                f"{what} (completing its upload)",
+                "complete_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                **condition,
+            )
+        except BaseException as exc:
+            self._abort(key, upload_id)
+            if (
+                if_absent
+                and isinstance(exc, CopyError)
+                and _code(exc.__cause__ or exc) in (*_EXISTS, *_CONFLICT)
+            ):
+                return False
+            raise
+        log.debug("%s: %d bytes in %d parts", what, len(body), len(parts))
+        return True
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        """Abort an upload (its parts go), best effort: a failure is logged."""
+        with contextlib.suppress(CopyError):
+            self._call(
+                f"aborting the upload of {key}",
+                "abort_multipart_upload",
+                Key=key,
+                UploadId=upload_id,
+            )
+            return
+        log.warning(
+            "could not abort the upload of %s on %s: its parts stay until the bucket's "
+            "lifecycle rule for incomplete uploads removes them",
+            key,
+            self.location,
+        )
 
     def _chunk_key(self, chunk: str) -> str:
         check_chunk_id(chunk)
@@ -217,12 +456,11 @@ class S3CopyTarget:
     def put_chunk(self, chunk: str, data: bytes) -> bool:
         """PUT the chunk's object unless it exists: one conditional request
         (``If-None-Match: *``; a 412 means it was there)."""
-        return self._put_if_absent(self._chunk_key(chunk), data, f"writing chunk {chunk}")
+        return self._put(self._chunk_key(chunk), data, f"writing chunk {chunk}", if_absent=True)
 
     def get_chunk(self, chunk: str) -> bytes:
         """The chunk object's bytes."""
-        got = self._call(f"chunk {chunk}", "get_object", Key=self._chunk_key(chunk))
-        return bytes(got["Body"].read())
+        return self._get(f"chunk {chunk}", self._chunk_key(chunk))
 
     def chunk_ids(self) -> Iterator[str]:
         """The chunk objects' names."""
@@ -236,18 +474,14 @@ class S3CopyTarget:
         self._call(f"deleting chunk {chunk}", "delete_object", Key=self._chunk_key(chunk))
 
     def put_manifest(self, copy_id: str, text: str) -> None:
-        """PUT ``manifests/<copy id>.json``."""
-        self._call(
-            f"writing the manifest of copy {copy_id}",
-            "put_object",
-            Key=self._manifest_key(copy_id),
-            Body=text.encode(),
+        """PUT ``manifests/<copy id>.json`` (in parts when it is large)."""
+        self._put(
+            self._manifest_key(copy_id), text.encode(), f"writing the manifest of copy {copy_id}"
         )
 
     def get_manifest(self, copy_id: str) -> str:
         """The text of ``manifests/<copy id>.json``."""
-        got = self._call(f"copy {copy_id}", "get_object", Key=self._manifest_key(copy_id))
-        return bytes(got["Body"].read()).decode()
+        return self._get(f"copy {copy_id}", self._manifest_key(copy_id)).decode()
 
     def manifest_ids(self) -> tuple[str, ...]:
         """The copy ids with a manifest object."""
@@ -264,28 +498,17 @@ class S3CopyTarget:
 
     def put_marker(self, name: str, text: str) -> None:
         """PUT ``markers/<name>``."""
-        self._call(
-            f"writing the marker {name}",
-            "put_object",
-            Key=self._marker_key(name),
-            Body=text.encode(),
-        )
+        self._put(self._marker_key(name), text.encode(), f"writing the marker {name}")
 
     def create_marker(self, name: str, text: str) -> bool:
         """PUT ``markers/<name>`` with ``If-None-Match: *``: False when it exists."""
-        return self._put_if_absent(
-            self._marker_key(name), text.encode(), f"creating the marker {name}"
+        return self._put(
+            self._marker_key(name), text.encode(), f"creating the marker {name}", if_absent=True
         )
 
     def get_marker(self, name: str) -> str:
         """The text of ``markers/<name>``."""
-        got = self._call(
-            f"marker {name}",
-            "get_object",
-            missing_hint=MARKER_GONE_HINT,
-            Key=self._marker_key(name),
-        )
-        return bytes(got["Body"].read()).decode()
+        return self._get(f"marker {name}", self._marker_key(name), MARKER_GONE_HINT).decode()
 
     def marker_names(self) -> tuple[str, ...]:
         """The names of the objects under ``markers/``."""

@@ -306,10 +306,13 @@ TARGET_OPTIONS = ("endpoint_url", "region", "access_key_env", "secret_key_env", 
 """The options of an S3 target (``[copies]`` in the configuration): none is a secret."""
 
 
-def open_target(location: str, options: Mapping[str, str] | None = None) -> CopyTarget:
+def open_target(
+    location: str, options: Mapping[str, str] | None = None, *, connections: int | None = None
+) -> CopyTarget:
     """The copy target at ``location``: ``s3://bucket/prefix`` (an
     :class:`~pgsnap.copies.s3.S3CopyTarget` with ``options``, see
-    :data:`TARGET_OPTIONS`) or an absolute directory path."""
+    :data:`TARGET_OPTIONS`, and a pool of ``connections`` kept-alive connections:
+    as many as the threads that will share it) or an absolute directory path."""
     opts = dict(options or {})
     unknown = sorted(set(opts) - set(TARGET_OPTIONS))
     if unknown:
@@ -318,10 +321,22 @@ def open_target(location: str, options: Mapping[str, str] | None = None) -> Copy
             hint=f"use {', '.join(TARGET_OPTIONS)}",
         )
     if location.startswith("s3://"):
-        from pgsnap.copies.s3 import S3CopyTarget  # noqa: PLC0415 - boto3 only when used
+        from pgsnap.copies.s3 import (  # noqa: PLC0415 - boto3 only when used
+            DEFAULT_MAX_CONNECTIONS,
+            S3CopyTarget,
+        )
 
         bucket, _, prefix = location[len("s3://") :].partition("/")
-        return S3CopyTarget(bucket, prefix, **opts)
+        return S3CopyTarget(
+            bucket,
+            prefix,
+            endpoint_url=opts.get("endpoint_url"),
+            region=opts.get("region"),
+            access_key_env=opts.get("access_key_env"),
+            secret_key_env=opts.get("secret_key_env"),
+            ca_bundle=opts.get("ca_bundle"),
+            max_connections=connections or DEFAULT_MAX_CONNECTIONS,
+        )
     if not os.path.isabs(location):
         raise ConfigurationError(
             f"the copy target {location!r} is neither s3://bucket/prefix nor an absolute path",

@@ -205,7 +205,7 @@ def write_tree_tar(
             if e.kind is not EntryKind.FILE:
                 tf.addfile(info)
                 continue
-            content = _Checked(_fetched(target, e.chunks, pool, parallel, chunk_key))
+            content = _Checked(_fetched(target, list(e.chunks), pool, parallel, chunk_key))
             try:
                 tf.addfile(info, content)
             except OSError as exc:  # fewer bytes than the manifest says: "unexpected end"

@@ -43,7 +43,7 @@ from pgsnap.copies import (
     open_target,
     restore_trees,
 )
-from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
+from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
 from pgsnap.copies.tarstream import TAR_EXTRACT, write_tree_tar
@@ -82,6 +82,16 @@ def _str_tuple(values: object) -> tuple[str, ...]:
     return tuple(str(v) for v in values) if isinstance(values, (list, tuple)) else ()
 
 
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``: a time left, for a progress line."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
 @attrs.frozen
 class SendCopy(Operation):
     """Copy ``trees`` (name → a snapshot's directory) to the copy target
@@ -90,7 +100,8 @@ class SendCopy(Operation):
     tablespace map in the manifest, and the archived WAL files ``wal`` (as the
     archive names them) in the tree ``pg_wal``, decompressed, each segment checked
     first (size, header, system identifier). With ``key_file`` (the path of a copy
-    key file) the copy is encrypted with that key."""
+    key file) the copy is encrypted with that key. ``parallel`` upload threads, at most
+    ``bandwidth_limit`` bytes a second (None: no limit)."""
 
     name = "copy.send"
     target = _Target.COPY
@@ -113,6 +124,9 @@ class SendCopy(Operation):
         """The host a tree is read on: where the plan mounts it (the database host, or
         the backup host pgsnap runs on), else the database host (read in place)."""
         return reading_host(ctx, mount.host) if mount is not None else ctx.host
+
+    parallel: int = DEFAULT_PARALLEL
+    bandwidth_limit: int | None = None
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         _key(self.key_file)  # a missing or unsafe key file: refused before anything runs
@@ -160,16 +174,20 @@ class SendCopy(Operation):
 
     def run(self, ctx: OperationContext) -> Outputs:
         def progress(p: CopyProgress) -> None:
+            left = p.seconds_left
             ctx.progress(
                 f"{p.files_done}/{p.files_total} files, "
                 f"{p.bytes_read / 2**20:.0f} of {p.bytes_total / 2**20:.0f} MiB read, "
-                f"{p.bytes_sent / 2**20:.0f} MiB sent",
+                f"{p.bytes_sent / 2**20:.0f} MiB sent, {p.rate / 2**20:.1f} MiB/s"
+                + ("" if left is None else f", {_duration(left)} left"),
                 {
                     "files_done": p.files_done,
                     "files_total": p.files_total,
                     "bytes_read": p.bytes_read,
                     "bytes_total": p.bytes_total,
                     "bytes_sent": p.bytes_sent,
+                    "rate": round(p.rate, 1),
+                    "seconds_left": None if left is None else round(left, 1),
                 },
             )
 
@@ -197,7 +215,7 @@ class SendCopy(Operation):
         key = _key(self.key_file)
         manifest, stats = copy_trees(
             trees,
-            open_target(self.target_dir, self.target_options),
+            open_target(self.target_dir, self.target_options, connections=2 * self.parallel),
             copy_id=self.copy_id,
             backup_id=self.backup_id,
             files=files,
@@ -206,6 +224,8 @@ class SendCopy(Operation):
             clock=ctx.clock,
             on_progress=progress,
             key=key,
+            parallel=self.parallel,
+            bandwidth_limit=self.bandwidth_limit,
         )
         return {
             "manifest_digest": manifest.digest(),
@@ -518,23 +538,22 @@ class RestoreFromCopy(Operation):
             log.info("removed %d entries of %s before the restore", removed, self.directory)
 
         def progress(p: RestoreProgress) -> None:
-            elapsed = max(time.monotonic() - started, 1e-6)
-            rate = p.bytes_written / elapsed
-            left = (p.bytes_total - p.bytes_written) / rate if rate > 0 else None
+            left = p.seconds_left
             ctx.progress(
                 f"{p.files_done}/{p.files_total} files, {p.bytes_written / 2**20:.0f} of "
-                f"{p.bytes_total / 2**20:.0f} MiB, {rate / 2**20:.1f} MiB/s"
-                + ("" if left is None else f", {left:.0f} s left"),
+                f"{p.bytes_total / 2**20:.0f} MiB, {p.rate / 2**20:.1f} MiB/s"
+                + ("" if left is None else f", {_duration(left)} left"),
                 {
                     "files_done": p.files_done,
                     "files_total": p.files_total,
                     "bytes_done": p.bytes_written,
                     "bytes_total": p.bytes_total,
-                    "rate": rate,
+                    "rate": round(p.rate, 1),
+                    "seconds_left": None if left is None else round(left, 1),
                 },
             )
 
-        store = open_target(self.target_dir, self.target_options)
+        store = open_target(self.target_dir, self.target_options, connections=2 * self.parallel)
         try:
             if local:
                 written = restore_trees(

@@ -38,7 +38,7 @@ from typing import Final
 
 import attrs
 
-from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE
+from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.manifest import WAL_TREE, is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import LSN, BackupRecord, SnapshotAccess, Volume, VolumeRole
@@ -91,6 +91,10 @@ class CopyRequest:
     """The name of the host pgsnap runs on (the copy reads there); a snapshot to be
     exposed on any other host is refused. None: not checked; "": neither the
     database host nor a backup host of the configuration (every exposure refused)."""
+    parallel: int = DEFAULT_PARALLEL
+    """Upload threads of the copy."""
+    bandwidth_limit: int | None = None
+    """Bytes a second the copy may send (None: no limit)."""
 
 
 def backup_wal_names(record: BackupRecord) -> tuple[str, ...]:
@@ -224,6 +228,8 @@ def plan_copy(
         target_options=request.target_options,
         wal=carried,
         key_file=request.key_file,
+        parallel=request.parallel,
+        bandwidth_limit=request.bandwidth_limit,
     )
     what = ", ".join([*trees, *([f"{WAL_TREE} ({len(carried)} WAL files)"] if carried else [])])
     before: list[Step] = []

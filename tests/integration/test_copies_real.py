@@ -162,6 +162,7 @@ def test_pgsnap_copy_and_verify_copy(cli_env: CliEnv) -> None:
     assert out.startswith(f"copy c1 of backup {record['id']} in {target}: ")
     assert "it carries the backup's WAL" in out
     assert "MiB read" in err and "files" in err  # progress on stderr, as a backup's
+    assert "MiB/s" in err and " s left" in err  # with the rate and the time left
     (listed,) = env.run_json("list")
     assert [c["copy_id"] for c in listed["copies"]] == ["c1"]
     code, out, err = env.run("verify-copy", "c1", "--to", str(target))

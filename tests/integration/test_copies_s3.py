@@ -4,6 +4,7 @@ directory target beside it: one contract, two targets."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from pgsnap.copies import (
 )
 from pgsnap.copies.markers import GC_MARKER, MIN_STALE_AFTER, Marker
 from pgsnap.copies.s3 import S3CopyTarget
-from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound
+from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound, CopyTargetRefused
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
 
 from ..unit.test_copies import CHUNK, make_tree, snapshot
@@ -100,7 +101,7 @@ def test_what_the_s3_server_refuses_is_said_and_no_secret_is(
     s3: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     missing = S3CopyTarget("no-such-bucket", endpoint_url=s3.endpoint, client=s3.client())
-    with pytest.raises(CopyError, match="does not exist"):
+    with pytest.raises(CopyTargetRefused, match="does not exist"):
         missing.get_manifest("c1")
     monkeypatch.setenv("PGSNAP_TEST_S3_KEY", s3.reader.access_key)
     monkeypatch.setenv("PGSNAP_TEST_S3_SECRET", s3.reader.secret_key)
@@ -111,7 +112,7 @@ def test_what_the_s3_server_refuses_is_said_and_no_secret_is(
         access_key_env="PGSNAP_TEST_S3_KEY",
         secret_key_env="PGSNAP_TEST_S3_SECRET",
     )
-    with pytest.raises(CopyError, match="refused") as refused:
+    with pytest.raises(CopyTargetRefused, match="refused") as refused:
         copy_trees({"pgdata": make_tree(tmp_path / "d")}, reader, copy_id="c1", backup_id="b1")
     assert reader.manifest_ids() == ()  # it may list, not write
     for text in (repr(reader), reader.location, str(refused.value), refused.value.hint or ""):
@@ -156,7 +157,10 @@ def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: P
     with pytest.MonkeyPatch.context() as mp:
         for name, value in env.items():
             mp.setenv(name, value)
-        keys = {"access_key_env": "PGSNAP_TLS_KEY", "secret_key_env": "PGSNAP_TLS_SECRET"}
+        keys: dict[str, Any] = {
+            "access_key_env": "PGSNAP_TLS_KEY",
+            "secret_key_env": "PGSNAP_TLS_SECRET",
+        }
         trusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, ca_bundle=cert, **keys)
         tree = make_tree(tmp_path / "data")
         manifest, _stats = copy_trees(
@@ -165,8 +169,12 @@ def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: P
         restore_trees(manifest, trusted, {"pgdata": tmp_path / "restored"})
         assert snapshot(tmp_path / "restored") == snapshot(tree)
         untrusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, **keys)
-        with pytest.raises(CopyError, match="SSL"):  # certificate verify failed
+        sent: list[str] = []
+        untrusted._client.meta.events.register("before-send.s3", lambda **kw: sent.append("x"))
+        with pytest.raises(CopyTargetRefused, match="SSL") as refused:  # certificate verify failed
             untrusted.get_manifest("c1")
+        assert len(sent) == 1  # at once: no retry changes a certificate
+        assert "ca_bundle" in (refused.value.hint or "")
 
 
 @pytest.mark.postgres
@@ -180,7 +188,7 @@ def test_a_cluster_copied_to_s3_recovers_from_there_alone(
 
     monkeypatch.setenv("PGSNAP_S3_KEY", s3.admin.access_key)
     monkeypatch.setenv("PGSNAP_S3_SECRET", s3.admin.secret_key)
-    options = {
+    options: dict[str, Any] = {
         "endpoint_url": s3.endpoint,
         "access_key_env": "PGSNAP_S3_KEY",
         "secret_key_env": "PGSNAP_S3_SECRET",
@@ -226,15 +234,19 @@ def test_a_copy_cut_short_by_the_server_dying_resumes_and_reuses_what_was_sent(
     store = tmp_path / "s3"
 
     class DyingServer(S3CopyTarget):
-        """Kills the server before its third chunk is written."""
+        """Kills the server once two chunks are written (the copy's threads may
+        have more under way: those fail, or land before it dies)."""
 
         puts = 0
+        lock = threading.Lock()
 
         def put_chunk(self, chunk: str, data: bytes) -> bool:
-            DyingServer.puts += 1
-            if DyingServer.puts == 3:
-                first.stop()
-            return super().put_chunk(chunk, data)
+            written = super().put_chunk(chunk, data)
+            with DyingServer.lock:
+                DyingServer.puts += 1
+                if DyingServer.puts == 2:
+                    first.stop()
+            return written
 
     first = SeaweedS3.start(store)
     first.create_bucket("resumed")
@@ -248,7 +260,7 @@ def test_a_copy_cut_short_by_the_server_dying_resumes_and_reuses_what_was_sent(
         target = S3CopyTarget("resumed", "c", endpoint_url=again.endpoint, client=again.client())
         assert target.manifest_ids() == ()  # never a manifest for a cut-short copy
         sent_before = len(list(target.chunk_ids()))
-        assert sent_before >= 1, again.log_tail()
+        assert sent_before >= 2, again.log_tail()
         manifest, stats = copy_trees(
             {"pgdata": tree}, target, copy_id="c1", backup_id="b1", chunk_size=CHUNK
         )
@@ -405,3 +417,56 @@ def test_copy_retention_expires_a_copy_in_s3_and_collects_its_chunks(
     assert cluster.catalog.get(old.id).copies == ()
     assert cluster.verify_copy(second.copy_id).ok
     assert cluster.collect_copy_garbage(dry_run=True).chunks_deleted == 0
+
+
+def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3: SeaweedS3) -> None:
+    """Above ``multipart_threshold`` a chunk or manifest is a multipart upload (here
+    5 MiB parts): it reads back whole, a chunk that exists is not written twice, and
+    an upload that fails half-way is aborted (no parts left in the bucket)."""
+    from pgsnap.copies.s3 import MIN_PART_SIZE
+
+    def parts_target(client: Any) -> S3CopyTarget:
+        return S3CopyTarget(
+            "pgsnap-copies",
+            "multipart",
+            endpoint_url=s3.endpoint,
+            client=client,
+            multipart_threshold=MIN_PART_SIZE,
+            part_size=MIN_PART_SIZE,
+        )
+
+    class Counting:
+        """The server's client, counting calls (and failing a part when told)."""
+
+        def __init__(self, inner: Any, fail_part: int | None = None) -> None:
+            self.inner, self.fail_part = inner, fail_part
+            self.calls: list[str] = []
+
+        def __getattr__(self, name: str) -> Any:
+            def call(**kwargs: Any) -> Any:
+                self.calls.append(name)
+                if name == "upload_part" and kwargs["PartNumber"] == self.fail_part:
+                    raise OSError("the network went away")
+                return getattr(self.inner, name)(**kwargs)
+
+            return call
+
+    data = os.urandom(2 * MIN_PART_SIZE + 1000)
+    cid = chunk_id(data)
+    client = Counting(s3.client())
+    target = parts_target(client)
+    assert target.put_chunk(cid, encode_chunk(data, "none")) is True
+    assert client.calls.count("upload_part") == 3 and "put_object" not in client.calls
+    assert decode_chunk(target.get_chunk(cid), cid) == data
+    assert target.put_chunk(cid, encode_chunk(data, "none")) is False  # If-None-Match on completion
+    text = '{"entries": "' + "x" * (MIN_PART_SIZE + 10) + '"}'
+    target.put_manifest("big", text)
+    assert target.get_manifest("big") == text
+    failing = Counting(s3.client(), fail_part=2)
+    with pytest.raises(CopyError, match=r"part 2\) failed"):
+        parts_target(failing).put_manifest("broken", text + " ")
+    assert "abort_multipart_upload" in failing.calls
+    uploads = s3.client().list_multipart_uploads(Bucket="pgsnap-copies", Prefix="multipart/")
+    assert uploads.get("Uploads", []) == []
+    with pytest.raises(CopyNotFound):
+        target.get_manifest("broken")

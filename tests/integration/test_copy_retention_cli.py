@@ -134,7 +134,7 @@ def test_expire_copies_and_copy_gc_read_encrypted_copies_with_the_key(
     """With [copies] key_file, retention reads the sealed manifests: an expired copy's
     own chunks are collected and the kept copy verifies; without the key the
     collection refuses and removes nothing."""
-    from pgsnap.copies.keys import CopyKey  # noqa: PLC0415
+    from pgsnap.copies.keys import CopyKey
 
     key_file = tmp_path / "copy.key"
     CopyKey.generate(key_file)

@@ -319,7 +319,9 @@ def make_world(case: Case, work: Path, reports: list[GcReport]) -> tuple[World, 
         )
         old = work / "old"
         build(old, {"x": (0, 1), "y": (4,)})
-        copy_trees({"t": old}, world.inner, copy_id="old", backup_id="b", chunk_size=CHUNK)
+        copy_trees(
+            {"t": old}, world.inner, copy_id="old", backup_id="b", chunk_size=CHUNK, parallel=1
+        )
         world.inner.delete_manifest("old")  # expired: its chunks are orphans
         world.inner.delete_marker("pending.old")
 
@@ -333,6 +335,10 @@ def make_world(case: Case, work: Path, reports: list[GcReport]) -> tuple[World, 
                 chunk_size=CHUNK,
                 codec="zlib",
                 clock=world.clock,
+                # One request at a time, from the actor's own thread: the scheduler
+                # knows an actor by its thread. What threads change (who sends the
+                # chunks between the marker and the manifest) is not the protocol's.
+                parallel=1,
             )
             return manifest
 

@@ -85,6 +85,21 @@ def test_relative_paths_follow_the_file_or_base(
             "[[volume]] table (double brackets)",
             "docs/cli.md",
         ),
+        (
+            lambda c: c.update(copies={"parallel": "4"}),
+            "[copies] parallel must be a whole number from 1 to 64, not '4'",
+            "without quotes",
+        ),
+        (
+            lambda c: c.update(copies={"bandwidth_limit": "50 MiBs"}),
+            "[copies] bandwidth_limit has an unknown unit 'mibs'",
+            "MiB",
+        ),
+        (
+            lambda c: c.update(copies={"bandwidth_limit": 0}),
+            "[copies] bandwidth_limit must be above 0 bytes",
+            '"50MiB"',
+        ),
     ],
 )
 def test_what_is_wrong_is_said_with_what_to_write(
@@ -103,6 +118,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
     conf = _mapping(write_config(tmp_path))
     conf["timeouts"] = {"recovery": 42}
     conf["retention"] = {"redundancy": 3}
+    conf["copies"] = {"path": str(tmp_path / "copies"), "parallel": 8, "bandwidth_limit": "50MiB"}
     assert load_timeouts(conf).recovery == 42.0
     assert load_retention(conf) == {"redundancy": 3}
     assert pgsnap.Cluster.from_config(conf).adapter is not None
@@ -112,7 +128,9 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "archive",
         "backend",
         "catalog",
+        "copy_bandwidth_limit",
         "copy_key_file",
+        "copy_parallel",
         "copy_retention",
         "copy_target",
         "copy_target_options",
@@ -120,6 +138,9 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "layout",
         "wal_index",
     ]
+    assert (args["copy_parallel"], args["copy_bandwidth_limit"]) == (8, 50 * 2**20)
+    cluster = pgsnap.Cluster.from_config(conf)
+    assert (cluster.copy_parallel, cluster.copy_bandwidth_limit) == (8, 50 * 2**20)
 
 
 def test_the_mocks_volumes_are_the_volume_tables(tmp_path: Path) -> None:
