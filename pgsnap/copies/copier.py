@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import datetime as dt
 import hashlib
 import itertools
@@ -38,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Final
 
 import attrs
 
@@ -61,6 +62,7 @@ from pgsnap.copies.markers import (
     read_marker,
     utc_now,
 )
+from pgsnap.copies.sources import HostTree
 from pgsnap.copies.target import CopyTarget
 from pgsnap.errors import (
     ConfigurationError,
@@ -199,30 +201,78 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
         stack.extend(reversed(subdirs))
 
 
-def _entry(
-    kind: EntryKind,
-    tree: str,
-    rel: str,
-    st: os.stat_result,
-    *,
-    size: int = 0,
-    sha256: str | None = None,
-    chunks: tuple[str, ...] = (),
-    link: str | None = None,
-) -> FileEntry:
-    return FileEntry(
-        tree=tree,
-        path=rel,
-        kind=kind,
-        mode=stat.S_IMODE(st.st_mode),
-        uid=st.st_uid,
-        gid=st.st_gid,
-        mtime_ns=st.st_mtime_ns,
-        size=size,
-        sha256=sha256,
-        chunks=chunks,
-        link=link,
+@attrs.frozen
+class _Item:
+    """One entry of a tree being copied, from a directory here or a tar stream."""
+
+    kind: EntryKind
+    rel: str
+    mode: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    link: str | None = None
+    path: Path | None = None
+    content: IO[bytes] | None = attrs.field(default=None, eq=False, repr=False)
+
+    def open(self) -> contextlib.AbstractContextManager[IO[bytes]]:
+        """The file's content: opened here, or the stream's (read it before the next)."""
+        if self.path is not None:
+            return open(self.path, "rb")
+        assert self.content is not None
+        return contextlib.nullcontext(self.content)
+
+    def entry(
+        self, tree: str, *, size: int = 0, sha256: str | None = None, chunks: tuple[str, ...] = ()
+    ) -> FileEntry:
+        return FileEntry(
+            tree=tree,
+            path=self.rel,
+            kind=self.kind,
+            mode=stat.S_IMODE(self.mode),
+            uid=self.uid,
+            gid=self.gid,
+            mtime_ns=self.mtime_ns,
+            size=size,
+            sha256=sha256,
+            chunks=chunks,
+            link=self.link,
+        )
+
+
+def _local_item(name: str, root: Path, rel: str, st: os.stat_result) -> _Item:
+    path = root / rel if rel else root
+    common = (rel, st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns)
+    if stat.S_ISDIR(st.st_mode):
+        return _Item(EntryKind.DIRECTORY, *common)
+    if stat.S_ISLNK(st.st_mode):
+        return _Item(EntryKind.SYMLINK, *common, link=os.readlink(path))
+    if stat.S_ISREG(st.st_mode):
+        return _Item(EntryKind.FILE, *common, path=path)
+    raise CopyError(
+        f"{path} is neither a file, a directory nor a symbolic link",
+        hint="a PostgreSQL data directory holds none: is this the right tree?",
+        tree=name,
+        path=str(path),
     )
+
+
+@contextlib.contextmanager
+def _items(
+    name: str,
+    top: str | os.PathLike[str] | HostTree,
+    listing: list[tuple[Path, str, os.stat_result]],
+) -> Iterator[Iterator[_Item]]:
+    """The entries of tree ``name``: ``listing`` for a directory here, the tar stream
+    of a :class:`~pgsnap.copies.sources.HostTree`."""
+    if not isinstance(top, HostTree):
+        yield (_local_item(name, root, rel, st) for root, rel, st in listing)
+        return
+    with top.entries() as stream:
+        yield (
+            _Item(e.kind, e.rel, e.mode, e.uid, e.gid, e.mtime_ns, e.link, content=e.content)
+            for e in stream
+        )
 
 
 def _gc_busy(target: CopyTarget, copy_id: str, gc: Marker | None, what: str) -> CopyBusy:
@@ -494,7 +544,7 @@ _PROGRESS_EVERY: Final = 1.0
 
 
 def copy_trees(
-    trees: Mapping[str, str | os.PathLike[str]],
+    trees: Mapping[str, str | os.PathLike[str] | HostTree],
     target: CopyTarget,
     *,
     copy_id: str,
@@ -509,9 +559,11 @@ def copy_trees(
     limiter: TokenBucket | None = None,
     key: CopyKey | None = None,
 ) -> tuple[Manifest, CopyStats]:
-    """Copy ``trees`` (name → directory) to ``target`` as copy ``copy_id`` of
-    ``backup_id``; ``files`` are small texts kept in the manifest (the backup
-    label). Returns the manifest (already stored) and what was sent.
+    """Copy ``trees`` (name → a directory here, or a
+    :class:`~pgsnap.copies.sources.HostTree` read through the Host seam) to
+    ``target`` as copy ``copy_id`` of ``backup_id``; ``files`` are small texts kept
+    in the manifest (the backup label). Returns the manifest (already stored) and
+    what was sent.
 
     Only regular files, directories and symbolic links are copied; anything
     else (a socket, a device) is a :class:`~pgsnap.errors.CopyError`, since a
@@ -551,16 +603,20 @@ def copy_trees(
     started = time.monotonic()
     clock = clock or utc_now
     now = clock()
-    listing: list[tuple[str, Path, str, os.stat_result]] = []
+    listings: dict[str, list[tuple[Path, str, os.stat_result]]] = {}
+    sizes: list[int] = []
     for name, top in trees.items():
+        if isinstance(top, HostTree):
+            sizes += top.file_sizes()
+            continue
         root = Path(os.fspath(top))
         if not root.is_dir():
             raise CopyError(f"tree {name!r} ({root}) is not a directory", tree=name)
-        listing += [(name, root, rel, st) for rel, st in _walk(root)]
-    regular = [st for *_, st in listing if stat.S_ISREG(st.st_mode)]
-    total = sum(st.st_size for st in regular)
-    n_files = len(regular)
-    n_chunks = sum(-(-st.st_size // chunk_size) for st in regular)
+        listings[name] = [(root, rel, st) for rel, st in _walk(root)]
+        sizes += [st.st_size for _r, _p, st in listings[name] if stat.S_ISREG(st.st_mode)]
+    total = sum(sizes)
+    n_files = len(sizes)
+    n_chunks = sum(-(-size // chunk_size) for size in sizes)
     entries: list[FileEntry] = []
     read = done = 0
     pending = _InProgress(target, copy_id, clock)
@@ -584,48 +640,32 @@ def copy_trees(
             on_progress(CopyProgress(done, n_files, read, total, sender.sent, elapsed))
 
     try:
-        for name, root, rel, st in listing:
-            path = root / rel if rel else root
-            if stat.S_ISDIR(st.st_mode):
-                entries.append(_entry(EntryKind.DIRECTORY, name, rel, st))
-            elif stat.S_ISLNK(st.st_mode):
-                entries.append(_entry(EntryKind.SYMLINK, name, rel, st, link=os.readlink(path)))
-            elif stat.S_ISREG(st.st_mode):
-                whole = hashlib.sha256()
-                chunks: list[str] = []
-                size = 0
-                with open(path, "rb") as f:
-                    while block := f.read(chunk_size):
-                        whole.update(block)
-                        size += len(block)
-                        read += len(block)
-                        cid = chunk_id(block, key)
-                        chunks.append(cid)
-                        sender.send(cid, block)
-                        if time.monotonic() - reported > _PROGRESS_EVERY:
-                            report()
-                            reported = time.monotonic()
-                done += 1
-                entries.append(
-                    _entry(
-                        EntryKind.FILE,
-                        name,
-                        rel,
-                        st,
-                        size=size,
-                        sha256=whole.hexdigest(),
-                        chunks=tuple(chunks),
+        for name, top in trees.items():
+            with _items(name, top, listings.get(name, [])) as items:
+                for item in items:
+                    if item.kind is not EntryKind.FILE:
+                        entries.append(item.entry(name))
+                        continue
+                    whole = hashlib.sha256()
+                    chunks: list[str] = []
+                    size = 0
+                    with item.open() as f:
+                        while block := f.read(chunk_size):
+                            whole.update(block)
+                            size += len(block)
+                            read += len(block)
+                            cid = chunk_id(block, key)
+                            chunks.append(cid)
+                            sender.send(cid, block)
+                            if time.monotonic() - reported > _PROGRESS_EVERY:
+                                report()
+                                reported = time.monotonic()
+                    done += 1
+                    entries.append(
+                        item.entry(name, size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
                     )
-                )
-                report()
-                reported = time.monotonic()
-            else:
-                raise CopyError(
-                    f"{path} is neither a file, a directory nor a symbolic link",
-                    hint="a PostgreSQL data directory holds none: is this the right tree?",
-                    tree=name,
-                    path=str(path),
-                )
+                    report()
+                    reported = time.monotonic()
         sender.drain()
         manifest = Manifest(
             copy_id=copy_id,

@@ -46,6 +46,7 @@ from pgsnap.copies import (
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
+from pgsnap.copies.sources import HostTree
 from pgsnap.copies.tarstream import TAR_EXTRACT, write_tree_tar
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host import FileKind, Host
@@ -54,7 +55,12 @@ from pgsnap.host.streams import writing
 from pgsnap.model import CopyRecord, Volume, VolumeRole
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
-from pgsnap.operations.host import MountSnapshot, check_apart_from_layout, reading_host
+from pgsnap.operations.host import (
+    MountSnapshot,
+    check_apart_from_layout,
+    check_reading_host,
+    reading_host,
+)
 from pgsnap.wal import COMPRESSION_SUFFIXES
 from pgsnap.wal.reader import archived_segment_problem
 
@@ -127,6 +133,10 @@ class SendCopy(Operation):
 
     parallel: int = DEFAULT_PARALLEL
     bandwidth_limit: int | None = None
+    host: str = ""
+    """The host the trees are read on, as the storage knows it ("" : the database
+    host): the database host is read directly when pgsnap runs there, else through
+    the Host seam; another (a backup host) is where pgsnap runs."""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         _key(self.key_file)  # a missing or unsafe key file: refused before anything runs
@@ -137,6 +147,15 @@ class SendCopy(Operation):
                 "make a new plan (pgsnap copy)",
             )
         mounted = {op.mount_point: op for _sid, op in plan.of(MountSnapshot)}
+        hosts = {op.host for op in mounted.values()} | {self.host or ctx.host.name}
+        if len(hosts) > 1:
+            raise self.mismatch(
+                ctx,
+                f"it reads the trees on {self.host or ctx.host.name}, but the plan mounts "
+                f"them on {', '.join(sorted(hosts - {self.host or ctx.host.name}))}",
+                "the plan was edited: make a new plan",
+            )
+        check_reading_host(self, ctx, self.host or ctx.host.name)
         for name, path in self.trees.items():
             check_apart_from_layout(self, ctx, path, f"it reads tree {name} from")
             if mounted and path not in mounted:
@@ -195,9 +214,15 @@ class SendCopy(Operation):
         if self.spcmapfile:
             files["tablespace_map"] = self.spcmapfile
         with tempfile.TemporaryDirectory(prefix="pgsnap-copy-wal-") as staged:
-            # A tree is the directory at its path: a path through a symbolic link (a
-            # simulated mount point is one) is read at the directory it leads to.
-            trees = {name: os.path.realpath(path) for name, path in self.trees.items()}
+            reader = reading_host(ctx, self.host or ctx.host.name)
+            trees: dict[str, str | HostTree] = {}
+            for name, path in self.trees.items():
+                if isinstance(reader.runner, LocalRunner):
+                    # A tree is the directory at its path: a path through a symbolic
+                    # link (a simulated mount point is one) is read where it leads.
+                    trees[name] = os.path.realpath(path)
+                else:  # tar on the database host, its stream over ssh
+                    trees[name] = HostTree(reader, reader.realpath(path))
             held: list[str] = []
             if self.wal:
                 held = _stage_wal(ctx, self.backup_id, self.wal, staged)
@@ -208,7 +233,7 @@ class SendCopy(Operation):
     def _send(
         self,
         ctx: OperationContext,
-        trees: Mapping[str, str],
+        trees: Mapping[str, str | HostTree],
         files: Mapping[str, str],
         progress: Callable[[CopyProgress], None],
     ) -> dict[str, JSONValue]:

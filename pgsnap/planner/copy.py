@@ -230,6 +230,7 @@ def plan_copy(
         key_file=request.key_file,
         parallel=request.parallel,
         bandwidth_limit=request.bandwidth_limit,
+        host=next((h for _v, _s, h, _p in exposed), ""),
     )
     what = ", ".join([*trees, *([f"{WAL_TREE} ({len(carried)} WAL files)"] if carried else [])])
     before: list[Step] = []

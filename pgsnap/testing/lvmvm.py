@@ -141,9 +141,10 @@ _PROGRAMS: Final = (
 )
 """Programs copied from this machine (with their libraries) into the initramfs."""
 
-_PACKAGES: Final = ("coreutils", "findutils")
+_PACKAGES: Final = ("coreutils", "findutils", "tar")
 """Packages whose programs are copied too: :class:`~pgsnap.host.Host` expects GNU
-coreutils (``realpath -m -z``, ``stat -c``...), which busybox's applets are not."""
+coreutils (``realpath -m -z``, ``stat -c``...), which busybox's applets are not, and
+a copy read or restored through the Host seam GNU tar (``--format=posix``)."""
 
 _LVM_LINKS: Final = (
     "lvs",

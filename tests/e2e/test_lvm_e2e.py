@@ -393,3 +393,43 @@ def test_a_failed_restore_is_compensated_and_a_new_plan_recovers(
     used = first if not env.setup.thin else second
     assert used.id in plan.explain()
     assert batches(env) == expected, env.server_log()
+
+
+# --------------------------------------------------------------------------- copies
+
+
+def test_a_copy_of_a_thin_snapshot_recovers_once_the_backups_snapshots_are_gone(
+    thin_ext4: LvmPostgres, tmp_path: Path
+) -> None:
+    """Issue 21 on real lvm2: the copy activates the thin snapshot, mounts it read-only
+    (ext4 ``ro,noload``) beside its origin and reads it through the Host seam (tar in
+    the VM), then unmounts and deactivates it; with the backup's snapshots deleted,
+    the recovery restores the copy into the data volume, writes the copy's WAL, and
+    replays to a time target."""
+    env = thin_ext4
+    write(env, 7)
+    record = env.cluster.backup("lvm-e2e-copy")
+    plan = env.cluster.plan_copy(record.id, tmp_path / "copies")
+    actions = [s.action for s in plan.steps]
+    assert actions[:2] == ["storage.expose_snapshot", "host.mount_snapshot"], plan.explain()
+    env.cluster.execute(plan)
+    (copy,) = env.cluster.catalog.get(record.id).copies
+    assert copy.wal and copy.files > 0
+    # Nothing left mounted or active of the snapshot.
+    mounted = env.host.run(["findmnt", "-rn", "-o", "TARGET"]).text.split()
+    assert not [m for m in mounted if m.startswith("/run/pgsnap/copies")], mounted
+    write(env, 8)
+    target = RecoveryTarget.time(env.now())
+    write(env, 9)
+    env.switch_wal()
+    before = batches(env)
+    assert before[-3:] == [7, 8, 9]
+
+    assert record.snapshot_group_id is not None
+    env.backend.delete_snapshot_group(record.snapshot_group_id)
+    env.crash()
+    env.lose(PGDATA)
+    plan = env.cluster.plan_recovery(target, lost=[DATA])
+    assert "copy.restore" in [s.action for s in plan.steps], plan.explain()
+    recover(env, target, [DATA])
+    assert batches(env) == before[:-1], env.server_log()

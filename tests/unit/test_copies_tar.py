@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from pgsnap.copies import EntryKind, copy_trees
-from pgsnap.copies.tarstream import TAR_CREATE, TAR_EXTRACT, tar_entries, write_tree_tar
+from pgsnap.copies.sources import TAR_CREATE, tar_entries
+from pgsnap.copies.tarstream import TAR_EXTRACT, write_tree_tar
 from pgsnap.errors import CommandError, CopyError, DamagedChunkError
 from pgsnap.host import CommandResult, LocalRunner
 from pgsnap.host.streams import StreamingRunner, reading, writing
