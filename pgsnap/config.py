@@ -173,8 +173,16 @@ _COPIES_KEYS = (
     "secret_key_env",
     "ca_bundle",
     "key_file",
+    "credentials_file",
 )
-_COPY_TARGET_KEYS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+_COPY_TARGET_KEYS = (
+    "endpoint_url",
+    "region",
+    "access_key_env",
+    "secret_key_env",
+    "credentials_file",
+    "ca_bundle",
+)
 _COPIES_HOST_KEYS = ("host", "mount_root")
 """``[copies]`` keys of where snapshots are exposed and mounted (not target options)."""
 COPY_RETENTION_KEYS: Final = (
@@ -612,7 +620,7 @@ def _copy_options(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[st
     for key in _COPY_TARGET_KEYS:
         value = _text(section, key, "[copies]")
         if value is not None:
-            out[key] = rel(value) if key == "ca_bundle" else value
+            out[key] = rel(value) if key in ("ca_bundle", "credentials_file") else value
     return out
 
 

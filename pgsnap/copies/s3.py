@@ -9,7 +9,10 @@ prefix, with the same layout as the directory target::
 
 It talks S3 through ``boto3`` (``pip install 'pgsnap[s3]'``). Credentials
 are read from the environment variables it is told to read
-(``access_key_env``, ``secret_key_env``), else from boto3's usual chain
+(``access_key_env``, ``secret_key_env``), or from a credentials file
+(``credentials_file``: ``access_key_id`` and ``secret_access_key`` lines, as
+in an AWS shared credentials file's ``[default]`` section, readable by its
+owner only), else from boto3's usual chain
 (``AWS_ACCESS_KEY_ID``, a profile, an instance role); they are never part of
 its repr, a plan, a log line or an error.
 
@@ -40,6 +43,7 @@ import importlib
 import logging
 import os
 import random
+import stat
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
@@ -145,6 +149,61 @@ def _transient(exc: BaseException) -> bool:
     return bool(names & set(_TRANSIENT_EXCEPTIONS))
 
 
+def read_credentials_file(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The keys in an S3 credentials file: ``aws_access_key_id`` and
+    ``aws_secret_access_key`` (or without the ``aws_`` prefix), ``key = value``
+    lines, in a ``[default]`` section or none. Refused
+    (:class:`~pgsnap.errors.ConfigurationError`, never with a key in the message):
+    a file that group or others can read, a symbolic link, one without both keys."""
+    where = os.fspath(path)
+    try:
+        st = os.lstat(where)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"the S3 credentials file {where} cannot be read: {exc.strerror or exc}",
+            hint="check [copies] credentials_file",
+        ) from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        raise ConfigurationError(
+            f"the S3 credentials file {where} is not a regular file",
+            hint="point [copies] credentials_file at the file itself",
+        )
+    if st.st_mode & 0o077:
+        raise ConfigurationError(
+            f"the S3 credentials file {where} can be read by others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o})",
+            hint=f"chmod 600 {where}",
+        )
+    section = "default"
+    found: dict[str, str] = {}
+    with open(where, encoding="utf-8") as f:
+        for line in f:
+            text = line.strip()
+            if not text or text.startswith(("#", ";")):
+                continue
+            if text.startswith("[") and text.endswith("]"):
+                section = text[1:-1].strip()
+                continue
+            name, eq, value = text.partition("=")
+            if eq and section == "default":
+                found[name.strip().lower().removeprefix("aws_")] = value.strip()
+    keys = {
+        arg: found[name]
+        for name, arg in (
+            ("access_key_id", "aws_access_key_id"),
+            ("secret_access_key", "aws_secret_access_key"),
+        )
+        if found.get(name)
+    }
+    if len(keys) != 2:
+        raise ConfigurationError(
+            f"the S3 credentials file {where} does not hold both access_key_id and "
+            "secret_access_key (in [default] or no section)",
+            hint="write aws_access_key_id = ... and aws_secret_access_key = ... lines",
+        )
+    return keys
+
+
 class S3CopyTarget:
     """A copy target in ``bucket`` under ``prefix`` (see the module docstring).
 
@@ -167,6 +226,7 @@ class S3CopyTarget:
         region: str | None = None,
         access_key_env: str | None = None,
         secret_key_env: str | None = None,
+        credentials_file: str | os.PathLike[str] | None = None,
         ca_bundle: str | os.PathLike[str] | None = None,
         client: Any = None,
         attempts: int | None = None,
@@ -198,7 +258,13 @@ class S3CopyTarget:
             client
             if client is not None
             else self._connect(
-                endpoint_url, region, access_key_env, secret_key_env, ca_bundle, max_connections
+                endpoint_url,
+                region,
+                access_key_env,
+                secret_key_env,
+                ca_bundle,
+                max_connections,
+                credentials_file,
             )
         )
 
@@ -210,6 +276,7 @@ class S3CopyTarget:
         secret_key_env: str | None,
         ca_bundle: str | os.PathLike[str] | None,
         max_connections: int,
+        credentials_file: str | os.PathLike[str] | None = None,
     ) -> Any:
         try:
             boto3 = importlib.import_module("boto3")
@@ -218,7 +285,9 @@ class S3CopyTarget:
             raise ConfigurationError(
                 "an S3 copy target needs boto3", hint="pip install 'pgsnap[s3]'"
             ) from None
-        keys: dict[str, str] = {}
+        keys: dict[str, str] = (
+            read_credentials_file(credentials_file) if credentials_file is not None else {}
+        )
         for env, arg in (
             (access_key_env, "aws_access_key_id"),
             (secret_key_env, "aws_secret_access_key"),

@@ -302,7 +302,14 @@ class DirectoryCopyTarget:
             raise self._write_error(path, exc) from exc
 
 
-TARGET_OPTIONS = ("endpoint_url", "region", "access_key_env", "secret_key_env", "ca_bundle")
+TARGET_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "access_key_env",
+    "secret_key_env",
+    "credentials_file",
+    "ca_bundle",
+)
 """The options of an S3 target (``[copies]`` in the configuration): none is a secret."""
 
 
@@ -334,6 +341,7 @@ def open_target(
             region=opts.get("region"),
             access_key_env=opts.get("access_key_env"),
             secret_key_env=opts.get("secret_key_env"),
+            credentials_file=opts.get("credentials_file"),
             ca_bundle=opts.get("ca_bundle"),
             max_connections=connections or DEFAULT_MAX_CONNECTIONS,
         )

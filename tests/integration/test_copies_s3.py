@@ -21,6 +21,7 @@ from pgsnap.copies import (
     copy_trees,
     decode_chunk,
     encode_chunk,
+    open_target,
     restore_trees,
     verify_copy,
 )
@@ -127,6 +128,32 @@ def test_what_the_s3_server_refuses_is_said_and_no_secret_is(
         )
     with pytest.raises(ConfigurationError, match="bucket name"):
         S3CopyTarget("a/b", client=object())
+
+
+def test_credentials_from_a_file_the_owner_alone_reads(s3: SeaweedS3, tmp_path: Path) -> None:
+    """``credentials_file``: the keys from a file (AWS shared-credentials lines); one
+    others can read, or without both keys, is refused without showing a key."""
+    creds = tmp_path / "s3.credentials"
+    creds.write_text(
+        "# pgsnap's copy target\n[default]\n"
+        f"aws_access_key_id = {s3.admin.access_key}\n"
+        f"aws_secret_access_key = {s3.admin.secret_key}\n"
+        "[other]\naws_access_key_id = nope\n"
+    )
+    creds.chmod(0o600)
+    options = {"endpoint_url": s3.endpoint, "credentials_file": str(creds)}
+    store = open_target("s3://pgsnap-copies/from-file", options)
+    copy_trees({"pgdata": make_tree(tmp_path / "d")}, store, copy_id="c1", backup_id="b1")
+    assert store.manifest_ids() == ("c1",)
+    creds.chmod(0o644)
+    with pytest.raises(ConfigurationError, match="can be read by others") as loose:
+        open_target("s3://pgsnap-copies/from-file", options)
+    creds.chmod(0o600)
+    creds.write_text(f"aws_access_key_id = {s3.admin.access_key}\n")
+    with pytest.raises(ConfigurationError, match="does not hold both") as half:
+        open_target("s3://pgsnap-copies/from-file", options)
+    for err in (loose.value, half.value):
+        assert s3.admin.secret_key not in str(err) and s3.admin.access_key not in str(err)
 
 
 def test_a_server_that_is_gone_is_a_copy_error_naming_it(tmp_path: Path) -> None:
