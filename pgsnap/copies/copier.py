@@ -163,6 +163,10 @@ class VerifyReport:
     chunks_checked: int
     missing: Mapping[str, tuple[str, ...]]
     damaged: Mapping[str, tuple[str, ...]]
+    backup_id: str = ""
+    breaks: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
+    """Each missing or damaged chunk → the other copies in the target that name it
+    too (``<copy id> (backup <id>)``): what else it breaks."""
 
     @property
     def ok(self) -> bool:
@@ -178,6 +182,8 @@ class VerifyReport:
         for what, found in (("missing", self.missing), ("damaged", self.damaged)):
             for chunk, files in sorted(found.items()):
                 lines.append(f"  {what} chunk {chunk[:16]}... breaks {', '.join(files)}")
+                if self.breaks.get(chunk):
+                    lines.append(f"    and copies {', '.join(self.breaks[chunk])}")
         return "\n".join(lines)
 
 
@@ -955,11 +961,16 @@ def verify_copy(
     sample: float | None = None,
     rng: random.Random | None = None,
     key: CopyKey | None = None,
+    parallel: int = DEFAULT_PARALLEL,
 ) -> VerifyReport:
     """Check copy ``copy_id``'s chunks in ``target``: every one (``sample`` None) or
-    a random share of them (``0 < sample <= 1``, at least one). An encrypted copy
-    needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError` otherwise): each chunk's
-    tag and keyed id are checked."""
+    a random share of them (``0 < sample <= 1``, at least one), ``parallel`` at a
+    time. An encrypted copy needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError`
+    otherwise): each chunk's tag and keyed id are checked. A missing or damaged
+    chunk is reported with the files it breaks, and the other copies of the
+    target that name it (:attr:`VerifyReport.breaks`)."""
+    if parallel < 1:
+        raise ConfigurationError(f"parallel must be at least 1, not {parallel}")
     manifest = decode_manifest(target.get_manifest(copy_id), copy_id, key)
     chunk_key = _chunk_key(manifest, key)
     users: dict[str, list[str]] = {}
@@ -974,13 +985,44 @@ def verify_copy(
         chunks = sorted((rng or random.Random()).sample(chunks, k))  # noqa: S311 - a sample, not a secret
     missing: dict[str, tuple[str, ...]] = {}
     damaged: dict[str, tuple[str, ...]] = {}
-    for c in chunks:
+
+    def check(c: str) -> str:
         try:
             decode_chunk(target.get_chunk(c), c, chunk_key)
         except CopyNotFound:
-            missing[c] = tuple(dict.fromkeys(users[c]))
+            return "missing"
         except DamagedChunkError:
-            damaged[c] = tuple(dict.fromkeys(users[c]))
+            return "damaged"
+        return ""
+
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=parallel, thread_name_prefix="pgsnap-verify"
+    ) as pool:
+        for c, found in zip(chunks, pool.map(check, chunks), strict=True):
+            if found:
+                (missing if found == "missing" else damaged)[c] = tuple(dict.fromkeys(users[c]))
     for c in (*missing, *damaged):
         log.warning("copy %s: chunk %s is %s", copy_id, c, "missing" if c in missing else "damaged")
-    return VerifyReport(copy_id, len(users), len(chunks), missing, damaged)
+    breaks = _also_broken(target, copy_id, {*missing, *damaged}, key) if missing or damaged else {}
+    return VerifyReport(
+        copy_id, len(users), len(chunks), missing, damaged, manifest.backup_id, breaks
+    )
+
+
+def _also_broken(
+    target: CopyTarget, copy_id: str, bad: set[str], key: CopyKey | None
+) -> dict[str, tuple[str, ...]]:
+    """The other copies in ``target`` whose manifests name each of the ``bad`` chunks
+    (a manifest that cannot be read, another key's, is passed over with a log line)."""
+    out: dict[str, list[str]] = {}
+    for other in target.manifest_ids():
+        if other == copy_id:
+            continue
+        try:
+            manifest = decode_manifest(target.get_manifest(other), other, key)
+        except (CopyError, FormatError) as exc:
+            log.info("copy %s not searched for the damaged chunks: %s", other, exc)
+            continue
+        for c in bad & manifest.chunk_ids():
+            out.setdefault(c, []).append(f"{other} (backup {manifest.backup_id})")
+    return {c: tuple(v) for c, v in out.items()}

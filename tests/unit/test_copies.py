@@ -222,6 +222,7 @@ def test_verify_names_the_files_a_missing_or_damaged_chunk_breaks(
 ) -> None:
     tree = make_tree(tmp_path / "data")
     manifest, _ = copy(tree, target)
+    copy(tree, target, "c2")  # a later copy of the same data shares its chunks
     assert verify_copy(target, "c1").ok
     control = next(e for e in manifest.entries if e.path == "global/pg_control")
     gone, bad = control.chunks[0], control.chunks[2]
@@ -236,6 +237,10 @@ def test_verify_names_the_files_a_missing_or_damaged_chunk_breaks(
     assert report.damaged == {bad: ("pgdata/global/pg_control",)}
     assert report.chunks_checked == report.chunks_total == len(manifest.chunk_ids())
     assert "breaks pgdata/global/pg_control" in report.explain()
+    # What else the chunks break: the other copy that names them.
+    assert report.breaks == {gone: ("c2 (backup b1)",), bad: ("c2 (backup b1)",)}
+    assert "and copies c2 (backup b1)" in report.explain() and report.backup_id == "b1"
+    assert verify_copy(target, "c1", parallel=1).damaged == report.damaged
     with pytest.raises((CopyNotFound, DamagedChunkError)):
         restore_trees(manifest, target, {"pgdata": tmp_path / "restored"})
     sampled = verify_copy(target, "c1", sample=0.5, rng=random.Random(7))
