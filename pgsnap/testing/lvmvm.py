@@ -43,7 +43,10 @@ one with ``stdin``) is sent base64-encoded in acknowledged chunks and run from
 a file. Every process costs tens of milliseconds under TCG, so the protocol
 starts as few as it can: ``timeout`` and the command, and ``base64`` only for
 an output that is not empty. A marker never appears literally in what is typed
-(``"__PGSNAP""_..."``). The runner serializes commands (one console).
+(``"__PGSNAP""_..."``). The runner serializes commands (one console). When the
+VM shares a directory (:attr:`ConsoleRunner.spool`), a standard input or output
+larger than 256 KiB goes through a file there instead (a copy's tar stream of a
+data directory: the serial line would take many minutes to carry it).
 
 Directories of this machine can be shared with the guest at the same paths
 (``LvmVm.boot(share=[...])``, virtiofs served by qemu's ``virtiofsd``): a
@@ -667,10 +670,24 @@ class _Console:
         self._sock.close()
         self._thread.join(timeout=5)
 
-    def wait_for(self, pattern: re.Pattern[bytes], deadline: float) -> re.Match[bytes] | None:
-        """Wait for ``pattern`` in the unread output; consume through the match."""
+    def wait_for(
+        self, pattern: re.Pattern[bytes], deadline: float, *, until: bytes = b""
+    ) -> re.Match[bytes] | None:
+        """Wait for ``pattern`` in the unread output; consume through the match.
+        ``until``: a text the match ends with, looked for first in what is new (a
+        large output is not searched again at every block that arrives)."""
+        seen = 0
         with self._cond:
             while True:
+                if until:
+                    found = self._buf.find(until, max(0, seen - len(until)))
+                    seen = len(self._buf)
+                    if found < 0 and not self._eof:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            return None
+                        self._cond.wait(min(left, 1.0))
+                        continue
                 data = bytes(self._buf)  # a match on the bytearray would see it change
                 match = pattern.search(data)
                 if match is not None:
@@ -693,6 +710,8 @@ class _Console:
             return self._eof
 
 
+_SPOOL_MIN: Final = 256 * 1024
+"""Bytes of standard input or output above which they go through the spool."""
 _LINE_MAX: Final = 1024
 """Longest line typed on the console (the tty's line buffer holds 4095 bytes)."""
 _MARK: Final = "__PGSNAP"
@@ -721,6 +740,11 @@ class ConsoleRunner:
         self._lock = threading.Lock()
         self._broken: str | None = None
         self._work = f"/tmp/.pgsnap-{secrets.token_hex(6)}"  # noqa: S108 - the VM's tmpfs
+        self.spool: str | None = None
+        """A directory shared with the guest at the same path (set by :class:`LvmVm`):
+        a large standard input or output goes through a file there instead of the
+        console (a tar stream of a data directory: tens of MB, which base64 on a
+        serial line would take many minutes to carry)."""
 
     @classmethod
     def attach(cls, path: str | os.PathLike[str], *, name: str = "lvmvm") -> ConsoleRunner:
@@ -779,8 +803,10 @@ class ConsoleRunner:
         # last bytes of a line waited for the next command), so push them through.
         self._console.write(line.encode() + b"\n" * (1 + _PADDING))
 
-    def _await(self, pattern: re.Pattern[bytes], deadline: float, what: str) -> re.Match[bytes]:
-        match = self._console.wait_for(pattern, deadline)
+    def _await(
+        self, pattern: re.Pattern[bytes], deadline: float, what: str, *, until: bytes = b""
+    ) -> re.Match[bytes]:
+        match = self._console.wait_for(pattern, deadline, until=until)
         if match is None:
             self._broken = f"no answer to {what}"
             raise HostUnreachable(
@@ -792,7 +818,14 @@ class ConsoleRunner:
         return match
 
     def _ship(
-        self, command: str, stdin: bytes | None, work: str, tag: str, deadline: float, seconds: int
+        self,
+        command: str,
+        stdin: bytes | None,
+        work: str,
+        tag: str,
+        deadline: float,
+        seconds: int,
+        source: str = "/dev/null",
     ) -> str:
         """Send the command (and stdin) as files; the line that runs them.
 
@@ -816,7 +849,7 @@ class ConsoleRunner:
                     f'echo {_MARK}""_ACK_{tag}_{n}__'
                 )
                 self._await(re.compile(rf"{_MARK}_ACK_{tag}_{n}__".encode()), deadline, "a chunk")
-        stdin_redirect = f"{work}.in" if stdin is not None else "/dev/null"
+        stdin_redirect = f"{work}.in" if stdin is not None else source
         return (
             f"base64 -d {work}.cmd64 > {work}.cmd; "
             + (f"base64 -d {work}.in64 > {work}.in; " if stdin is not None else "")
@@ -841,16 +874,31 @@ class ConsoleRunner:
                 raise ConfigurationError(f"invalid OS user name {user!r}")
             command = f"su -s /bin/sh {user} -c {shlex.quote(command)}"
         seconds = max(1, int(timeout + 0.999))
+        spooled_in = spooled_out = None
+        if self.spool is not None:
+            spooled_out = os.path.join(self.spool, f".console-{tag}.out")
+            if stdin is not None and len(stdin) > _SPOOL_MIN:
+                spooled_in = os.path.join(self.spool, f".console-{tag}.in")
+                with open(spooled_in, "wb") as f:
+                    f.write(stdin)
+                stdin = None
+        source = spooled_in or "/dev/null"
         if stdin is None and _typeable(command):
             # Plain printable ASCII (shlex-quoted: the shell reading the console parses
             # it as sh would the file): typed as it is, no file, no extra processes.
             # Every process costs tens of milliseconds under TCG.
-            run = f"timeout -s KILL {seconds} {command} </dev/null >{work}.out 2>{work}.err"
+            run = f"timeout -s KILL {seconds} {command} <{source} >{work}.out 2>{work}.err"
         else:
-            run = self._ship(command, stdin, work, tag, deadline, seconds)
+            run = self._ship(command, stdin, work, tag, deadline, seconds, source)
+        out = f"[ -s {work}.out ] && base64 {work}.out; "
+        if spooled_out is not None:  # a large output: into the shared directory
+            out = (
+                f'if [ "$(stat -c %s {work}.out)" -gt {_SPOOL_MIN} ]; then '
+                f"cp {work}.out {spooled_out} && echo SPOOLED; else {out}fi; "
+            )
         script = (
             f"{run}; rc=$?; "
-            f'echo {_MARK}""_OUT_{tag}; [ -s {work}.out ] && base64 {work}.out; '
+            f'echo {_MARK}""_OUT_{tag}; {out}'
             f'echo {_MARK}""_ERR_{tag}; [ -s {work}.err ] && base64 {work}.err; '
             f'echo {_MARK}""_RC_{tag}=$rc'
         )
@@ -861,8 +909,20 @@ class ConsoleRunner:
             rf"{_MARK}_OUT_{tag}\s*\n(.*?){_MARK}_ERR_{tag}\s*\n(.*?){_MARK}_RC_{tag}=(\d+)".encode(),
             re.S,
         )
-        match = self._await(pattern, deadline, shlex.join(args)[:200])
-        stdout = _unb64(match.group(1))
+        try:
+            match = self._await(
+                pattern, deadline, shlex.join(args)[:200], until=f"{_MARK}_RC_{tag}=".encode()
+            )
+            if spooled_out is not None and match.group(1).strip() == b"SPOOLED":
+                with open(spooled_out, "rb") as f:
+                    stdout = f.read()
+            else:
+                stdout = _unb64(match.group(1))
+        finally:
+            for path in (spooled_in, spooled_out):
+                if path is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
         stderr = _unb64(match.group(2))
         rc = int(match.group(3))
         elapsed = time.monotonic() - started
@@ -1131,6 +1191,8 @@ class LvmVm:
                 vm.runner.run(
                     ["mount", "-t", "virtiofs", f"pgsnap{i}", directory], timeout=60
                 ).check(what=f"mounting the shared {directory}", host="lvmvm")
+            if shared:
+                vm.runner.spool = shared[0]
         except BaseException:
             vm.close()
             raise
