@@ -62,7 +62,7 @@ from pgsnap.copies.markers import (
     read_marker,
     utc_now,
 )
-from pgsnap.copies.sources import HostTree
+from pgsnap.copies.sources import StreamedTree
 from pgsnap.copies.target import CopyTarget
 from pgsnap.errors import (
     ConfigurationError,
@@ -266,12 +266,12 @@ def _local_item(name: str, root: Path, rel: str, st: os.stat_result) -> _Item:
 @contextlib.contextmanager
 def _items(
     name: str,
-    top: str | os.PathLike[str] | HostTree,
+    top: str | os.PathLike[str] | StreamedTree,
     listing: list[tuple[Path, str, os.stat_result]],
 ) -> Iterator[Iterator[_Item]]:
     """The entries of tree ``name``: ``listing`` for a directory here, the tar stream
-    of a :class:`~pgsnap.copies.sources.HostTree`."""
-    if not isinstance(top, HostTree):
+    of a :class:`~pgsnap.copies.sources.StreamedTree`."""
+    if not isinstance(top, StreamedTree):
         yield (_local_item(name, root, rel, st) for root, rel, st in listing)
         return
     with top.entries() as stream:
@@ -550,7 +550,7 @@ _PROGRESS_EVERY: Final = 1.0
 
 
 def copy_trees(
-    trees: Mapping[str, str | os.PathLike[str] | HostTree],
+    trees: Mapping[str, str | os.PathLike[str] | StreamedTree],
     target: CopyTarget,
     *,
     copy_id: str,
@@ -566,7 +566,7 @@ def copy_trees(
     key: CopyKey | None = None,
 ) -> tuple[Manifest, CopyStats]:
     """Copy ``trees`` (name → a directory here, or a
-    :class:`~pgsnap.copies.sources.HostTree` read through the Host seam) to
+    :class:`~pgsnap.copies.sources.StreamedTree`: a tree on a host read through the Host seam) to
     ``target`` as copy ``copy_id`` of ``backup_id``; ``files`` are small texts kept
     in the manifest (the backup label). Returns the manifest (already stored) and
     what was sent.
@@ -612,7 +612,7 @@ def copy_trees(
     listings: dict[str, list[tuple[Path, str, os.stat_result]]] = {}
     sizes: list[int] = []
     for name, top in trees.items():
-        if isinstance(top, HostTree):
+        if isinstance(top, StreamedTree):
             sizes += top.file_sizes()
             continue
         root = Path(os.fspath(top))

@@ -1,7 +1,7 @@
-"""Where a copy reads a tree from: a directory of this machine, or a directory of a host
-pgsnap reaches through the Host seam (:class:`HostTree`), read as a tar stream
-(``tar -c --format=posix --numeric-owner`` there, its standard output over ssh:
-:mod:`pgsnap.host.streams`).
+"""Where a copy reads a tree from: a directory of this machine, or a
+:class:`StreamedTree`: a directory of a host pgsnap reaches through the Host
+seam, read as a tar stream (``tar -c --format=posix --numeric-owner`` there,
+its standard output over ssh; :class:`pgsnap.operations.copies.HostTree`).
 
 :func:`tar_entries` reads such a stream: each entry with its kind, mode,
 owner, time (to the nanosecond, from the pax header) and, for a file, its
@@ -15,16 +15,14 @@ import contextlib
 import posixpath
 import tarfile
 from collections.abc import Iterator
-from typing import IO, Final
+from typing import IO, Final, Protocol, runtime_checkable
 
 import attrs
 
 from pgsnap.copies.manifest import EntryKind
 from pgsnap.errors import CopyError
-from pgsnap.host import Host
-from pgsnap.host.streams import reading
 
-__all__ = ["TAR_CREATE", "HostTree", "TarEntry", "tar_entries"]
+__all__ = ["TAR_CREATE", "StreamedTree", "TarEntry", "tar_entries"]
 
 TAR_CREATE: Final = ("tar", "--format=posix", "--numeric-owner", "-cf", "-")
 """``tar`` creating the stream :func:`tar_entries` reads (then ``-C DIR .``)."""
@@ -101,28 +99,16 @@ def tar_entries(stream: IO[bytes], where: str) -> Iterator[TarEntry]:
         ) from exc
 
 
-@attrs.frozen
-class HostTree:
-    """A tree on ``host`` at ``path`` (a mounted snapshot, a snapshot read in place),
-    read through the Host seam: :func:`pgsnap.copies.copy_trees` takes it where it
-    takes a directory of this machine."""
-
-    host: Host
-    path: str
-
-    def __str__(self) -> str:
-        return f"{self.path} on {self.host.description}"
+@runtime_checkable
+class StreamedTree(Protocol):
+    """A tree a copy reads as a stream of entries rather than as a directory of this
+    machine (:class:`pgsnap.operations.copies.HostTree`: ``tar`` on a host reached
+    through the Host seam)."""
 
     def file_sizes(self) -> list[int]:
-        """The sizes of the tree's regular files (one ``find`` on the host): what a
-        copy's progress counts towards."""
-        out = self.host.run(["find", self.path, "-type", "f", "-printf", "%s\\n"], timeout=600)
-        return [int(line) for line in out.text.split()]
+        """The sizes of the tree's regular files: what a copy's progress counts."""
+        ...
 
-    @contextlib.contextmanager
-    def entries(self) -> Iterator[Iterator[TarEntry]]:
-        """The tree's entries as ``tar`` on the host streams them (the ``with`` block
-        checks that it succeeded)."""
-        argv = [*TAR_CREATE, "-C", self.path, "."]
-        with reading(self.host.runner, argv, timeout=3600) as stream:
-            yield tar_entries(stream, str(self))
+    def entries(self) -> contextlib.AbstractContextManager[Iterator[TarEntry]]:
+        """The tree's entries, parents before children, files with their content."""
+        ...

@@ -23,6 +23,7 @@ is not the copy's (another fingerprint).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import os
@@ -30,7 +31,7 @@ import posixpath
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 
@@ -46,12 +47,12 @@ from pgsnap.copies import (
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import WAL_TREE, EntryKind, decode_manifest
-from pgsnap.copies.sources import HostTree
+from pgsnap.copies.sources import TAR_CREATE, TarEntry, tar_entries
 from pgsnap.copies.tarstream import TAR_EXTRACT, write_tree_tar
 from pgsnap.errors import ArchiveError, BackupNotFound, CopyError, CopyNotFound, PgsnapError
 from pgsnap.host import FileKind, Host
 from pgsnap.host.runners import LocalRunner
-from pgsnap.host.streams import writing
+from pgsnap.host.streams import reading, writing
 from pgsnap.model import CopyRecord, Volume, VolumeRole
 from pgsnap.operations.base import JSONValue, Operation, OperationContext, Outputs, PlanView, Ref
 from pgsnap.operations.base import Target as _Target
@@ -66,6 +67,7 @@ from pgsnap.wal.reader import archived_segment_problem
 
 __all__ = [
     "DeleteCopyManifest",
+    "HostTree",
     "RecordCopy",
     "RestoreFromCopy",
     "RestoreWalFromCopy",
@@ -96,6 +98,33 @@ def _duration(seconds: float) -> str:
     if whole < 3600:
         return f"{whole // 60} min {whole % 60} s"
     return f"{whole // 3600} h {whole % 3600 // 60} min"
+
+
+@attrs.frozen
+class HostTree:
+    """A tree on ``host`` at ``path`` (a mounted snapshot, a snapshot read in place),
+    read through the Host seam (:class:`~pgsnap.copies.sources.StreamedTree`):
+    :func:`pgsnap.copies.copy_trees` takes it where it takes a directory here."""
+
+    host: Host
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.path} on {self.host.description}"
+
+    def file_sizes(self) -> list[int]:
+        """The sizes of the tree's regular files (one ``find`` on the host): what a
+        copy's progress counts towards."""
+        out = self.host.run(["find", self.path, "-type", "f", "-printf", "%s\\n"], timeout=600)
+        return [int(line) for line in out.text.split()]
+
+    @contextlib.contextmanager
+    def entries(self) -> Iterator[Iterator[TarEntry]]:
+        """The tree's entries as ``tar`` on the host streams them (the ``with`` block
+        checks that it succeeded)."""
+        argv = [*TAR_CREATE, "-C", self.path, "."]
+        with reading(self.host.runner, argv, timeout=3600) as stream:
+            yield tar_entries(stream, str(self))
 
 
 @attrs.frozen

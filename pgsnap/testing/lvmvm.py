@@ -44,9 +44,10 @@ a file. Every process costs tens of milliseconds under TCG, so the protocol
 starts as few as it can: ``timeout`` and the command, and ``base64`` only for
 an output that is not empty. A marker never appears literally in what is typed
 (``"__PGSNAP""_..."``). The runner serializes commands (one console). When the
-VM shares a directory (:attr:`ConsoleRunner.spool`), a standard input or output
-larger than 256 KiB goes through a file there instead (a copy's tar stream of a
-data directory: the serial line would take many minutes to carry it).
+VM shares a directory (:attr:`ConsoleRunner.spool`), standard output is written
+to a file there and read here, and a standard input larger than 256 KiB goes
+through a file there too (a copy's tar stream of a data directory: the serial
+line would take many minutes to carry it, and the spool saves ``base64``).
 
 Directories of this machine can be shared with the guest at the same paths
 (``LvmVm.boot(share=[...])``, virtiofs served by qemu's ``virtiofsd``): a
@@ -711,7 +712,7 @@ class _Console:
 
 
 _SPOOL_MIN: Final = 256 * 1024
-"""Bytes of standard input or output above which they go through the spool."""
+"""Bytes of standard input above which it goes through the spool."""
 _LINE_MAX: Final = 1024
 """Longest line typed on the console (the tty's line buffer holds 4095 bytes)."""
 _MARK: Final = "__PGSNAP"
@@ -742,9 +743,9 @@ class ConsoleRunner:
         self._work = f"/tmp/.pgsnap-{secrets.token_hex(6)}"  # noqa: S108 - the VM's tmpfs
         self.spool: str | None = None
         """A directory shared with the guest at the same path (set by :class:`LvmVm`):
-        a large standard input or output goes through a file there instead of the
-        console (a tar stream of a data directory: tens of MB, which base64 on a
-        serial line would take many minutes to carry)."""
+        standard output, and a large standard input, go through files there instead
+        of the console (a tar stream of a data directory: tens of MB, which base64 on
+        a serial line would take many minutes to carry)."""
 
     @classmethod
     def attach(cls, path: str | os.PathLike[str], *, name: str = "lvmvm") -> ConsoleRunner:
@@ -826,6 +827,7 @@ class ConsoleRunner:
         deadline: float,
         seconds: int,
         source: str = "/dev/null",
+        sink: str = "",
     ) -> str:
         """Send the command (and stdin) as files; the line that runs them.
 
@@ -854,7 +856,7 @@ class ConsoleRunner:
             f"base64 -d {work}.cmd64 > {work}.cmd; "
             + (f"base64 -d {work}.in64 > {work}.in; " if stdin is not None else "")
             + f"timeout -s KILL {seconds} sh {work}.cmd <{stdin_redirect} "
-            f">{work}.out 2>{work}.err"
+            f">{sink or work + '.out'} 2>{work}.err"
         )
 
     def _run(
@@ -883,19 +885,17 @@ class ConsoleRunner:
                     f.write(stdin)
                 stdin = None
         source = spooled_in or "/dev/null"
+        sink = spooled_out or f"{work}.out"
         if stdin is None and _typeable(command):
             # Plain printable ASCII (shlex-quoted: the shell reading the console parses
             # it as sh would the file): typed as it is, no file, no extra processes.
             # Every process costs tens of milliseconds under TCG.
-            run = f"timeout -s KILL {seconds} {command} <{source} >{work}.out 2>{work}.err"
+            run = f"timeout -s KILL {seconds} {command} <{source} >{sink} 2>{work}.err"
         else:
-            run = self._ship(command, stdin, work, tag, deadline, seconds, source)
-        out = f"[ -s {work}.out ] && base64 {work}.out; "
-        if spooled_out is not None:  # a large output: into the shared directory
-            out = (
-                f'if [ "$(stat -c %s {work}.out)" -gt {_SPOOL_MIN} ]; then '
-                f"cp {work}.out {spooled_out} && echo SPOOLED; else {out}fi; "
-            )
+            run = self._ship(command, stdin, work, tag, deadline, seconds, source, sink)
+        # With a spool, the output is in the shared directory already: nothing to print
+        # (and no base64 process), read here from the file.
+        out = f"[ -s {work}.out ] && base64 {work}.out; " if spooled_out is None else ""
         script = (
             f"{run}; rc=$?; "
             f'echo {_MARK}""_OUT_{tag}; {out}'
@@ -913,9 +913,12 @@ class ConsoleRunner:
             match = self._await(
                 pattern, deadline, shlex.join(args)[:200], until=f"{_MARK}_RC_{tag}=".encode()
             )
-            if spooled_out is not None and match.group(1).strip() == b"SPOOLED":
-                with open(spooled_out, "rb") as f:
-                    stdout = f.read()
+            if spooled_out is not None:
+                try:
+                    with open(spooled_out, "rb") as f:
+                        stdout = f.read()
+                except FileNotFoundError:  # the shell could not even redirect
+                    stdout = b""
             else:
                 stdout = _unb64(match.group(1))
         finally:

@@ -407,7 +407,7 @@ def test_a_copy_of_a_thin_snapshot_recovers_once_the_backups_snapshots_are_gone(
     the recovery restores the copy into the data volume, writes the copy's WAL, and
     replays to a time target."""
     env = thin_ext4
-    write(env, 7)
+    write(env, 107)
     record = env.cluster.backup("lvm-e2e-copy")
     plan = env.cluster.plan_copy(record.id, tmp_path / "copies")
     actions = [s.action for s in plan.steps]
@@ -418,12 +418,12 @@ def test_a_copy_of_a_thin_snapshot_recovers_once_the_backups_snapshots_are_gone(
     # Nothing left mounted or active of the snapshot.
     mounted = env.host.run(["findmnt", "-rn", "-o", "TARGET"]).text.split()
     assert not [m for m in mounted if m.startswith("/run/pgsnap/copies")], mounted
-    write(env, 8)
+    write(env, 108)
     target = RecoveryTarget.time(env.now())
-    write(env, 9)
+    write(env, 109)
     env.switch_wal()
     before = batches(env)
-    assert before[-3:] == [7, 8, 9]
+    assert {107, 108, 109} <= set(before)
 
     assert record.snapshot_group_id is not None
     env.backend.delete_snapshot_group(record.snapshot_group_id)
@@ -432,4 +432,4 @@ def test_a_copy_of_a_thin_snapshot_recovers_once_the_backups_snapshots_are_gone(
     plan = env.cluster.plan_recovery(target, lost=[DATA])
     assert "copy.restore" in [s.action for s in plan.steps], plan.explain()
     recover(env, target, [DATA])
-    assert batches(env) == before[:-1], env.server_log()
+    assert batches(env) == [b for b in before if b != 109], env.server_log()
