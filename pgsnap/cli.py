@@ -410,6 +410,11 @@ def _has_policy(args: argparse.Namespace) -> bool:
 def cmd_expire(args: argparse.Namespace) -> int:
     """Apply a retention policy (or show what it would delete)."""
     cluster = _load(args)[0]
+    if not args.dry_run:
+        # Before planning, as recover: an expiry never runs beside a backup or a
+        # recovery, even one that would find nothing to delete (what it plans from
+        # is changing under it).
+        cluster.check_not_busy("expiry")
     plan = cluster.plan_expiry(_policy(args))
     if args.json:
         _out(plan.to_json())
