@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import datetime as dt
 import json
 import os
@@ -170,9 +171,14 @@ def rotated(items: Sequence[str], n: int) -> list[str]:
 # --------------------------------------------------------------------------- processes
 
 
-def in_child(fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float, float]:
+def in_child(
+    fn: Callable[[], dict[str, Any]], profile: str | None = None
+) -> tuple[dict[str, Any], float, float]:
     """Run ``fn`` in a forked child: (its result, wall seconds, CPU seconds of the child
-    and of whatever it waited for). The result must be JSON."""
+    and of whatever it waited for). The result must be JSON. With ``profile`` (a
+    directory), the child's main thread runs under :mod:`cProfile` and its statistics
+    are written there (``child-<pid>.prof``): the figures then include the
+    profiler's cost."""
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -181,7 +187,13 @@ def in_child(fn: Callable[[], dict[str, Any]]) -> tuple[dict[str, Any], float, f
         if pid == 0:  # the child: never returns
             code = 0
             try:
+                if profile:
+                    prof = cProfile.Profile()
+                    prof.enable()
                 result: dict[str, Any] = {"ok": fn()}
+                if profile:
+                    prof.disable()
+                    prof.dump_stats(os.path.join(profile, f"child-{os.getpid()}.prof"))
             except BaseException:
                 result, code = {"error": traceback.format_exc()}, 1
             try:
@@ -539,9 +551,19 @@ pg1-user=postgres
         }
 
     def prepare(self) -> None:
-        """Before every method alike: a CHECKPOINT, the archiver idle."""
+        """Before every method alike: a CHECKPOINT, the archiver idle (and with
+        ``--cache cold`` the page cache dropped)."""
         self.srv.sql("CHECKPOINT")
         self.srv.wait_for_archive_idle(timeout=1800)
+        self.drop_caches()
+
+    def drop_caches(self) -> None:
+        """With ``--cache cold``: ``sync``, then the kernel's page cache dropped, so
+        that the next method reads its source (data directory, snapshot, bucket) from
+        the disk, as a backup of a database larger than memory does."""
+        if self.args.cache == "cold":
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
     def record(self, **row: Any) -> dict[str, Any]:
         self.rows.append(row)
@@ -576,7 +598,7 @@ pg1-user=postgres
             return {"id": record.id, "mode": record.backup_mode_seconds}
 
         cpu0 = server_cpu(self.srv)
-        made, wall, cpu = in_child(backup)
+        made, wall, cpu = in_child(backup, self.args.profile)
         pg_cpu = server_cpu(self.srv) - cpu0
         self.record(
             round=round_no,
@@ -598,8 +620,9 @@ pg1-user=postgres
             }
 
         before = self.usage(f"pgsnap-r{round_no}/")
+        self.drop_caches()
         cpu0 = server_cpu(self.srv)
-        got, wall, cpu = in_child(copy)
+        got, wall, cpu = in_child(copy, self.args.profile)
         pg_cpu = server_cpu(self.srv) - cpu0
         after = self.usage(f"pgsnap-r{round_no}/")
         self.record(
@@ -901,7 +924,7 @@ pg1-user=postgres
             written = restore_trees(manifest, target, {"pgdata": restored.data_dir})
             return {"written": written, "label": manifest.files["backup_label"]}
 
-        got, files_wall, cpu = in_child(restore)
+        got, files_wall, cpu = in_child(restore, self.args.profile)
         # What pgsnap's restore from a copy does to the restored directory (as
         # recovered_from_copy in tests/integration/test_copies_real.py).
         (restored.data_dir / "postmaster.pid").unlink(missing_ok=True)
@@ -1038,6 +1061,7 @@ pg1-user=postgres
                 )
         say(f"round {n}: restore, in the order {', '.join(rotated(incr, n - 1))}")
         for m in rotated(incr, n - 1):
+            self.drop_caches()
             if m == "pgsnap":
                 self.pgsnap_restore(n, copy_id, change["expected"])
             else:
@@ -1344,6 +1368,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="round 1: also copy the two snapshots with this chunk size through copy_trees "
         "(default 256K; 0: no trial)",
     )
+    parser.add_argument(
+        "--cache",
+        choices=("warm", "cold"),
+        default="warm",
+        help="warm (default): each method reads what the page cache holds (pgBackRest the "
+        "data pgbench just wrote, pgsnap a snapshot's files, which it has not read yet); "
+        "cold: the page cache dropped before every method, as with a database larger "
+        "than memory",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="run pgsnap's steps under cProfile, writing child-<pid>.prof files to DIR "
+        "(their figures then include the profiler's cost)",
+    )
     parser.add_argument("--smoke", action="store_true", help="scale 1, one round (seconds)")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -1387,6 +1426,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"bench_copy: {machine(parent, bindir, args.barman)}")
     words = sys.argv[1:] if argv is None else list(argv)
     say(f"command: python benchmarks/bench_copy.py {' '.join(words)}")
+    say(
+        "page cache: "
+        + (
+            "cold (dropped before every method and every restore)"
+            if args.cache == "cold"
+            else "warm (as each method finds it; --cache cold drops it before every method)"
+        )
+    )
     say(
         f"methods: {', '.join(LABEL[m] for m in methods)}; pgsnap chunks "
         f"{DEFAULT_CHUNK_SIZE // MiB} MiB zstd level {ZSTD_LEVEL}; pgBackRest compress-type=zst "

@@ -465,38 +465,41 @@ class _Sender:
         if self._error is not None:
             raise self._error
 
-    def send(self, cid: str, block: bytes) -> None:
-        """See that chunk ``cid`` (content ``block``) ends up in the target."""
+    def send(self, block: bytes) -> str | concurrent.futures.Future[str]:
+        """See that chunk ``block`` ends up in the target; its id, or a future of it
+        (hashing the chunk is part of the work the threads share)."""
         self._raise()
-        if cid in self._met or cid in self._present:
-            with self._lock:  # the threads count too
-                self.reused += 1  # sent or found by this copy already, or listed
-            return
-        self._met.add(cid)
         check = not self._complete
         if self._pool is None:
-            self._work(cid, block, check)
+            cid = self._work(block, check)
             self._raise()
-            return
+            return cid
         self._slots.acquire()
         try:
             self._raise()
-            future = self._pool.submit(self._work, cid, block, check)
+            future = self._pool.submit(self._work, block, check)
         except BaseException:
             self._slots.release()
             raise
         future.add_done_callback(lambda _f: self._slots.release())
+        return future
 
-    def _work(self, cid: str, block: bytes, check: bool) -> None:
+    def _work(self, block: bytes, check: bool) -> str:
+        cid = chunk_id(block, self._key)
         if self._error is not None or self._stopped:
-            return
+            return cid
+        with self._lock:
+            if cid in self._met or cid in self._present:
+                self.reused += 1  # sent or found by this copy already, or listed
+                return cid
+            self._met.add(cid)
         try:
             if check:
                 self._pending.tick()
                 if self._target.has_chunk(cid):
                     with self._lock:
                         self.reused += 1
-                    return
+                    return cid
             stored = encode_chunk(block, self._codec, key=self._key, chunk=cid)
             if self._limiter is not None:
                 self._limiter.take(len(stored))
@@ -512,6 +515,7 @@ class _Sender:
             with self._lock:
                 if self._error is None:
                     self._error = exc
+        return cid
 
     def drain(self) -> None:
         """Wait for every chunk sent; raise the first failure."""
@@ -543,6 +547,29 @@ class _Sender:
             max_workers=self._parallel, thread_name_prefix="pgsnap-check"
         ) as checks:
             return [c for c, gone in zip(wanted, checks.map(lacks, wanted), strict=True) if gone]
+
+
+def _read_full(f: IO[bytes], size: int) -> bytes:
+    """The next ``size`` bytes of ``f``, fewer only at its end: every chunk but a
+    file's last is exactly the chunk size, so a restore knows each one's offset."""
+    block = f.read(size)
+    while block and len(block) < size:
+        more = f.read(size - len(block))
+        if not more:
+            break
+        block += more
+    return block
+
+
+def _named_entry(
+    item: _Item,
+    tree: str,
+    size: int,
+    sha256: str,
+    chunks: list[str | concurrent.futures.Future[str]],
+) -> FileEntry:
+    ids = tuple(c if isinstance(c, str) else c.result() for c in chunks)
+    return item.entry(tree, size=size, sha256=sha256, chunks=ids)
 
 
 _PROGRESS_EVERY: Final = 1.0
@@ -623,7 +650,8 @@ def copy_trees(
     total = sum(sizes)
     n_files = len(sizes)
     n_chunks = sum(-(-size // chunk_size) for size in sizes)
-    entries: list[FileEntry] = []
+    entries: list[FileEntry | None] = []  # None: a file whose chunk ids are still coming
+    unnamed: list[tuple[_Item, str, int, str, list[str | concurrent.futures.Future[str]]]] = []
     read = done = 0
     pending = _InProgress(target, copy_id, clock)
     pending.start()
@@ -653,26 +681,27 @@ def copy_trees(
                         entries.append(item.entry(name))
                         continue
                     whole = hashlib.sha256()
-                    chunks: list[str] = []
+                    chunks: list[str | concurrent.futures.Future[str]] = []
                     size = 0
                     with item.open() as f:
-                        while block := f.read(chunk_size):
+                        while block := _read_full(f, chunk_size):
                             whole.update(block)
                             size += len(block)
                             read += len(block)
-                            cid = chunk_id(block, key)
-                            chunks.append(cid)
-                            sender.send(cid, block)
+                            chunks.append(sender.send(block))
                             if time.monotonic() - reported > _PROGRESS_EVERY:
                                 report()
                                 reported = time.monotonic()
                     done += 1
-                    entries.append(
-                        item.entry(name, size=size, sha256=whole.hexdigest(), chunks=tuple(chunks))
-                    )
+                    unnamed.append((item, name, size, whole.hexdigest(), chunks))
+                    entries.append(None)
                     report()
                     reported = time.monotonic()
         sender.drain()
+        named = iter(unnamed)
+        complete_entries = tuple(
+            e if e is not None else _named_entry(*next(named)) for e in entries
+        )
         manifest = Manifest(
             copy_id=copy_id,
             backup_id=backup_id,
@@ -680,7 +709,7 @@ def copy_trees(
             chunk_size=chunk_size,
             codec=codec,
             trees=tuple(trees),
-            entries=tuple(entries),
+            entries=complete_entries,
             files=dict(files or {}),
             key_fingerprint=key.fingerprint if key is not None else "",
         )
@@ -761,8 +790,9 @@ def restore_trees(
     missing directory: a fresh file system's ``lost+found`` is allowed); return the
     bytes written. Only the trees named are restored. A destination that holds
     anything is refused before a byte is written: a copy is never restored over
-    data. Chunks are fetched ``parallel`` at a time, ahead of the writes, and each
-    is checked against its name and each file against its SHA-256.
+    data. Each distinct chunk is fetched once, ``parallel`` at a time, checked
+    against its name and length, and written at its offsets in every file that
+    names it; so each file is its chunks in order, each checked.
     An encrypted copy needs its ``key`` (:class:`~pgsnap.errors.CopyKeyError`
     before anything is written otherwise); a copy that is not encrypted ignores it.
     """
@@ -786,22 +816,7 @@ def restore_trees(
                 tree=name,
                 path=str(dest),
             )
-    chosen = [e for e in manifest.entries if e.tree in destinations]
-    files_total = sum(1 for e in chosen if e.kind is EntryKind.FILE)
-    bytes_total = sum(e.size for e in chosen if e.kind is EntryKind.FILE)
-    written = files_done = 0
-    started = time.monotonic()
-    # One stream of chunks for every file, in order: the fetches run ahead across
-    # files (a data directory is mostly small files), and the writer never waits
-    # for a file's fsync, which runs on the side; all are done before the return.
-    every = [
-        c
-        for name in manifest.trees
-        if name in destinations
-        for e in manifest.entries_of(name)
-        if e.kind is EntryKind.FILE
-        for c in e.chunks
-    ]
+    plan = _RestorePlan(manifest, destinations)
     with (
         concurrent.futures.ThreadPoolExecutor(
             max_workers=parallel, thread_name_prefix="pgsnap-restore"
@@ -810,48 +825,165 @@ def restore_trees(
             max_workers=parallel, thread_name_prefix="pgsnap-fsync"
         ) as syncs,
     ):
-        stream = _fetched(target, every, pool, 2 * parallel, chunk_key)
-        synced: list[concurrent.futures.Future[None]] = []
+        plan.create(syncs)
+        plan.report(on_progress)
+        running: collections.deque[concurrent.futures.Future[list[tuple[int, int]]]] = (
+            collections.deque()
+        )
+
+        def settle(future: concurrent.futures.Future[list[tuple[int, int]]]) -> None:
+            plan.written(future.result(), syncs)
+            plan.report(on_progress)
+
         try:
-            for name in manifest.trees:
-                if name not in destinations:
-                    continue
-                dest = Path(os.fspath(destinations[name]))
-                dest.mkdir(parents=True, exist_ok=True, mode=0o700)
-                entries = list(manifest.entries_of(name))
-                for e in entries:
-                    path = dest / e.path if e.path else dest
-                    if e.kind is EntryKind.DIRECTORY:
-                        path.mkdir(exist_ok=True, mode=0o700)
-                    elif e.kind is EntryKind.SYMLINK:
-                        assert e.link is not None
-                        os.symlink(e.link, path)
-                    else:
-                        written += _restore_file(e, stream, path, manifest.copy_id)
-                        synced.append(syncs.submit(_fsync, path))
-                        files_done += 1
-                        if on_progress is not None:
-                            on_progress(
-                                RestoreProgress(
-                                    files_done,
-                                    files_total,
-                                    written,
-                                    bytes_total,
-                                    time.monotonic() - started,
-                                )
-                            )
-            for f in synced:
-                f.result()
+            for cid in plan.order:
+                if len(running) >= 2 * parallel:
+                    settle(running.popleft())
+                running.append(pool.submit(plan.put, target, cid, chunk_key))
+            while running:
+                settle(running.popleft())
+            for synced in plan.synced:
+                synced.result()
         finally:
-            stream.close()  # a failure: the fetches not begun are dropped
-        for name in manifest.trees:
-            if name not in destinations:
-                continue
-            dest = Path(os.fspath(destinations[name]))
-            for e in reversed(list(manifest.entries_of(name))):  # children first: a
-                path = dest / e.path if e.path else dest  # directory's time last
-                _apply_meta(e, path)
-    return written
+            for f in running:  # a failure: the chunks not begun are dropped
+                f.cancel()
+        plan.finish()
+    return plan.bytes_total
+
+
+class _RestorePlan:
+    """Where each chunk of a restore goes, and how far the restore is.
+
+    Every directory, link and (empty) file is made first; then each distinct chunk
+    is fetched once, checked against its name and its length, and written at its
+    offsets in every file that names it (:meth:`put`, in the threads); a file is
+    fsynced as soon as its last chunk is in. Every chunk but a file's last is the
+    manifest's chunk size long (:func:`copy_trees` cuts them so), so a chunk's
+    offset is its index times that size; the file's content is its chunks in order,
+    each checked, so its checksum holds by construction. Counting and reporting
+    happen in the calling thread only.
+    """
+
+    def __init__(
+        self, manifest: Manifest, destinations: Mapping[str, str | os.PathLike[str]]
+    ) -> None:
+        self.manifest = manifest
+        self.roots = {
+            name: Path(os.fspath(destinations[name]))
+            for name in manifest.trees
+            if name in destinations
+        }
+        self.entries = [e for name in self.roots for e in manifest.entries_of(name)]
+        self.files: list[tuple[FileEntry, Path]] = [
+            (e, self.path(e)) for e in self.entries if e.kind is EntryKind.FILE
+        ]
+        self.bytes_total = sum(e.size for e, _ in self.files)
+        self.bytes_done = self.files_done = 0
+        self.started = time.monotonic()
+        self.left = [len(e.chunks) for e, _ in self.files]
+        self.synced: list[concurrent.futures.Future[None]] = []
+        self.places: dict[str, list[tuple[int, int, int]]] = {}
+        """chunk id -> (file index, offset, length) of each place it is written to."""
+        size = manifest.chunk_size
+        for i, (e, _path) in enumerate(self.files):
+            if not (len(e.chunks) - 1) * size < e.size <= len(e.chunks) * size:
+                raise DamagedChunkError(
+                    f"{e.tree}/{e.path} of copy {manifest.copy_id}: {len(e.chunks)} chunks "
+                    f"of {size} bytes cannot hold its {e.size} bytes",
+                    hint="the manifest is damaged; restore from another copy",
+                    path=e.path,
+                )
+            for k, cid in enumerate(e.chunks):
+                self.places.setdefault(cid, []).append((i, k * size, min(size, e.size - k * size)))
+        self.order = list(self.places)  # first use first: the files fill in order
+
+    def path(self, e: FileEntry) -> Path:
+        """Where entry ``e`` is restored."""
+        root = self.roots[e.tree]
+        return root / e.path if e.path else root
+
+    def create(self, syncs: concurrent.futures.Executor) -> None:
+        """Make every directory, symbolic link and file (empty; those with no chunk
+        are complete and fsynced)."""
+        for root in self.roots.values():
+            root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        index = 0
+        for e in self.entries:
+            path = self.path(e)
+            if e.kind is EntryKind.DIRECTORY:
+                path.mkdir(exist_ok=True, mode=0o700)
+            elif e.kind is EntryKind.SYMLINK:
+                assert e.link is not None
+                os.symlink(e.link, path)
+            else:
+                with open(path, "xb"):
+                    pass
+                if not self.left[index]:
+                    self.written([], syncs, done=index)
+                index += 1
+
+    def put(self, target: CopyTarget, cid: str, key: CopyKey | None) -> list[tuple[int, int]]:
+        """Fetch chunk ``cid``, check it, write it to its places: ``(file index,
+        bytes)`` of each (in a thread)."""
+        data = decode_chunk(target.get_chunk(cid), cid, key)
+        out = []
+        for i, offset, length in self.places[cid]:
+            entry, path = self.files[i]
+            if len(data) != length:
+                raise DamagedChunkError(
+                    f"chunk {cid} of {entry.tree}/{entry.path} (copy "
+                    f"{self.manifest.copy_id}) holds {len(data)} bytes, not {length}",
+                    hint="the copy is damaged; restore from another copy",
+                    path=str(path),
+                    chunk=cid,
+                )
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                view, at = memoryview(data), offset
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+            finally:
+                os.close(fd)
+            out.append((i, length))
+        return out
+
+    def written(
+        self,
+        pieces: list[tuple[int, int]],
+        syncs: concurrent.futures.Executor,
+        *,
+        done: int | None = None,
+    ) -> None:
+        """Count ``pieces`` written; fsync each file whose last chunk is in."""
+        complete = [done] if done is not None else []
+        for i, length in pieces:
+            self.bytes_done += length
+            self.left[i] -= 1
+            if not self.left[i]:
+                complete.append(i)
+        for i in complete:
+            self.files_done += 1
+            self.synced.append(syncs.submit(_fsync, self.files[i][1]))
+
+    def report(self, on_progress: Callable[[RestoreProgress], None] | None) -> None:
+        """Tell ``on_progress`` how far the restore is."""
+        if on_progress is not None:
+            on_progress(
+                RestoreProgress(
+                    self.files_done,
+                    len(self.files),
+                    self.bytes_done,
+                    self.bytes_total,
+                    time.monotonic() - self.started,
+                )
+            )
+
+    def finish(self) -> None:
+        """Give every entry its owner, mode and times: children first, so that a
+        directory's time is set after its last child is made."""
+        for e in reversed(self.entries):
+            _apply_meta(e, self.path(e))
 
 
 _REPEATS_KEPT: Final = 8
@@ -920,22 +1052,6 @@ def _fetched(
     finally:
         for f in pending:
             f.cancel()
-
-
-def _restore_file(entry: FileEntry, stream: Iterator[bytes], path: Path, copy_id: str) -> int:
-    """Write ``entry``'s chunks, the next ones of ``stream``, to ``path``; check its SHA-256."""
-    whole = hashlib.sha256()
-    with open(path, "xb") as f:
-        for data in itertools.islice(stream, len(entry.chunks)):
-            whole.update(data)
-            f.write(data)
-    if whole.hexdigest() != entry.sha256:
-        raise DamagedChunkError(
-            f"{entry.tree}/{entry.path} of copy {copy_id} does not match its checksum",
-            hint="the copy is damaged; restore from another copy",
-            path=str(path),
-        )
-    return entry.size
 
 
 def _fsync(path: Path) -> None:

@@ -9,6 +9,7 @@ import random
 import threading
 from pathlib import Path
 
+import attrs
 import pytest
 
 from pgsnap.copies import (
@@ -211,10 +212,33 @@ def test_a_restore_fills_a_fresh_file_system_and_reports_its_progress(
     assert {k: v for k, v in snapshot(fresh).items() if not k.startswith("lost+found")} == (
         snapshot(tree)
     )
-    assert seen[-1].files_done == seen[-1].files_total == len(seen)
+    assert seen[-1].files_done == seen[-1].files_total
+    assert [p.bytes_written for p in seen] == sorted(p.bytes_written for p in seen)
+    assert [p.files_done for p in seen] == sorted(p.files_done for p in seen)
     assert seen[-1].bytes_written == seen[-1].bytes_total == written
     with pytest.raises(ConfigurationError, match="parallel"):
         restore_trees(manifest, target, {"pgdata": tmp_path / "p0"}, parallel=0)
+
+
+def test_a_restore_refuses_a_manifest_whose_chunks_do_not_fit_the_file(
+    tmp_path: Path, target: DirectoryCopyTarget
+) -> None:
+    """Each chunk is written at its index times the chunk size: a manifest whose
+    sizes and chunks disagree is damage, found before a byte is written or as the
+    chunk arrives, never a file silently the wrong length."""
+    tree = make_tree(tmp_path / "data")
+    manifest, _ = copy(tree, target)
+    control = next(e for e in manifest.entries if e.path == "global/pg_control")
+
+    def doctored(**change: object) -> Manifest:
+        entries = tuple(attrs.evolve(e, **change) if e is control else e for e in manifest.entries)
+        return attrs.evolve(manifest, entries=entries)
+
+    with pytest.raises(DamagedChunkError, match="cannot hold"):
+        restore_trees(doctored(size=control.size * 2), target, {"pgdata": tmp_path / "a"})
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(DamagedChunkError, match="holds"):
+        restore_trees(doctored(size=control.size - 1), target, {"pgdata": tmp_path / "b"})
 
 
 def test_verify_names_the_files_a_missing_or_damaged_chunk_breaks(

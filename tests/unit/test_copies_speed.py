@@ -137,18 +137,18 @@ def test_a_copy_holds_at_most_twice_parallel_chunks_in_memory(
     real_send = copier._Sender.send
     real_work = copier._Sender._work
 
-    def send(self: Any, cid: str, block: bytes) -> None:
+    def send(self: Any, block: bytes) -> Any:
         with lock:
             held["now"] += 1
             held["most"] = max(held["most"], held["now"])
             if held["now"] >= 5:  # the reader would now wait for a slot
                 release.set()
-        real_send(self, cid, block)
+        return real_send(self, block)
 
-    def work(self: Any, cid: str, block: bytes, check: bool) -> None:
+    def work(self: Any, block: bytes, check: bool) -> str:
         release.wait(10)  # no upload ends before the reader ran as far ahead as it may
         try:
-            real_work(self, cid, block, check)
+            return real_work(self, block, check)
         finally:
             with lock:
                 held["now"] -= 1
