@@ -6,6 +6,7 @@ Run (as root: loop devices, mount; PostgreSQL and pgBackRest run as the ``postgr
     python benchmarks/bench_copy.py --smoke            # scale 1, 1 round: checks the script
     python benchmarks/bench_copy.py --scale 1000 --rounds 1 --dir /big
     python benchmarks/bench_copy.py --methods pgsnap,pgbackrest   # leave barman-cloud out
+    python benchmarks/bench_copy.py --cache cold       # page cache dropped before every method
 
 Target (issue 21): an incremental copy sends at most 1.2x the bytes that changed
 (``bytes_sent`` of the incremental copy / the changed 8 KiB pages). Prints the
