@@ -27,6 +27,7 @@ from pgsnap.copies import (
 )
 from pgsnap.copies.markers import GC_MARKER, MIN_STALE_AFTER, Marker
 from pgsnap.copies.s3 import S3CopyTarget
+from pgsnap.copies.s3http import S3Http
 from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound, CopyTargetRefused
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
 
@@ -48,14 +49,28 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
         yield server
 
 
-@pytest.fixture(params=["directory", "s3"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> CopyTarget:
+@pytest.fixture(params=["directory", "s3", "s3-boto3"])
+def target(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> CopyTarget:
+    """The directory target; the S3 target with its own client (S3Http), and with a
+    boto3 client given to it (both must keep the contract)."""
     if request.param == "directory":
         return DirectoryCopyTarget(tmp_path / "target")
     server: SeaweedS3 = request.getfixturevalue("s3")
     prefix = f"t-{request.node.name.replace('[', '-').rstrip(']')}"
+    if request.param == "s3-boto3":
+        return S3CopyTarget(
+            "pgsnap-copies", prefix, endpoint_url=server.endpoint, client=server.client()
+        )
+    monkeypatch.setenv("PGSNAP_TEST_S3_ADMIN_KEY", server.admin.access_key)
+    monkeypatch.setenv("PGSNAP_TEST_S3_ADMIN_SECRET", server.admin.secret_key)
     return S3CopyTarget(
-        "pgsnap-copies", prefix, endpoint_url=server.endpoint, client=server.client()
+        "pgsnap-copies",
+        prefix,
+        endpoint_url=server.endpoint,
+        access_key_env="PGSNAP_TEST_S3_ADMIN_KEY",
+        secret_key_env="PGSNAP_TEST_S3_ADMIN_SECRET",
     )
 
 
@@ -156,19 +171,28 @@ def test_credentials_from_a_file_the_owner_alone_reads(s3: SeaweedS3, tmp_path: 
         assert s3.admin.secret_key not in str(err) and s3.admin.access_key not in str(err)
 
 
-def test_a_server_that_is_gone_is_a_copy_error_naming_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["s3http", "boto3"])
+def test_a_server_that_is_gone_is_a_copy_error_naming_it(tmp_path: Path, kind: str) -> None:
+    """A server that went away: tried again (a refused connection is transient),
+    then a CopyError that names the endpoint and the tries."""
     reason = seaweed_unavailable()
     if reason is not None:
         pytest.skip(reason)
+    waits: list[float] = []
     with SeaweedS3.start(tmp_path / "s3") as server:
         server.create_bucket("gone-later")
         target: Any = S3CopyTarget(
-            "gone-later", endpoint_url=server.endpoint, client=server.client(attempts=1)
+            "gone-later",
+            endpoint_url=server.endpoint,
+            client=own_client(server) if kind == "s3http" else server.client(attempts=1),
+            attempts=3,
+            sleep=waits.append,
         )
         target.put_manifest("c1", "{}")
     with pytest.raises(CopyError, match="failed on the copy target") as info:
         target.get_manifest("c1")
-    assert server.endpoint in str(info.value)
+    assert server.endpoint in str(info.value) and "(3 tries)" in str(info.value)
+    assert len(waits) == 2
 
 
 def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: Path) -> None:
@@ -197,7 +221,13 @@ def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: P
         assert snapshot(tmp_path / "restored") == snapshot(tree)
         untrusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, **keys)
         sent: list[str] = []
-        untrusted._client.meta.events.register("before-send.s3", lambda **kw: sent.append("x"))
+        real = untrusted._client._request
+
+        def counted(operation: str, *args: Any, **kwargs: Any) -> Any:
+            sent.append(operation)
+            return real(operation, *args, **kwargs)
+
+        mp.setattr(untrusted._client, "_request", counted)
         with pytest.raises(CopyTargetRefused, match="SSL") as refused:  # certificate verify failed
             untrusted.get_manifest("c1")
         assert len(sent) == 1  # at once: no retry changes a certificate
@@ -277,14 +307,12 @@ def test_a_copy_cut_short_by_the_server_dying_resumes_and_reuses_what_was_sent(
 
     first = SeaweedS3.start(store)
     first.create_bucket("resumed")
-    dying = DyingServer(
-        "resumed", "c", endpoint_url=first.endpoint, client=first.client(attempts=1)
-    )
+    dying = DyingServer("resumed", "c", endpoint_url=first.endpoint, client=own_client(first))
     with pytest.raises(CopyError, match="failed on the copy target"):
         copy_trees({"pgdata": tree}, dying, copy_id="c1", backup_id="b1", chunk_size=CHUNK)
 
     with SeaweedS3.start(store) as again:
-        target = S3CopyTarget("resumed", "c", endpoint_url=again.endpoint, client=again.client())
+        target = S3CopyTarget("resumed", "c", endpoint_url=again.endpoint, client=own_client(again))
         assert target.manifest_ids() == ()  # never a manifest for a cut-short copy
         sent_before = len(list(target.chunk_ids()))
         assert sent_before >= 2, again.log_tail()
@@ -446,16 +474,32 @@ def test_copy_retention_expires_a_copy_in_s3_and_collects_its_chunks(
     assert cluster.collect_copy_garbage(dry_run=True).chunks_deleted == 0
 
 
-def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3: SeaweedS3) -> None:
+def own_client(server: SeaweedS3) -> S3Http:
+    """pgsnap's own S3 client on ``server``, with the admin's keys."""
+    return S3Http(
+        endpoint_url=server.endpoint,
+        region="us-east-1",
+        credentials=(server.admin.access_key, server.admin.secret_key),
+    )
+
+
+@pytest.mark.parametrize("kind", ["s3http", "boto3"])
+def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(
+    s3: SeaweedS3, kind: str
+) -> None:
     """Above ``multipart_threshold`` a chunk or manifest is a multipart upload (here
     5 MiB parts): it reads back whole, a chunk that exists is not written twice, and
-    an upload that fails half-way is aborted (no parts left in the bucket)."""
+    an upload that fails half-way is aborted (no parts left in the bucket); with
+    pgsnap's own client and with a boto3 one."""
     from pgsnap.copies.s3 import MIN_PART_SIZE
+
+    def inner() -> Any:
+        return own_client(s3) if kind == "s3http" else s3.client()
 
     def parts_target(client: Any) -> S3CopyTarget:
         return S3CopyTarget(
             "pgsnap-copies",
-            "multipart",
+            f"multipart-{kind}",
             endpoint_url=s3.endpoint,
             client=client,
             multipart_threshold=MIN_PART_SIZE,
@@ -480,7 +524,7 @@ def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3: Seaweed
 
     data = os.urandom(2 * MIN_PART_SIZE + 1000)
     cid = chunk_id(data)
-    client = Counting(s3.client())
+    client = Counting(inner())
     target = parts_target(client)
     assert target.put_chunk(cid, encode_chunk(data, "none")) is True
     assert client.calls.count("upload_part") == 3 and "put_object" not in client.calls
@@ -489,11 +533,13 @@ def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(s3: Seaweed
     text = '{"entries": "' + "x" * (MIN_PART_SIZE + 10) + '"}'
     target.put_manifest("big", text)
     assert target.get_manifest("big") == text
-    failing = Counting(s3.client(), fail_part=2)
+    failing = Counting(inner(), fail_part=2)
     with pytest.raises(CopyError, match=r"part 2\) failed"):
         parts_target(failing).put_manifest("broken", text + " ")
     assert "abort_multipart_upload" in failing.calls
-    uploads = s3.client().list_multipart_uploads(Bucket="pgsnap-copies", Prefix="multipart/")
+    uploads = s3.client().list_multipart_uploads(
+        Bucket="pgsnap-copies", Prefix=f"multipart-{kind}/"
+    )
     assert uploads.get("Uploads", []) == []
     with pytest.raises(CopyNotFound):
         target.get_manifest("broken")

@@ -230,8 +230,8 @@ def test_a_restore_refuses_a_manifest_whose_chunks_do_not_fit_the_file(
     manifest, _ = copy(tree, target)
     control = next(e for e in manifest.entries if e.path == "global/pg_control")
 
-    def doctored(**change: object) -> Manifest:
-        entries = tuple(attrs.evolve(e, **change) if e is control else e for e in manifest.entries)
+    def doctored(size: int) -> Manifest:
+        entries = tuple(attrs.evolve(e, size=size) if e is control else e for e in manifest.entries)
         return attrs.evolve(manifest, entries=entries)
 
     with pytest.raises(DamagedChunkError, match="cannot hold"):
