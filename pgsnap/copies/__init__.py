@@ -19,7 +19,14 @@ in the catalog and restore from it come with the rest of issue 21 (see docs/refe
 
 from __future__ import annotations
 
-from pgsnap.copies.chunks import CODECS, chunk_id, decode_chunk, default_codec, encode_chunk
+from pgsnap.copies.chunks import (
+    CODECS,
+    chunk_id,
+    decode_chunk,
+    decode_chunk_into,
+    default_codec,
+    encode_chunk,
+)
 from pgsnap.copies.copier import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_PARALLEL,
@@ -65,6 +72,7 @@ __all__ = [
     "collect_garbage",
     "copy_trees",
     "decode_chunk",
+    "decode_chunk_into",
     "decode_manifest",
     "default_codec",
     "encode_chunk",

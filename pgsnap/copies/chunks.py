@@ -37,6 +37,7 @@ __all__ = [
     "MAGIC",
     "chunk_id",
     "decode_chunk",
+    "decode_chunk_into",
     "default_codec",
     "encode_chunk",
 ]
@@ -64,7 +65,7 @@ def default_codec() -> str:
     return "zstd" if _zstd() is not None else "zlib"
 
 
-def chunk_id(data: bytes, key: CopyKey | None = None) -> str:
+def chunk_id(data: bytes | memoryview, key: CopyKey | None = None) -> str:
     """The id of a chunk: the SHA-256 of its content, in hex; with ``key``, the
     keyed HMAC-SHA256 of it (:meth:`~pgsnap.copies.keys.CopyKey.chunk_id`)."""
     if key is not None:
@@ -105,6 +106,53 @@ def _compress(data: bytes, codec: str) -> bytes:
     if codec != "none" and len(payload) >= len(data):
         codec, payload = "none", data
     return MAGIC + bytes([CODECS[codec]]) + payload
+
+
+def decode_chunk_into(
+    stored: bytes, expected_id: str, into: memoryview, key: CopyKey | None = None
+) -> int:
+    """:func:`decode_chunk` into the writable buffer ``into``: the number of bytes
+    of content now at its start. A zstd chunk decompresses straight into it (no
+    memory of its own: a restore uses one buffer a thread, page-aligned for
+    ``O_DIRECT`` writes); a chunk larger than the buffer is damage."""
+    if key is None and stored[len(MAGIC) : len(MAGIC) + 1] == bytes([CODECS["zstd"]]):
+        module = _zstd()
+        if module is not None and stored.startswith(MAGIC):
+            try:
+                reader = module.ZstdDecompressor().stream_reader(stored[len(MAGIC) + 1 :])
+                size = 0
+                while size < len(into) and (n := reader.readinto(into[size:])):
+                    size += n
+                over = size == len(into) and bool(reader.read(1))
+            except Exception as exc:  # zstandard.ZstdError: not a zstd frame
+                raise DamagedChunkError(
+                    f"chunk {expected_id} does not decompress: {exc}",
+                    hint="the object was damaged; copy the backup again",
+                    chunk=expected_id,
+                ) from exc
+            if over:
+                raise DamagedChunkError(
+                    f"chunk {expected_id} decompresses to more than {len(into)} bytes, "
+                    "the copy's chunk size",
+                    hint="the object was damaged or replaced; copy the backup again",
+                    chunk=expected_id,
+                )
+            if chunk_id(into[:size]) != expected_id:
+                raise DamagedChunkError(
+                    f"chunk {expected_id} does not hash to its name",
+                    hint="the object was damaged or replaced; copy the backup again",
+                    chunk=expected_id,
+                )
+            return size
+    data = decode_chunk(stored, expected_id, key)
+    if len(data) > len(into):
+        raise DamagedChunkError(
+            f"chunk {expected_id} holds more than {len(into)} bytes, the copy's chunk size",
+            hint="the object was damaged or replaced; copy the backup again",
+            chunk=expected_id,
+        )
+    into[: len(data)] = data
+    return len(data)
 
 
 def decode_chunk(stored: bytes, expected_id: str, key: CopyKey | None = None) -> bytes:

@@ -28,9 +28,11 @@ import collections
 import concurrent.futures
 import contextlib
 import datetime as dt
+import errno
 import hashlib
 import itertools
 import logging
+import mmap
 import os
 import random
 import stat
@@ -44,7 +46,13 @@ from typing import IO, TYPE_CHECKING, Final
 import attrs
 
 from pgsnap.copies.bandwidth import TokenBucket
-from pgsnap.copies.chunks import chunk_id, decode_chunk, default_codec, encode_chunk
+from pgsnap.copies.chunks import (
+    chunk_id,
+    decode_chunk,
+    decode_chunk_into,
+    default_codec,
+    encode_chunk,
+)
 from pgsnap.copies.manifest import (
     EntryKind,
     FileEntry,
@@ -896,6 +904,8 @@ class _RestorePlan:
             for k, cid in enumerate(e.chunks):
                 self.places.setdefault(cid, []).append((i, k * size, min(size, e.size - k * size)))
         self.order = list(self.places)  # first use first: the files fill in order
+        self._local = threading.local()  # a chunk buffer per thread, used again and again
+        self._direct = bool(_O_DIRECT)
 
     def path(self, e: FileEntry) -> Path:
         """Where entry ``e`` is restored."""
@@ -925,28 +935,58 @@ class _RestorePlan:
     def put(self, target: CopyTarget, cid: str, key: CopyKey | None) -> list[tuple[int, int]]:
         """Fetch chunk ``cid``, check it, write it to its places: ``(file index,
         bytes)`` of each (in a thread)."""
-        data = decode_chunk(target.get_chunk(cid), cid, key)
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:  # page-aligned, as O_DIRECT wants; one per thread, reused
+            buffer = self._local.buffer = mmap.mmap(-1, self.manifest.chunk_size)
+        view = memoryview(buffer)
+        size = decode_chunk_into(target.get_chunk(cid), cid, view, key)
         out = []
         for i, offset, length in self.places[cid]:
             entry, path = self.files[i]
-            if len(data) != length:
+            if size != length:
                 raise DamagedChunkError(
                     f"chunk {cid} of {entry.tree}/{entry.path} (copy "
-                    f"{self.manifest.copy_id}) holds {len(data)} bytes, not {length}",
+                    f"{self.manifest.copy_id}) holds {size} bytes, not {length}",
                     hint="the copy is damaged; restore from another copy",
                     path=str(path),
                     chunk=cid,
                 )
-            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                view, at = memoryview(data), offset
-                while view:
-                    n = os.pwrite(fd, view, at)
-                    view, at = view[n:], at + n
-            finally:
-                os.close(fd)
+            self._write(path, view[:size], offset)
             out.append((i, length))
         return out
+
+    def _write(self, path: Path, data: memoryview, offset: int) -> None:
+        """Write ``data`` at ``offset``: with ``O_DIRECT`` where the range is aligned
+        and the file system takes it (the restore does not fill the page cache, and
+        allocating page cache is most of a buffered write's cost), else buffered."""
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        direct = self._direct and not offset % _DIRECT_ALIGN and not len(data) % _DIRECT_ALIGN
+        try:
+            fd = os.open(path, flags | _O_DIRECT if direct else flags)
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise
+            self._no_direct(path, exc)
+            direct, fd = False, os.open(path, flags)
+        try:
+            while data:
+                try:
+                    n = os.pwrite(fd, data, offset)
+                except OSError as exc:
+                    if not direct or exc.errno != errno.EINVAL:
+                        raise
+                    self._no_direct(path, exc)
+                    os.close(fd)
+                    direct, fd = False, os.open(path, flags)
+                    continue
+                data, offset = data[n:], offset + n
+        finally:
+            os.close(fd)
+
+    def _no_direct(self, path: Path, exc: OSError) -> None:
+        if self._direct:
+            self._direct = False
+            log.debug("restore: %s refuses O_DIRECT (%s): buffered writes from now on", path, exc)
 
     def written(
         self,
@@ -985,6 +1025,11 @@ class _RestorePlan:
         for e in reversed(self.entries):
             _apply_meta(e, self.path(e))
 
+
+_O_DIRECT: Final = getattr(os, "O_DIRECT", 0)
+_DIRECT_ALIGN: Final = 4096
+"""Offsets and lengths a restore writes with ``O_DIRECT`` are multiples of this
+(the logical block size of every disk pgsnap restores to, or a multiple of it)."""
 
 _REPEATS_KEPT: Final = 8
 """Chunks a restore keeps for their next use (at most 4 MiB each by default)."""

@@ -203,7 +203,7 @@ class CopyKey:
         """The key file it was read from ("" when made from bytes)."""
         return self._source
 
-    def chunk_id(self, data: bytes) -> str:
+    def chunk_id(self, data: bytes | memoryview) -> str:
         """The id of a chunk of ``data`` in a copy encrypted with this key: the
         HMAC-SHA256 of the content with the chunk id key, in hex."""
         return hmac.new(self._id_key, data, hashlib.sha256).hexdigest()

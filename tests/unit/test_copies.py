@@ -8,6 +8,7 @@ import os
 import random
 import threading
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -23,6 +24,7 @@ from pgsnap.copies import (
     chunk_id,
     copy_trees,
     decode_chunk,
+    decode_chunk_into,
     encode_chunk,
     restore_trees,
     verify_copy,
@@ -241,6 +243,47 @@ def test_a_restore_refuses_a_manifest_whose_chunks_do_not_fit_the_file(
         restore_trees(doctored(size=control.size - 1), target, {"pgdata": tmp_path / "b"})
 
 
+@pytest.mark.parametrize("refuses", ["open", "write"])
+def test_a_restore_writes_buffered_where_the_file_system_refuses_o_direct(
+    tmp_path: Path, target: DirectoryCopyTarget, monkeypatch: pytest.MonkeyPatch, refuses: str
+) -> None:
+    """Aligned chunks are written with O_DIRECT; a file system that refuses it
+    (EINVAL at open or at the write) gets buffered writes, and the same files."""
+    import errno
+
+    import pgsnap.copies.copier as copier
+
+    tree = make_tree(tmp_path / "data")
+    manifest, _ = copy(tree, target)
+    real_open, real_pwrite = os.open, os.pwrite
+    direct_fds: set[int] = set()
+    tried: list[str] = []
+
+    def fake_open(path: Any, flags: int, *args: Any) -> int:
+        if flags & copier._O_DIRECT:
+            tried.append(str(path))
+            if refuses == "open":
+                raise OSError(errno.EINVAL, "Invalid argument")
+        fd = real_open(path, flags, *args)
+        if flags & copier._O_DIRECT:
+            direct_fds.add(fd)
+        return fd
+
+    def fake_pwrite(fd: int, data: Any, offset: int) -> int:
+        if fd in direct_fds:
+            direct_fds.discard(fd)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "open", fake_open)
+    monkeypatch.setattr(os, "pwrite", fake_pwrite)
+    restore_trees(manifest, target, {"pgdata": tmp_path / "restored"}, parallel=1)
+    monkeypatch.undo()
+    assert tried  # O_DIRECT was asked for, once, then given up
+    assert len(tried) == 1
+    assert snapshot(tmp_path / "restored") == snapshot(tree)
+
+
 def test_verify_names_the_files_a_missing_or_damaged_chunk_breaks(
     tmp_path: Path, target: DirectoryCopyTarget
 ) -> None:
@@ -293,6 +336,26 @@ def test_stored_chunks_say_their_codec_and_are_checked_on_read() -> None:
         decode_chunk(b"PGSC\x09" + data, cid)
     with pytest.raises(ConfigurationError, match="unknown chunk codec"):
         encode_chunk(data, "lz77")
+
+
+def test_a_chunk_decodes_into_a_buffer_of_the_chunk_size() -> None:
+    """What a restore does: one buffer a thread, used again for every chunk; a
+    chunk that grows past it (beyond the copy's chunk size) is damage."""
+    data = b"pgsnap " * 1000
+    cid = chunk_id(data)
+    buffer = memoryview(bytearray(len(data)))
+    for codec in CODECS:
+        assert decode_chunk_into(encode_chunk(data, codec), cid, buffer) == len(data)
+        assert bytes(buffer) == data
+    short = data[:7]
+    assert decode_chunk_into(encode_chunk(short, "zstd"), chunk_id(short), buffer) == 7
+    for codec in CODECS:
+        with pytest.raises(DamagedChunkError, match="more than"):
+            decode_chunk_into(encode_chunk(data, codec), cid, buffer[:-1])
+        with pytest.raises(DamagedChunkError, match="hash"):
+            decode_chunk_into(encode_chunk(b"other", codec), cid, buffer)
+    with pytest.raises(DamagedChunkError, match=r"decompress|hash"):  # a cut frame: either
+        decode_chunk_into(encode_chunk(data, "zstd")[:-5], cid, buffer)
 
 
 def test_a_manifest_is_checked_when_read(tmp_path: Path, target: DirectoryCopyTarget) -> None:
