@@ -569,6 +569,19 @@ def _read_full(f: IO[bytes], size: int) -> bytes:
     return block
 
 
+def _drop_cache(fd: int, offset: int, length: int) -> None:
+    """Tell the kernel the pages just read will not be read again
+    (``POSIX_FADV_DONTNEED``): a copy reads every byte of a snapshot once, and
+    without this it fills the host's page cache with them, evicting what the
+    database (or anything else on that host) keeps there, and pays for a new page
+    of cache for every page it reads. Best effort: where the call is missing or
+    refused, nothing changes."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is not None:
+        with contextlib.suppress(OSError):
+            advise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
 def _named_entry(
     item: _Item,
     tree: str,
@@ -692,7 +705,10 @@ def copy_trees(
                     chunks: list[str | concurrent.futures.Future[str]] = []
                     size = 0
                     with item.open() as f:
+                        fd = f.fileno() if item.path is not None else None
                         while block := _read_full(f, chunk_size):
+                            if fd is not None:
+                                _drop_cache(fd, size, len(block))
                             whole.update(block)
                             size += len(block)
                             read += len(block)

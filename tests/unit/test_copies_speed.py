@@ -349,3 +349,28 @@ def test_a_restore_fetches_a_repeated_chunk_once(tmp_path: Path) -> None:
     restore_trees(manifest, target, {"pgdata": tmp_path / "restored"}, parallel=2)
     assert sorted(fetched) == sorted(manifest.chunk_ids())  # each once
     assert snapshot(tmp_path / "restored") == snapshot(tree)
+
+
+def test_a_copy_leaves_no_page_cache_behind_for_what_it_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every byte a copy reads from a local file is given back to the kernel
+    (POSIX_FADV_DONTNEED) as it goes: the copy does not evict the host's cache."""
+    tree = make_files(tmp_path / "data", 3)
+    (tree / "tail").write_bytes(os.urandom(CHUNK + 100))
+    told: dict[str, list[tuple[int, int]]] = {}
+    real = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            told.setdefault(os.readlink(f"/proc/self/fd/{fd}"), []).append((offset, length))
+        real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    copy(tree, MemoryCopyTarget(), parallel=2)
+    files = {str(p): p.stat().st_size for p in tree.iterdir()}
+    assert set(told) == set(files)
+    for path, ranges in told.items():
+        ends = [0] + [o + n for o, n in ranges]
+        assert [o for o, _n in ranges] == ends[:-1]  # in order, none left out
+        assert ends[-1] == files[path]
