@@ -29,6 +29,7 @@ import concurrent.futures
 import contextlib
 import datetime as dt
 import errno
+import functools
 import hashlib
 import itertools
 import logging
@@ -671,8 +672,7 @@ def copy_trees(
     total = sum(sizes)
     n_files = len(sizes)
     n_chunks = sum(-(-size // chunk_size) for size in sizes)
-    entries: list[FileEntry | None] = []  # None: a file whose chunk ids are still coming
-    unnamed: list[tuple[_Item, str, int, str, list[str | concurrent.futures.Future[str]]]] = []
+    entries: list[FileEntry | Callable[[], FileEntry]] = []  # a call: its chunk ids are coming
     read = done = 0
     pending = _InProgress(target, copy_id, clock)
     pending.start()
@@ -717,15 +717,13 @@ def copy_trees(
                                 report()
                                 reported = time.monotonic()
                     done += 1
-                    unnamed.append((item, name, size, whole.hexdigest(), chunks))
-                    entries.append(None)
+                    entries.append(
+                        functools.partial(_named_entry, item, name, size, whole.hexdigest(), chunks)
+                    )
                     report()
                     reported = time.monotonic()
         sender.drain()
-        named = iter(unnamed)
-        complete_entries = tuple(
-            e if e is not None else _named_entry(*next(named)) for e in entries
-        )
+        complete_entries = tuple(e if isinstance(e, FileEntry) else e() for e in entries)
         manifest = Manifest(
             copy_id=copy_id,
             backup_id=backup_id,
