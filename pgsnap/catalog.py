@@ -42,7 +42,7 @@ import time
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -53,6 +53,8 @@ from pgsnap.model import (
     LSN,
     BackupRecord,
     BackupState,
+    CloneRecord,
+    DrillRecord,
     SafetySnapshot,
     decode_value,
     encode_value,
@@ -693,52 +695,99 @@ class DirectoryCatalog:
         except OSError as exc:
             log.debug("catalog %s: .newest not written: %s", self.path, exc)
 
-    # ------------------------------------------------------------------ safety snapshots
+    # ------------------------------------------------------------------ named records
 
-    def _safety_file(self, name: str) -> Path:
-        return self.path / _SAFETY_DIR / f"{_check_id(name)}.json"
+    def _named_file(self, kind: str, name: str) -> Path:
+        return self.path / kind / f"{_check_id(name)}.json"
 
-    def put_safety(self, record: SafetySnapshot) -> None:
-        """Record a recovery's safety snapshot (atomically, in ``safety/<name>.json``)."""
-        target = self._safety_file(record.name)
+    def _put_named(self, kind: str, name: str, record: object) -> None:
+        target = self._named_file(kind, name)
         with self._locked():
             target.parent.mkdir(mode=0o700, exist_ok=True)
             _write_atomic(target, json.dumps(to_dict(record), indent=2).encode())
 
-    def list_safety(self) -> tuple[SafetySnapshot, ...]:
-        """Every recorded safety snapshot, oldest first; an unreadable record is logged
-        and left out (its file is named)."""
-        directory = self.path / _SAFETY_DIR
+    def _list_named(self, kind: str, cls: type[_R]) -> typing.List[_R]:  # noqa: UP006 - list is a method here
+        directory = self.path / kind
         try:
             names = sorted(os.listdir(directory))
         except FileNotFoundError:
-            return ()
+            return []
         out = []
         for name in names:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = directory / name
             try:
-                out.append(from_json(SafetySnapshot, path.read_bytes()))
+                out.append(from_json(cls, path.read_bytes()))
             except FileNotFoundError:
                 continue
             except (OSError, PgsnapError) as exc:
-                log.warning("unreadable safety snapshot record %s: %s", path, exc)
-        return tuple(sorted(out, key=lambda r: (r.created_at, r.name)))
+                log.warning("unreadable %s record %s: %s", _KINDS[kind], path, exc)
+        return out
 
-    def delete_safety(self, name: str) -> None:
-        """Remove a safety snapshot's record; :class:`~pgsnap.errors.CatalogError`
-        naming it when there is none."""
-        target = self._safety_file(name)
+    def _delete_named(self, kind: str, name: str, hint: str) -> None:
+        target = self._named_file(kind, name)
         with self._locked():
             try:
                 target.unlink()
             except FileNotFoundError:
                 raise CatalogError(
-                    f"no safety snapshot {name!r} in the catalog {self.path}",
-                    hint="list them with `pgsnap safety list`",
-                    name=name,
+                    f"no {_KINDS[kind]} {name!r} in the catalog {self.path}", hint=hint, name=name
                 ) from None
+
+    # ------------------------------------------------------------------ safety snapshots
+
+    def put_safety(self, record: SafetySnapshot) -> None:
+        """Record a recovery's safety snapshot (atomically, in ``safety/<name>.json``)."""
+        self._put_named(_SAFETY_DIR, record.name, record)
+
+    def list_safety(self) -> tuple[SafetySnapshot, ...]:
+        """Every recorded safety snapshot, oldest first; an unreadable record is logged
+        and left out (its file is named)."""
+        out = self._list_named(_SAFETY_DIR, SafetySnapshot)
+        return tuple(sorted(out, key=lambda r: (r.created_at, r.name)))
+
+    def delete_safety(self, name: str) -> None:
+        """Remove a safety snapshot's record; :class:`~pgsnap.errors.CatalogError`
+        naming it when there is none."""
+        self._delete_named(_SAFETY_DIR, name, "list them with `pgsnap safety list`")
+
+    # ------------------------------------------------------------------ clones and drills
+
+    def put_clone(self, record: CloneRecord) -> None:
+        """Record (or replace) a clone (atomically, in ``clones/<name>.json``)."""
+        self._put_named(_CLONES_DIR, record.name, record)
+
+    def get_clone(self, name: str) -> CloneRecord:
+        """One clone's record; :class:`~pgsnap.errors.CatalogError` when there is none."""
+        try:
+            data = self._named_file(_CLONES_DIR, name).read_bytes()
+        except FileNotFoundError:
+            raise CatalogError(
+                f"no clone {name!r} in the catalog {self.path}",
+                hint="list them with `pgsnap clone list`",
+                name=name,
+            ) from None
+        return from_json(CloneRecord, data)
+
+    def list_clones(self) -> tuple[CloneRecord, ...]:
+        """Every recorded clone, oldest first (an unreadable record is logged and left out)."""
+        out = self._list_named(_CLONES_DIR, CloneRecord)
+        return tuple(sorted(out, key=lambda r: (r.created_at, r.name)))
+
+    def delete_clone(self, name: str) -> None:
+        """Remove a clone's record; :class:`~pgsnap.errors.CatalogError` when there is none."""
+        self._delete_named(_CLONES_DIR, name, "list them with `pgsnap clone list`")
+
+    def put_drill(self, record: DrillRecord) -> None:
+        """Record a drill's result (atomically, in ``drills/<id>.json``)."""
+        self._put_named(_DRILLS_DIR, record.id, record)
+
+    def list_drills(self, backup_id: str | None = None) -> tuple[DrillRecord, ...]:
+        """The drills (of one backup, or all), oldest first."""
+        out = self._list_named(_DRILLS_DIR, DrillRecord)
+        wanted = [r for r in out if backup_id is None or r.backup_id == backup_id]
+        return tuple(sorted(wanted, key=lambda r: (r.started_at, r.id)))
 
     def system_identifiers(self) -> frozenset[str]:
         """The system identifiers of the backups' clusters, from the index when it
@@ -865,6 +914,12 @@ def _index_builder() -> Callable[[list[Any]], Any]:
 
 _SAFETY_DIR = "safety"
 """The catalog directory's subdirectory of safety snapshot records."""
+_CLONES_DIR = "clones"
+"""The catalog directory's subdirectory of clone records."""
+_DRILLS_DIR = "drills"
+"""The catalog directory's subdirectory of drill records."""
+_KINDS: Final = {_SAFETY_DIR: "safety snapshot", _CLONES_DIR: "clone", _DRILLS_DIR: "drill"}
+_R = typing.TypeVar("_R")
 
 
 def _write_atomic(target: Path, data: bytes) -> None:
@@ -928,6 +983,8 @@ class MemoryCatalog:
     def __init__(self) -> None:
         self._records: dict[str, BackupRecord] = {}
         self._safety: dict[str, SafetySnapshot] = {}
+        self._clones: dict[str, CloneRecord] = {}
+        self._drills: dict[str, DrillRecord] = {}
         self._lock = threading.Lock()
         self._cluster_lock = MemoryClusterLock()
 
@@ -960,6 +1017,43 @@ class MemoryCatalog:
         with self._lock:
             if self._safety.pop(name, None) is None:
                 raise CatalogError(f"no safety snapshot {name!r} in the catalog", name=name)
+
+    def put_clone(self, record: CloneRecord) -> None:
+        """Record (or replace) a clone."""
+        _check_id(record.name)
+        with self._lock:
+            self._clones[record.name] = record
+
+    def get_clone(self, name: str) -> CloneRecord:
+        """One clone's record (CatalogError when there is none)."""
+        with self._lock:
+            found = self._clones.get(name)
+        if found is None:
+            raise CatalogError(f"no clone {name!r} in the catalog", name=name)
+        return found
+
+    def list_clones(self) -> tuple[CloneRecord, ...]:
+        """Every recorded clone, oldest first."""
+        with self._lock:
+            return tuple(sorted(self._clones.values(), key=lambda r: (r.created_at, r.name)))
+
+    def delete_clone(self, name: str) -> None:
+        """Remove a clone's record (CatalogError when there is none)."""
+        with self._lock:
+            if self._clones.pop(name, None) is None:
+                raise CatalogError(f"no clone {name!r} in the catalog", name=name)
+
+    def put_drill(self, record: DrillRecord) -> None:
+        """Record a drill's result."""
+        _check_id(record.id)
+        with self._lock:
+            self._drills[record.id] = record
+
+    def list_drills(self, backup_id: str | None = None) -> tuple[DrillRecord, ...]:
+        """The drills (of one backup, or all), oldest first."""
+        with self._lock:
+            found = [r for r in self._drills.values() if backup_id in (None, r.backup_id)]
+        return tuple(sorted(found, key=lambda r: (r.started_at, r.id)))
 
     def get(self, backup_id: str) -> BackupRecord:
         """The record; ``BackupNotFound`` if absent."""

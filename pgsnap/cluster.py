@@ -67,7 +67,9 @@ from pgsnap.host import LocalRunner
 from pgsnap.locks import LockHolder
 from pgsnap.model import (
     BackupRecord,
+    CloneRecord,
     CopyRecord,
+    DrillRecord,
     Layout,
     Pin,
     RecoveryAction,
@@ -928,6 +930,125 @@ class Cluster:
     def _plan_recovery(self, request: RecoveryRequest) -> Plan:
         return plan_recovery(self.recovery_facts(request), request)
 
+    # ------------------------------------------------------------------ clones
+
+    def plan_clone(
+        self,
+        target: RecoveryTarget | None = None,
+        *,
+        name: str | None = None,
+        host: str | None = None,
+        at: str | None = None,
+        port: int | None = None,
+        action: RecoveryAction | str = RecoveryAction.PROMOTE,
+        backup_id: str | None = None,
+        timeline: str | int = "latest",
+        listen_addresses: str = "",
+        mask_sql: str = "",
+        mask_dbname: str = "postgres",
+        mask_script: str = "",
+        recovery_timeout: float = 600.0,
+        server_timeout: float = 120.0,
+    ) -> Plan:
+        """Observe and return the plan of a clone (or raise a PlanningError saying why not).
+
+        A clone is a separate PostgreSQL instance on new writable copies of the snapshots
+        of the backup a recovery to ``target`` would use (default: latest), recovered
+        there and promoted (``action="promote"``) or paused at the target for read-only
+        reporting (``"pause"``). ``name`` (default ``c<time>``) names it; it runs on
+        ``host`` (the database host: the only one supported yet), below ``at``
+        (default: beside the data volume), on ``port`` (default: the first free one
+        from 55432), listening on its Unix socket in ``at`` and on
+        ``listen_addresses`` (default none). ``mask_sql`` (run in ``mask_dbname``) and
+        ``mask_script`` are the masking hook. It never writes to the cluster, its
+        volumes or its archive (see :mod:`pgsnap.planner.clone`).
+        """
+        from pgsnap import clones  # noqa: PLC0415 - only clone commands need it
+
+        request = clones.clone_request(
+            self,
+            name=name,
+            host=host,
+            at=at,
+            port=port,
+            target=_target(target),
+            action=_action(action),
+            backup_id=_backup_id(backup_id),
+            timeline=_timeline(timeline),
+            listen_addresses=listen_addresses,
+            mask_sql=mask_sql,
+            mask_dbname=mask_dbname,
+            mask_script=mask_script,
+            recovery_timeout=_seconds("recovery_timeout", recovery_timeout),
+            server_timeout=_seconds("server_timeout", server_timeout),
+        )
+        return clones.plan_clone_for(self, request)
+
+    def clone(
+        self,
+        target: RecoveryTarget | None = None,
+        *,
+        on_event: Callable[[Event], None] | None = None,
+        **options: Any,
+    ) -> CloneRecord:
+        """Plan and execute a clone (``pgsnap clone create``); return its record, ready.
+        ``target`` and ``options`` as :meth:`plan_clone`. A clone that fails is undone
+        (its volumes deleted, its record forgotten) before the error is raised."""
+        plan = self.plan_clone(target, **options)
+        self.execute(plan, on_event=on_event)
+        return self.catalog.get_clone(str(plan.summary["clone"]))
+
+    def clones(self) -> tuple[CloneRecord, ...]:
+        """The recorded clones, oldest first (``pgsnap clone list``)."""
+        return self.catalog.list_clones()
+
+    def plan_clone_destroy(self, name: str) -> Plan:
+        """The plan that destroys clone ``name`` (stop, delete its volumes, remove its
+        directory, forget it), whatever state it was left in."""
+        from pgsnap.planner.clone import plan_clone_destroy  # noqa: PLC0415
+
+        return plan_clone_destroy(self.catalog.get_clone(name))
+
+    def destroy_clone(
+        self, name: str, *, on_event: Callable[[Event], None] | None = None
+    ) -> ExecutionResult:
+        """Destroy clone ``name`` (``pgsnap clone destroy``); nothing of it is left."""
+        return self.execute(self.plan_clone_destroy(name), on_event=on_event)
+
+    def drill(
+        self,
+        target: RecoveryTarget | None = None,
+        *,
+        backup_id: str | None = None,
+        checks: Sequence[str] = (),
+        keep_on_failure: bool = False,
+        on_event: Callable[[Event], None] | None = None,
+        **options: Any,
+    ) -> DrillRecord:
+        """A restore drill (``pgsnap drill``): clone backup ``backup_id`` (default: the one
+        a recovery to ``target`` would use), recover it to ``target`` (default: the
+        backup's consistency point), check it (the target reached, ``amcheck`` on every
+        database, data checksums, the server log, and each SQL of ``checks``, which
+        must return a true first value or a non-empty result), measure RTO and RPO,
+        destroy the clone (kept on failure when ``keep_on_failure``), and record the
+        result in the catalog. Never raises for a failed check: the record says what
+        failed. ``options`` as :meth:`plan_clone`."""
+        from pgsnap import clones  # noqa: PLC0415
+
+        return clones.run_drill(
+            self,
+            target,
+            backup_id=backup_id,
+            checks=tuple(checks),
+            keep_on_failure=keep_on_failure,
+            on_event=on_event,
+            options=options,
+        )
+
+    def drills(self, backup_id: str | None = None) -> tuple[DrillRecord, ...]:
+        """The recorded drills (of one backup, or all), oldest first."""
+        return self.catalog.list_drills(backup_id)
+
     # ------------------------------------------------------------------ execute
 
     def _check_fresh_retention(self, plan: Plan) -> None:
@@ -1005,6 +1126,11 @@ class Cluster:
             return
         if plan.kind == "copy-expiry":
             self._check_fresh_copy_expiry(plan)
+            return
+        if plan.kind == "clone":
+            from pgsnap import clones  # noqa: PLC0415
+
+            _same_plan(plan, lambda: clones.replan_clone(self, plan), "the backups changed")
             return
         if plan.kind != "recovery" or not plan.request:
             return

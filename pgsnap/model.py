@@ -36,7 +36,13 @@ __all__ = [
     "BackupStart",
     "BackupState",
     "BackupStop",
+    "CloneRecord",
+    "CloneState",
+    "CloneVolume",
     "CopyRecord",
+    "DrillCheck",
+    "DrillPhase",
+    "DrillRecord",
     "Layout",
     "Location",
     "LocationKind",
@@ -847,6 +853,126 @@ class SafetySnapshot:
     plan_id: str
     backup_id: str
     target: str
+
+
+class CloneState(enum.Enum):
+    """Where a clone is in its life."""
+
+    CREATING = "creating"
+    """Its plan is running, or was interrupted or failed: ``pgsnap clone destroy``
+    removes whatever was made."""
+    READY = "ready"
+    """Recovered, promoted (or paused at its target), handed over."""
+
+
+@attrs.frozen
+class CloneVolume:
+    """One volume of a clone: a new writable copy of backup snapshot ``snapshot_id``
+    of the cluster's volume ``origin`` (``role``), found by the clone's server at
+    ``path`` (the directory, or the mount point of its device). ``volume_id`` is the
+    storage's id of the new volume, once made (empty before)."""
+
+    origin: str
+    role: VolumeRole
+    snapshot_id: str
+    path: str
+    volume_id: str = ""
+
+
+def _clone_volumes(values: Iterable[CloneVolume]) -> tuple[CloneVolume, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class CloneRecord:
+    """A clone: a separate PostgreSQL instance on new writable copies of a backup's
+    snapshots, recovered to ``target``; it never writes to the cluster it came from.
+
+    ``name`` keys it in the catalog. It was made from backup ``backup_id`` by plan
+    ``plan_id``, on host ``host``, below directory ``at``; its server runs on
+    ``data_directory`` with ``port`` and the socket directory ``socket_directory``,
+    and was promoted (``action`` ``"promote"``) or left paused at the target
+    (``"pause"``, read-only). ``purpose`` is ``"clone"`` or ``"drill"``.
+    """
+
+    name: str
+    backup_id: str
+    target: RecoveryTarget
+    host: str
+    at: str
+    data_directory: str
+    port: int
+    socket_directory: str
+    action: RecoveryAction
+    state: CloneState
+    created_at: dt.datetime = attrs.field(converter=_utc)
+    created_by: str
+    plan_id: str
+    volumes: tuple[CloneVolume, ...] = attrs.field(converter=_clone_volumes)
+    ready_at: dt.datetime | None = attrs.field(default=None, converter=_opt_utc)
+    purpose: str = "clone"
+
+
+@attrs.frozen
+class DrillCheck:
+    """One check a restore drill ran on its clone: ``name`` (``"reached target"``,
+    ``"amcheck"``, ``"checksums"``, ``"server log"``, ``"sql 1"``...), whether it
+    passed, and what it found."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@attrs.frozen
+class DrillPhase:
+    """How long one phase of a drill took: ``name`` is ``"storage"`` (the clone's
+    volumes made and mounted), ``"replay"`` (server start to accepting connections at
+    the target), ``"checks"`` or ``"cleanup"``."""
+
+    name: str
+    seconds: float
+
+
+def _drill_checks(values: Iterable[DrillCheck]) -> tuple[DrillCheck, ...]:
+    return tuple(values)
+
+
+def _drill_phases(values: Iterable[DrillPhase]) -> tuple[DrillPhase, ...]:
+    return tuple(values)
+
+
+@attrs.frozen
+class DrillRecord:
+    """The result of a restore drill of backup ``backup_id`` to ``target``: proof (or
+    not) that the backup restores.
+
+    ``ok`` when every check passed. ``rto_seconds`` is the time from the drill's first
+    step to its clone accepting connections at the target; ``rpo_seconds`` the time
+    between the target (or, for ``latest``, the drill's start) and the last
+    transaction the clone replayed (None when the server did not say). ``phases`` are
+    the measured phases, ``checks`` what was checked; ``error`` says why a drill that
+    did not get as far as its checks failed. ``kept`` when the clone ``clone`` was
+    left for inspection.
+    """
+
+    id: str
+    backup_id: str
+    target: RecoveryTarget
+    clone: str
+    started_at: dt.datetime = attrs.field(converter=_utc)
+    finished_at: dt.datetime = attrs.field(converter=_utc)
+    ok: bool
+    checks: tuple[DrillCheck, ...] = attrs.field(converter=_drill_checks)
+    phases: tuple[DrillPhase, ...] = attrs.field(converter=_drill_phases)
+    rto_seconds: float | None
+    rpo_seconds: float | None
+    replay_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
+    last_transaction: dt.datetime | None = attrs.field(default=None, converter=_opt_utc)
+    wal_segments: int = 0
+    wal_bytes: int = 0
+    error: str = ""
+    kept: bool = False
 
 
 # --------------------------------------------------------------------------- targets

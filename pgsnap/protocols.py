@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from pgsnap.host.runners import Runner
 
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
         BackupRecord,
         BackupStart,
         BackupStop,
+        CloneRecord,
+        DrillRecord,
         Location,
         RecoverySettings,
         RestoreProfile,
@@ -57,13 +59,16 @@ __all__ = [
     "BackupSession",
     "Capability",
     "Catalog",
+    "CloneServer",
     "ClusterLockProvider",
     "DatabaseAdapter",
+    "DeletableClones",
     "ExposableSnapshots",
     "LocalWalArchive",
     "ReadableSnapshots",
     "RecoveryOutcome",
     "Runner",
+    "ServerInstances",
     "StorageBackend",
     "StorageHealth",
     "WalArchive",
@@ -287,6 +292,21 @@ class ExposableSnapshots(Protocol):
 
 
 @runtime_checkable
+class DeletableClones(Protocol):
+    """Optional for a :class:`StorageBackend` with ``CLONES``: the volumes it made with
+    :meth:`StorageBackend.clone_snapshot` can be deleted again (``pgsnap clone
+    destroy``). ``isinstance(backend, DeletableClones)`` tells.
+    """
+
+    def delete_clone(self, volume_id: str) -> None:
+        """Delete the clone volume ``volume_id`` (the caller detaches and unmounts it
+        first). Idempotent: a clone already gone is fine. A volume that this backend
+        cannot tell is a clone is refused with
+        :class:`~pgsnap.errors.BackendError`: an origin is never deleted."""
+        ...
+
+
+@runtime_checkable
 class StorageHealth(Protocol):
     """Optional for a :class:`StorageBackend`: what is wrong with the storage
     before a backup or a restore fails on it.
@@ -459,6 +479,44 @@ class DatabaseAdapter(Protocol):
         ...
 
 
+class CloneServer(DatabaseAdapter, Protocol):
+    """A clone's PostgreSQL instance (:meth:`ServerInstances.instance`): a
+    :class:`DatabaseAdapter` on the clone's data directory, and what a clone needs
+    beyond it."""
+
+    def query(self, sql: str, *, dbname: str | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit) and return its rows."""
+        ...
+
+    def prepare_clone_directory(self, tablespaces: Mapping[str, str]) -> tuple[str, ...]:
+        """Make the cloned data directory its own: ``pg_wal`` a new empty directory,
+        the ``pg_tblspc`` links pointed at the clone's tablespaces (oid → path), then
+        cleaned as :meth:`DatabaseAdapter.prepare_data_directory`."""
+        ...
+
+    def write_instance_settings(self, parameters: Mapping[str, str]) -> None:
+        """Set ``parameters`` in ``postgresql.auto.conf``, after every other line."""
+        ...
+
+
+@runtime_checkable
+class ServerInstances(Protocol):
+    """Optional for a :class:`DatabaseAdapter`: it can drive another instance of the
+    same PostgreSQL on the same host (a clone's, a drill's)."""
+
+    def instance(
+        self,
+        *,
+        data_directory: str,
+        port: int,
+        socket_directory: str,
+        log_file: str | None = None,
+    ) -> CloneServer:
+        """The adapter of the instance on ``data_directory``, reached through the Unix
+        socket in ``socket_directory`` on ``port``, logging to ``log_file``."""
+        ...
+
+
 class WalArchive(Protocol):
     """Where archived WAL lives: a directory
     (:class:`~pgsnap.wal.archive.DirectoryWalArchive`), or anything else with
@@ -611,6 +669,30 @@ class Catalog(Protocol):
 
     def delete_safety(self, name: str) -> None:
         """Remove a safety snapshot's record; ``CatalogError`` if absent."""
+        ...
+
+    def put_clone(self, record: CloneRecord) -> None:
+        """Record (or replace) a clone, keyed by its name."""
+        ...
+
+    def get_clone(self, name: str) -> CloneRecord:
+        """One clone's record; ``CatalogError`` if absent."""
+        ...
+
+    def list_clones(self) -> tuple[CloneRecord, ...]:
+        """Every recorded clone, oldest first."""
+        ...
+
+    def delete_clone(self, name: str) -> None:
+        """Remove a clone's record; ``CatalogError`` if absent."""
+        ...
+
+    def put_drill(self, record: DrillRecord) -> None:
+        """Record a drill's result, keyed by its id."""
+        ...
+
+    def list_drills(self, backup_id: str | None = None) -> tuple[DrillRecord, ...]:
+        """The drills of one backup (or all), oldest first."""
         ...
 
 

@@ -12,7 +12,7 @@ Everything here is unit-tested without a server.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "replay_pause_sql",
     "rewrite_auto_conf",
     "server_settings",
+    "set_instance_parameters",
     "strip_recovery_block",
 ]
 
@@ -125,6 +126,47 @@ def _without(text: str, *, targets_only: bool) -> str:
         if not drop:
             keep.append(line)
     return "".join(keep)
+
+
+INSTANCE_BEGIN: Final = "# BEGIN pgsnap instance settings"
+"""First line of the block of a clone's own settings in ``postgresql.auto.conf``."""
+INSTANCE_END: Final = "# END pgsnap instance settings"
+
+
+def set_instance_parameters(text: str, parameters: Mapping[str, str]) -> str:
+    """``postgresql.auto.conf`` text with ``parameters`` set last (so they win).
+
+    Removes an earlier instance block and every active line of those names, then
+    appends a marked block. Applying it twice gives the same text.
+    """
+    lines = [f"{k} = {quote_value(v)}" for k, v in parameters.items()]
+    for line in lines:
+        if "\n" in line or "\r" in line:
+            raise ValueError(f"a configuration line cannot contain a line break: {line!r}")
+    names = {k.lower() for k in parameters}
+    nl = _newline_of(text)
+    out: list[str] = []
+    inside = False
+    for line in _lines(text):
+        stripped = line.strip()
+        if stripped.startswith(INSTANCE_BEGIN):
+            inside = True
+            continue
+        if stripped.startswith(INSTANCE_END):
+            inside = False
+            continue
+        if inside or _param_name(line) in names:
+            continue
+        out.append(line)
+    body = "".join(out)
+    if body and not body.endswith(("\n", "\r")):
+        body += nl
+    return body + nl.join([INSTANCE_BEGIN + " (a clone's own)", *lines, INSTANCE_END]) + nl
+
+
+def quote_value(value: str) -> str:
+    """Quote a value for postgresql.conf (backslashes escaped, single quotes doubled)."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
 def rewrite_auto_conf(text: str, lines: Sequence[str]) -> str:

@@ -1431,6 +1431,113 @@ class PostgresAdapter:
             _log.warning("removing stale %s", spcmap)
             self._host.remove([spcmap])
 
+    # ------------------------------------------------------------------ other instances (clones)
+
+    def instance(
+        self,
+        *,
+        data_directory: str,
+        port: int,
+        socket_directory: str,
+        log_file: str | None = None,
+    ) -> PostgresAdapter:
+        """An adapter for another PostgreSQL instance on the same host, run with the
+        same binaries by the same OS user: a clone's server on ``data_directory``,
+        reached through the Unix socket in ``socket_directory`` on ``port``, as the
+        same role (and password) as this one. Nothing is checked or started."""
+        self._parse_conninfo()
+        params = dict(psycopg.conninfo.conninfo_to_dict(self._conninfo))
+        for key in ("host", "hostaddr", "port", "service"):
+            params.pop(key, None)
+        params.update(host=socket_directory, port=str(port))
+        conninfo = psycopg.conninfo.make_conninfo("", **params)
+        bindir = self._bindir
+        if bindir is None and self.data_directory is not None:
+            bindir = _pgctl.find_bindir(
+                self._host, _pgctl.read_pg_version(self._host, self.data_directory)
+            )
+        os_user = self._os_user
+        if os_user is None and self.data_directory is not None:
+            os_user = self._owner(self.data_directory).name
+        return PostgresAdapter(
+            conninfo,
+            password=self._password,
+            data_directory=data_directory,
+            bindir=bindir,
+            os_user=os_user,
+            log_file=log_file,
+            connect_timeout=self._connect_timeout,
+            host=self._host,
+        )
+
+    def query(self, sql: str, *, dbname: str | None = None) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit) in database ``dbname`` (default: the connection's)
+        and return its rows; ``DatabaseError`` if it fails."""
+        extra: dict[str, Any] = {} if dbname is None else {"dbname": dbname}
+        with self._connect(**extra) as conn:
+            return self._rows(conn, sql)
+
+    def prepare_clone_directory(self, tablespaces: Mapping[str, str]) -> tuple[str, ...]:
+        """Make a cloned data directory its own, before its server first starts.
+
+        A ``pg_wal`` that is a symbolic link (to the origin's WAL volume) is replaced
+        by an empty directory, never followed; a ``pg_wal`` directory is emptied (the
+        clone reads its WAL from the archive). Every ``pg_tblspc`` link is pointed at
+        ``tablespaces[oid]`` (the clone's copy of that tablespace) or, when the
+        clone has none, removed. Then the data directory is cleaned as
+        :meth:`prepare_data_directory` (postmaster.pid, temporary state). Returns
+        what was replaced or removed. ``ConfigurationError`` if its server runs, or
+        if it holds no ``postgresql.conf`` (the origin's configuration lives
+        elsewhere: not supported for clones).
+        """
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "prepare a clone's data directory")
+        owner = self._owner(dd)
+        if not self._host.exists(posixpath.join(dd, "postgresql.conf")):
+            raise ConfigurationError(
+                f"the cloned data directory {dd} holds no postgresql.conf: the cluster's "
+                "configuration lives outside its data directory",
+                hint="clones need postgresql.conf inside the data directory (as initdb "
+                "makes it); Debian's /etc/postgresql layout is not supported for clones yet",
+                path=dd,
+            )
+        changed: list[str] = []
+        wal = posixpath.join(dd, "pg_wal")
+        info = self._host.stat(wal, follow=False)
+        if info is not None and info.kind is FileKind.SYMLINK:
+            self._host.remove([wal])
+            changed.append(wal)
+        major = _pgctl.read_pg_version(self._host, dd)
+        if info is None or info.kind is FileKind.SYMLINK:
+            subdirs = ("archive_status", "summaries") if (major or 0) >= 17 else ("archive_status",)
+            for path in (wal, *(posixpath.join(wal, d) for d in subdirs)):
+                self._host.make_dirs(path, owner=owner.chown)
+        spc = posixpath.join(dd, "pg_tblspc")
+        for oid in self._host.list_dir(spc) if self._host.exists(spc) else ():
+            link = posixpath.join(spc, oid)
+            self._host.remove([link])
+            changed.append(link)
+            if oid in tablespaces:
+                self._host.run(
+                    ["ln", "-s", "--", tablespaces[oid], link], check=True, user=owner.name
+                )
+        changed += _pgctl.clean_data_directory(self._host, dd, clear_wal=True, major=major)
+        _log.info("prepared the clone's data directory %s (%d entries)", dd, len(changed))
+        return tuple(changed)
+
+    def write_instance_settings(self, parameters: Mapping[str, str]) -> None:
+        """Set ``parameters`` in ``postgresql.auto.conf`` (a marked block after every
+        other line, so they win; earlier lines of the same names are removed).
+        ``ConfigurationError`` if the server runs."""
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "write settings")
+        auto = posixpath.join(dd, "postgresql.auto.conf")
+        try:
+            new = _pgconf.set_instance_parameters(_read_text(self._host, auto), parameters)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc), hint="settings cannot contain line breaks") from exc
+        _write_text(self._host, auto, new, self._owner(dd))
+
 
 def _read_text(host: Host, path: str) -> str:
     try:

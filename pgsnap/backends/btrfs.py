@@ -184,6 +184,9 @@ log = logging.getLogger(__name__)
 
 _NAME: Final = "btrfs"
 
+_CLONE_MARKS: Final = "clones"
+"""The snapshot directory's subdirectory marking the subvolumes made as clones."""
+
 CAPABILITIES: Final = frozenset({Capability.CLONES})
 """What the backend declares: clones. Not ``CONSISTENCY_GROUPS`` (see the module docstring)."""
 
@@ -963,7 +966,46 @@ class BtrfsBackend(CommandBackend):
                 snapshot_id=snapshot_id,
             )
             log.debug("btrfs: cloned %s into %s", snapshot_id, dest)
-            return self._volume_record(self._volume(self._view(), dest))
+            vol = self._volume(self._view(), dest)
+            # The mark that lets delete_clone tell a clone from an origin (a restored
+            # volume is a writable snapshot of a snapshot too).
+            self._make_dir(posixpath.join(self._snapdir, _CLONE_MARKS))
+            self._write(self._clone_mark(vol.sub.uuid), json.dumps({"path": dest}))
+            return self._volume_record(vol)
+
+    def _clone_mark(self, uuid: str) -> str:
+        return posixpath.join(self._snapdir, _CLONE_MARKS, f"{uuid}.json")
+
+    def delete_clone(self, volume_id: str) -> None:
+        """Delete a subvolume made by :meth:`clone_snapshot` (by its path); idempotent.
+
+        Refused (:class:`~pgsnap.errors.BackendError`) for a subvolume this backend
+        did not clone (no mark in the snapshot directory), and for one still mounted
+        by itself."""
+        with self._lock:
+            view = self._view()
+            try:
+                vol = self._volume(view, volume_id)
+            except VolumeNotFound:
+                return
+            mark = self._clone_mark(vol.sub.uuid)
+            if not self._exists(mark):
+                raise BtrfsError(
+                    f"subvolume {vol.path} is not a clone this backend made: it is never deleted",
+                    hint="only volumes made by clone_snapshot are deleted",
+                    backend=_NAME,
+                    path=vol.path,
+                )
+            if vol.self_mounts:
+                raise BtrfsError(
+                    f"clone {vol.path} is mounted on {vol.self_mounts[0].target}",
+                    hint="unmount it first",
+                    backend=_NAME,
+                    path=vol.path,
+                )
+            self._delete_paths([vol.path], path=vol.path)
+            self._host_call(f"removing {mark}", lambda: self._host.remove([mark]))
+            log.debug("btrfs: deleted clone %s", vol.path)
 
     # ------------------------------------------------------------------ protocol: policies
 

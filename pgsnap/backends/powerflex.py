@@ -1624,6 +1624,36 @@ class PowerFlexBackend:
         (cid,) = answer.get("volumeIdList") or [None]
         return self.get_volume(_text(cid))
 
+    def delete_clone(self, volume_id: str) -> None:
+        """``removeVolume`` (``ONLY_ME``) of a clone (a writable V-Tree descendant);
+        idempotent. An origin (no ancestor), or a clone still mapped to an SDC, is
+        refused."""
+        try:
+            vol = self._resolve(volume_id, fresh=True)
+        except VolumeNotFound:
+            return
+        if not vol.get("ancestorVolumeId"):
+            raise BackendError(
+                f"PowerFlex volume {volume_id} is not a clone (it has no ancestor): it is "
+                "never deleted",
+                hint="only volumes made by clone_snapshot are deleted",
+                backend=_NAME,
+                volume_id=volume_id,
+            )
+        if vol.get("mappedSdcInfo"):
+            raise PowerFlexVolumeMapped(
+                f"cannot delete clone {volume_id}: it is mapped to an SDC",
+                hint="unmap it first (detach)",
+                backend=_NAME,
+                volume_id=volume_id,
+            )
+        try:
+            self._write(
+                f"/instances/Volume::{vol['id']}/action/removeVolume", {"removeMode": "ONLY_ME"}
+            )
+        except PowerFlexNotFound:
+            return
+
     def ex_clone_to_host(self, snapshot_id: str, name: str, host: str) -> StorageVolume:
         """A clone of the snapshot, mapped to the SDC ``host`` (dev/test copies)."""
         clone = self.clone_snapshot(snapshot_id, name)

@@ -115,6 +115,21 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "copy.expire_manifest": f"{_OPS}.copy_retention:ExpireCopyManifest",
         "catalog.forget_copy": f"{_OPS}.copy_retention:ForgetCopy",
         "copy.collect_garbage": f"{_OPS}.copy_retention:CollectCopyGarbage",
+        "catalog.record_clone": f"{_OPS}.clone:RecordClone",
+        "catalog.mark_clone_ready": f"{_OPS}.clone:MarkCloneReady",
+        "catalog.forget_clone": f"{_OPS}.clone:ForgetClone",
+        "host.make_clone_directory": f"{_OPS}.clone:MakeCloneDirectory",
+        "host.remove_clone_directory": f"{_OPS}.clone:RemoveCloneDirectory",
+        "storage.clone_snapshot": f"{_OPS}.clone:CloneSnapshot",
+        "storage.delete_clone": f"{_OPS}.clone:DeleteClone",
+        "db.prepare_clone": f"{_OPS}.clone:PrepareClone",
+        "db.write_clone_label": f"{_OPS}.clone:WriteCloneLabel",
+        "db.configure_clone": f"{_OPS}.clone:ConfigureClone",
+        "db.start_clone": f"{_OPS}.clone:StartClone",
+        "db.stop_clone": f"{_OPS}.clone:StopClone",
+        "db.wait_clone": f"{_OPS}.clone:WaitClone",
+        "db.clear_clone_recovery": f"{_OPS}.clone:ClearCloneRecovery",
+        "db.mask_clone": f"{_OPS}.clone:MaskClone",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

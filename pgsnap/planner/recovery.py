@@ -915,8 +915,24 @@ def _fmt_bytes(n: int) -> str:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
-    """The recovery plan for ``request``, or a PlanningError saying why not."""
+@attrs.frozen
+class Resolved:
+    """What the recovery planner decided for a request, before any step: the
+    ``backup`` (and the ``copy`` restored instead of its snapshots, if any), the
+    timeline ``tli`` and its ``timeline_setting``, the WAL it replays
+    (``wal``), and the ``warnings``. Clones and drills build on it."""
+
+    backup: BackupRecord
+    tli: int
+    copy: CopyRecord | None
+    wal: WalCheck
+    warnings: tuple[str, ...]
+    timeline_setting: str
+    copy_wal: tuple[str, ...]
+
+
+def resolve_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Resolved:
+    """Choose the backup and check the WAL reaches the target (PlanningError if not)."""
     keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
     target = request.target
     chosen, passed = choose_candidate(facts, request)
@@ -949,6 +965,22 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     _check_damaged(facts, backup, wal, index)
     warnings = _check_target_reachable(facts, request, backup, wal)
     warnings += [f"passed over backup {p}" for p in passed]
+    timeline_setting = str(tli) if request.timeline != "latest" else "latest"
+    if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
+        timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
+    return Resolved(backup, tli, copy, wal, tuple(warnings), timeline_setting, copy_wal)
+
+
+def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
+    """The recovery plan for ``request``, or a PlanningError saying why not."""
+    keep_wal = VolumeRole.WAL not in request.lost and facts.layout.wal is not None
+    target = request.target
+    resolved = resolve_recovery(facts, request)
+    backup, tli, copy, wal = resolved.backup, resolved.tli, resolved.copy, resolved.wal
+    warnings = list(resolved.warnings)
+    copy_wal = resolved.copy_wal
+    timeline_setting = resolved.timeline_setting
+    seg = backup.wal_segment_size
     assert backup.stop_lsn is not None and backup.labelfile is not None
 
     restore = _volumes_to_restore(facts, request)
@@ -965,9 +997,6 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     policies = [
         p for p in facts.policies if not p.paused and restore_ids.intersection(p.volume_ids)
     ]
-    timeline_setting = str(tli) if request.timeline != "latest" else "latest"
-    if target.kind is TargetKind.IMMEDIATE and request.timeline == "latest":
-        timeline_setting = str(backup.start_timeline)  # as pgBackRest: immediate stays put
     steps: list[Step] = []
     steps.append(
         Step.of(

@@ -828,6 +828,36 @@ class MockBackend:
             log.debug("mock: cloned %s into %s", snapshot_id, vid)
             return vol.record(block=self._block)
 
+    def delete_clone(self, volume_id: str) -> None:
+        """Delete a volume made by :meth:`clone_snapshot` (its directory too);
+        idempotent. A volume that is not a clone, or one still attached to a host,
+        is refused (:class:`~pgsnap.errors.BackendError`)."""
+        self._enter("delete_clone", volume_id)
+        with self._writing():
+            vol = self._volumes.get(volume_id) if isinstance(volume_id, str) else None
+            if vol is None:
+                return
+            if "clone_of" not in vol.extra:
+                raise BackendError(
+                    f"volume {volume_id!r} is not a clone: it is never deleted",
+                    hint="only volumes made by clone_snapshot are deleted",
+                    backend=_NAME,
+                    volume_id=volume_id,
+                )
+            if vol.hosts:
+                raise BackendError(
+                    f"clone {volume_id!r} is attached to {', '.join(sorted(vol.hosts))}",
+                    hint="detach it first",
+                    backend=_NAME,
+                    volume_id=volume_id,
+                )
+            if vol.path is not None:
+                with self._os_errors(f"deleting clone {volume_id!r}", volume_id=volume_id):
+                    if vol.path.exists():
+                        shutil.rmtree(vol.path)
+            del self._volumes[volume_id]
+            log.debug("mock: deleted clone %s", volume_id)
+
     # ------------------------------------------------------------------ protocol: policies
 
     def pause_policy(self, policy_id: str) -> None:

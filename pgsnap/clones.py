@@ -1,0 +1,389 @@
+"""Clones and restore drills, around the pure clone planner (:mod:`pgsnap.planner.clone`).
+
+:class:`~pgsnap.cluster.Cluster` calls these: the I/O a clone request needs (a free
+port, the recorded clones) and a drill's run (clone, check, measure, destroy,
+record). A drill never raises for what it found: its
+:class:`~pgsnap.model.DrillRecord` says what passed and what failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+from pgsnap.errors import ConfigurationError, PgsnapError
+from pgsnap.model import (
+    LSN,
+    DrillCheck,
+    DrillPhase,
+    DrillRecord,
+    RecoveryAction,
+    RecoveryTarget,
+    TargetKind,
+    from_dict,
+)
+from pgsnap.operations.clone import clone_server
+from pgsnap.planner.clone import CloneRequest, plan_clone
+
+if TYPE_CHECKING:
+    from pgsnap.cluster import Cluster
+    from pgsnap.executor import Event
+    from pgsnap.plan import Plan
+    from pgsnap.protocols import CloneServer
+
+__all__ = [
+    "FIRST_CLONE_PORT",
+    "clone_request",
+    "drill_html",
+    "drill_table",
+    "plan_clone_for",
+    "replan_clone",
+    "run_drill",
+]
+
+log = logging.getLogger(__name__)
+
+FIRST_CLONE_PORT: Final = 55432
+"""Clones get the first port from here that no recorded clone uses."""
+
+_STARTUP_NOISE: Final = (
+    "the database system is starting up",
+    "the database system is not yet accepting connections",
+    "the database system is shutting down",
+    "terminating connection due to administrator command",
+)
+
+
+def _free_port(cluster: Cluster) -> int:
+    used = {c.port for c in cluster.catalog.list_clones()}
+    try:
+        own = cluster.adapter.listening_port()  # type: ignore[attr-defined]
+    except (AttributeError, PgsnapError):
+        own = None
+    port = FIRST_CLONE_PORT
+    while port in used or port == own:
+        port += 1
+    return port
+
+
+def clone_request(
+    cluster: Cluster,
+    *,
+    name: str | None,
+    host: str | None,
+    port: int | None,
+    purpose: str = "clone",
+    **fields: Any,
+) -> CloneRequest:
+    """The :class:`CloneRequest` of :meth:`Cluster.plan_clone`'s arguments, with the
+    defaults that need I/O (the name from the clock, the first free port)."""
+    if host is not None and host != cluster.host.name:
+        raise ConfigurationError(
+            f"a clone on host {host!r}: clones run on the database host "
+            f"({cluster.host.name!r}) only, so far",
+            hint="leave host unset; to bring a backup up elsewhere, recover it there",
+        )
+    if name is None:
+        now = cluster._now().astimezone(dt.UTC)
+        name = f"{'d' if purpose == 'drill' else 'c'}{now:%Y%m%d%H%M%S}"
+    return CloneRequest(
+        name=name, port=_free_port(cluster) if port is None else port, purpose=purpose, **fields
+    )
+
+
+def plan_clone_for(cluster: Cluster, request: CloneRequest) -> Plan:
+    """Observe and plan ``request``."""
+    facts = cluster.recovery_facts(request.recovery_request())
+    return plan_clone(facts, request)
+
+
+def replan_clone(cluster: Cluster, plan: Plan) -> Plan:
+    """The clone plan made again now, for the executor's freshness check (with the
+    plan's backup pinned: a newer backup since does not make it stale)."""
+    request = from_dict(CloneRequest, plan.request)
+    record = next((s for s in plan.steps if s.action == "catalog.record_clone"), None)
+    if record is not None and request.backup_id is None:
+        request = attrs.evolve(request, backup_id=str(record.params.get("backup_id")))
+    return plan_clone_for(cluster, request)
+
+
+# --------------------------------------------------------------------------- drills
+
+
+def _check_sql(server: CloneServer, number: int, sql: str) -> DrillCheck:
+    name = f"sql {number}"
+    try:
+        rows = server.query(sql)
+    except PgsnapError as exc:
+        return DrillCheck(name, False, f"{sql}: {exc.message}")
+    if not rows:
+        return DrillCheck(name, False, f"{sql}: no rows")
+    first = rows[0][0] if rows[0] else None
+    ok = bool(first) if isinstance(first, bool) or first is None else True
+    return DrillCheck(name, ok, f"{sql}: {first!r}")
+
+
+_BTREE_SQL: Final = (
+    "SELECT c.oid::regclass::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+    "JOIN pg_am a ON a.oid = c.relam WHERE a.amname = 'btree' AND i.indisvalid "
+    "AND c.relpersistence <> 't'"
+)
+_HEAP_SQL: Final = (
+    "SELECT c.oid::regclass::text FROM pg_class c JOIN pg_am a ON a.oid = c.relam "
+    "WHERE c.relkind IN ('r', 'm', 't') AND a.amname = 'heap' AND c.relpersistence <> 't'"
+)
+
+
+def _amcheck(server: CloneServer, major: int) -> DrillCheck:
+    """``amcheck`` on every database: ``bt_index_check`` (with ``heapallindexed``) of
+    every B-tree index, and on 14 and later ``verify_heapam`` of every table (what
+    ``pg_amcheck`` runs)."""
+    checked = 0
+    problems: list[str] = []
+    try:
+        dbs = [r[0] for r in server.query("SELECT datname FROM pg_database WHERE datallowconn")]
+        for db in dbs:
+            server.query("CREATE EXTENSION IF NOT EXISTS amcheck", dbname=db)
+            for (index,) in server.query(_BTREE_SQL, dbname=db):
+                try:
+                    server.query(
+                        f"SELECT bt_index_check('{index}'::regclass, true)",
+                        dbname=db,
+                    )
+                except PgsnapError as exc:
+                    problems.append(f"{db}.{index}: {exc.message}")
+                checked += 1
+            if major >= 14:
+                for (table,) in server.query(_HEAP_SQL, dbname=db):
+                    rows = server.query(
+                        f"SELECT blkno, msg FROM verify_heapam('{table}'::regclass) LIMIT 5",  # noqa: S608
+                        dbname=db,
+                    )
+                    problems += [f"{db}.{table} block {b}: {m}" for b, m in rows]
+                    checked += 1
+    except PgsnapError as exc:
+        return DrillCheck("amcheck", False, exc.message)
+    if problems:
+        return DrillCheck("amcheck", False, "; ".join(problems[:5]))
+    what = "indexes and tables" if major >= 14 else "indexes"
+    return DrillCheck("amcheck", True, f"{checked} {what} in {len(dbs)} databases")
+
+
+def _checksums(server: CloneServer) -> DrillCheck:
+    try:
+        (on,) = server.query("SHOW data_checksums")[0]
+        if on != "on":
+            return DrillCheck("checksums", True, "data checksums are off in this cluster")
+        (failures,) = server.query(
+            "SELECT coalesce(sum(checksum_failures), 0) FROM pg_stat_database"
+        )[0]
+    except PgsnapError as exc:
+        return DrillCheck("checksums", False, exc.message)
+    return DrillCheck(
+        "checksums",
+        int(failures) == 0,
+        f"{failures} checksum failures while every page was read",
+    )
+
+
+def _server_log(cluster: Cluster, at: str) -> DrillCheck:
+    try:
+        text = cluster.host.read_text(f"{at}/server.log")
+    except PgsnapError as exc:
+        return DrillCheck("server log", False, f"cannot read it: {exc.message}")
+    bad = [
+        line.strip()
+        for line in text.splitlines()
+        if any(f"{level}:" in line for level in ("PANIC", "FATAL", "ERROR"))
+        and not any(noise in line for noise in _STARTUP_NOISE)
+    ]
+    return DrillCheck("server log", not bad, "; ".join(bad[:3]) or "no errors")
+
+
+def _phases(plan: Plan, seconds: Mapping[str, float]) -> tuple[list[DrillPhase], float]:
+    ids = [s.id for s in plan.steps]
+    start = ids.index("start-clone")
+    wait = ids.index("wait-clone")
+    storage = sum(seconds.get(i, 0.0) for i in ids[:start])
+    replay = sum(seconds.get(i, 0.0) for i in ids[start : wait + 1])
+    return [DrillPhase("storage", storage), DrillPhase("replay", replay)], storage + replay
+
+
+def run_drill(
+    cluster: Cluster,
+    target: RecoveryTarget | None,
+    *,
+    backup_id: str | None,
+    checks: Sequence[str],
+    keep_on_failure: bool,
+    on_event: Callable[[Event], None] | None,
+    options: Mapping[str, Any],
+) -> DrillRecord:
+    """See :meth:`Cluster.drill`."""
+    from pgsnap.cluster import _target  # noqa: PLC0415
+
+    target = _target(target)
+    started = cluster._now()
+    wall = time.monotonic()
+    request = clone_request(
+        cluster,
+        name=options.get("name"),
+        host=options.get("host"),
+        port=options.get("port"),
+        purpose="drill",
+        target=target,
+        action=RecoveryAction.PROMOTE,
+        backup_id=backup_id,
+        at=options.get("at"),
+        recovery_timeout=float(options.get("recovery_timeout", 600.0)),
+        server_timeout=float(options.get("server_timeout", 120.0)),
+    )
+    drill_id = request.name
+    results: list[DrillCheck] = []
+    phases: list[DrillPhase] = []
+    rto: float | None = None
+    error = ""
+    plan: Plan | None = None
+    outputs: Mapping[str, Any] = {}
+    chosen = backup_id or ""
+    try:
+        plan = plan_clone_for(cluster, request)
+        chosen = str(
+            next(s for s in plan.steps if s.action == "catalog.record_clone").params["backup_id"]
+        )
+        result = cluster.execute(plan, on_event=on_event)
+        outputs = result.outputs.get("wait-clone", {})
+        phases, rto = _phases(plan, result.seconds)
+        results.append(
+            DrillCheck(
+                "reached target",
+                True,
+                f"{outputs.get('state')} on timeline {outputs.get('timeline')} at "
+                f"{outputs.get('replay_lsn')}",
+            )
+        )
+    except PgsnapError as exc:
+        error = exc.message
+        log.warning("drill %s: the clone could not be made: %s", drill_id, exc.message)
+    kept = False
+    if plan is not None and not error:
+        checked_at = time.monotonic()
+        record = cluster.catalog.get_clone(request.name)
+        server = clone_server(cluster.adapter, record.data_directory, record.port, record.at)
+        backup = cluster.catalog.get(chosen)
+        major = backup.server_version // 10000
+        results.append(_amcheck(server, major))
+        results.append(_checksums(server))
+        results += [_check_sql(server, n, sql) for n, sql in enumerate(checks, 1)]
+        results.append(_server_log(cluster, record.at))
+        phases.append(DrillPhase("checks", time.monotonic() - checked_at))
+        ok = all(c.ok for c in results)
+        if ok or not keep_on_failure:
+            cleaned_at = time.monotonic()
+            try:
+                cluster.destroy_clone(request.name, on_event=on_event)
+            except PgsnapError as exc:
+                results.append(DrillCheck("cleanup", False, exc.message))
+            phases.append(DrillPhase("cleanup", time.monotonic() - cleaned_at))
+        else:
+            kept = True
+    replay = outputs.get("replay_lsn")
+    last = outputs.get("last_transaction")
+    last_time = _parse_time(last)
+    reference = target.value if target.kind is TargetKind.TIME else started
+    rpo = None
+    if last_time is not None and isinstance(reference, dt.datetime):
+        rpo = max(0.0, (reference - last_time).total_seconds())
+    segments = wal_bytes = 0
+    if replay and chosen:
+        try:
+            backup = cluster.catalog.get(chosen)
+            wal_bytes = max(0, LSN.parse(str(replay)).value - backup.start_lsn.value)
+            segments = wal_bytes // backup.wal_segment_size + 1
+        except PgsnapError:
+            pass
+    finished = started + dt.timedelta(seconds=time.monotonic() - wall)
+    drill = DrillRecord(
+        id=drill_id,
+        backup_id=chosen,
+        target=target,
+        clone=request.name,
+        started_at=started,
+        finished_at=finished,
+        ok=not error and all(c.ok for c in results),
+        checks=tuple(results),
+        phases=tuple(phases),
+        rto_seconds=rto,
+        rpo_seconds=rpo,
+        replay_lsn=LSN.parse(str(replay)) if replay else None,
+        last_transaction=last_time,
+        wal_segments=segments,
+        wal_bytes=wal_bytes,
+        error=error,
+        kept=kept,
+    )
+    if chosen:
+        cluster.catalog.put_drill(drill)
+    return drill
+
+
+def _parse_time(value: object) -> dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def drill_table(drills: Sequence[DrillRecord]) -> list[tuple[str, ...]]:
+    """Rows (with a header row) of drills for a text table."""
+    rows: list[tuple[str, ...]] = [
+        ("drill", "backup", "target", "result", "RTO", "RPO", "WAL", "failed checks")
+    ]
+    for d in drills:
+        rows.append(
+            (
+                d.id,
+                d.backup_id,
+                str(d.target),
+                "ok" if d.ok else "FAILED",
+                "-" if d.rto_seconds is None else f"{d.rto_seconds:.1f} s",
+                "-" if d.rpo_seconds is None else f"{d.rpo_seconds:.1f} s",
+                f"{d.wal_segments} seg",
+                ", ".join(c.name for c in d.checks if not c.ok)
+                or (d.error[:60] if d.error else ""),
+            )
+        )
+    return rows
+
+
+def drill_html(drill: DrillRecord) -> str:
+    """A drill as an HTML fragment (a notebook, a report)."""
+    e = html.escape
+    checks = "".join(
+        f"<tr><td>{e(c.name)}</td><td>{'ok' if c.ok else '<b>FAILED</b>'}</td>"
+        f"<td>{e(c.detail)}</td></tr>"
+        for c in drill.checks
+    )
+    phases = ", ".join(f"{e(p.name)} {p.seconds:.1f} s" for p in drill.phases)
+    rto = "-" if drill.rto_seconds is None else f"{drill.rto_seconds:.1f} s"
+    rpo = "-" if drill.rpo_seconds is None else f"{drill.rpo_seconds:.1f} s"
+    return (
+        f"<div><b>drill {e(drill.id)} of backup {e(drill.backup_id)}: "
+        f"{'restorable' if drill.ok else 'FAILED'}</b><br>target {e(str(drill.target))}; "
+        f"RTO {rto} ({phases}); RPO {rpo}; WAL replayed {drill.wal_segments} segments "
+        f"({drill.wal_bytes} bytes)"
+        + (f"<br>error: {e(drill.error)}" if drill.error else "")
+        + f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{checks}</table></div>"
+    )

@@ -1,0 +1,461 @@
+"""Clone plans (pure): a writable copy of a backup at a point in time, started as a
+separate PostgreSQL instance beside the cluster, and the plan that destroys it.
+
+The backup and the WAL are chosen exactly as for a recovery
+(:func:`~pgsnap.planner.recovery.resolve_recovery`), with the WAL volume counted as
+lost: the clone reads its WAL from the archive only, never from the cluster's
+``pg_wal``. Every step works on new volumes, below the clone's own directory, and
+on the clone's own server; no step writes to a volume of the layout, to the live
+data directory or to the archive (each operation checks it again at run time, see
+:mod:`pgsnap.operations.clone`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from typing import Final, TypedDict
+
+import attrs
+
+from pgsnap.errors import ConfigurationError, PlanningError
+from pgsnap.model import (
+    CloneRecord,
+    CloneVolume,
+    LocationKind,
+    RecoveryAction,
+    RecoveryTarget,
+    VolumeRole,
+    to_dict,
+)
+from pgsnap.operations.catalog import VerifyWal
+from pgsnap.operations.clone import (
+    CLONE_NAME_RE,
+    ClearCloneRecovery,
+    CloneSnapshot,
+    ConfigureClone,
+    DeleteClone,
+    ForgetClone,
+    MakeCloneDirectory,
+    MarkCloneReady,
+    MaskClone,
+    PrepareClone,
+    RecordClone,
+    RemoveCloneDirectory,
+    StartClone,
+    StopClone,
+    WaitClone,
+    WriteCloneLabel,
+)
+from pgsnap.plan import Plan, Step
+from pgsnap.planner.facts import RecoveryFacts
+from pgsnap.planner.recovery import RecoveryRequest, resolve_recovery
+from pgsnap.protocols import Capability
+
+__all__ = [
+    "CloneRequest",
+    "clone_volumes",
+    "default_clone_directory",
+    "plan_clone",
+    "plan_clone_destroy",
+]
+
+_ACTIONS: Final = (RecoveryAction.PROMOTE, RecoveryAction.PAUSE)
+
+
+class _Server(TypedDict):
+    clone: str
+    at: str
+    data_directory: str
+    port: int
+
+
+def _check_name(_inst: object, _attr: object, value: str) -> None:
+    if not isinstance(value, str) or not CLONE_NAME_RE.match(value):
+        raise ConfigurationError(
+            f"invalid clone name {value!r}",
+            hint="1 to 20 lower-case letters, digits and dashes, starting with a letter or "
+            "digit (e.g. 'reporting' or 'dev-1')",
+        )
+
+
+def _check_action(_inst: object, _attr: object, value: RecoveryAction) -> None:
+    if value not in _ACTIONS:
+        raise ConfigurationError(
+            f"a clone cannot {value.value} at its target",
+            hint="use promote (a writable copy) or pause (read-only, paused at the target)",
+        )
+
+
+def _check_port(_inst: object, _attr: object, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1024 <= value <= 65535:
+        raise ConfigurationError(
+            f"invalid clone port {value!r}", hint="give a port from 1024 to 65535"
+        )
+
+
+def _check_at(_inst: object, _attr: object, value: str | None) -> None:
+    if value is None:
+        return
+    if (
+        not isinstance(value, str)
+        or not value.startswith("/")
+        or posixpath.normpath(value) != value.rstrip("/")
+        or value == "/"
+    ):
+        raise ConfigurationError(
+            f"invalid clone directory {value!r}",
+            hint="give an absolute, normal path that does not exist yet",
+        )
+
+
+@attrs.frozen
+class CloneRequest:
+    """What to clone, where.
+
+    - ``name``: the clone's name (it names its volumes and its catalog record).
+    - ``target``, ``timeline``, ``backup_id``: as for a recovery; the backup is chosen
+      the same way.
+    - ``action``: ``promote`` (a writable copy, the default) or ``pause`` (read-only,
+      paused at the target, for reporting).
+    - ``at``: the clone's directory on the host (default: beside the cluster's data
+      volume, ``pgsnap-clone-<name>``); it must not exist.
+    - ``port``: the clone's port; ``listen_addresses``: ``""`` (the Unix socket in
+      ``at`` only, the default) or addresses to listen on.
+    - ``mask_sql`` (in ``mask_dbname``) and ``mask_script``: the masking hook run in
+      the promoted clone before it is handed over.
+    """
+
+    name: str = attrs.field(validator=_check_name)
+    port: int = attrs.field(validator=_check_port)
+    target: RecoveryTarget = attrs.field(factory=RecoveryTarget.latest)
+    timeline: str = "latest"
+    action: RecoveryAction = attrs.field(default=RecoveryAction.PROMOTE, validator=_check_action)
+    backup_id: str | None = None
+    at: str | None = attrs.field(default=None, validator=_check_at)
+    listen_addresses: str = ""
+    mask_sql: str = ""
+    mask_dbname: str = "postgres"
+    mask_script: str = ""
+    recovery_timeout: float = 600.0
+    server_timeout: float = 120.0
+    purpose: str = "clone"
+
+    def recovery_request(self) -> RecoveryRequest:
+        """The recovery request that chooses the backup and checks the WAL."""
+        return RecoveryRequest(
+            target=self.target,
+            timeline=self.timeline,
+            action=self.action,
+            lost=frozenset({VolumeRole.DATA, VolumeRole.WAL}),
+            backup_id=self.backup_id,
+            safety_snapshot=False,
+            recovery_timeout=self.recovery_timeout,
+            server_timeout=self.server_timeout,
+        )
+
+
+def default_clone_directory(facts: RecoveryFacts, name: str) -> str:
+    """Beside the cluster's data volume: ``<its parent>/pgsnap-clone-<name>`` (on the
+    same file system, where a btrfs clone must be)."""
+    return posixpath.join(
+        posixpath.dirname(facts.layout.data.mount_point.rstrip("/")), f"pgsnap-clone-{name}"
+    )
+
+
+def clone_volumes(
+    facts: RecoveryFacts, backup_snapshots: dict[str, str], at: str
+) -> tuple[CloneVolume, ...]:
+    """The clone's volumes: a copy of the data volume at ``at/data``, and of each
+    tablespace volume at ``at/tblspc-<digest of its id>``."""
+    out = []
+    for vol in facts.layout.volumes:
+        if vol.role not in (VolumeRole.DATA, VolumeRole.TABLESPACE):
+            continue
+        if vol.role is VolumeRole.DATA:
+            path = posixpath.join(at, "data")
+        else:
+            path = posixpath.join(at, "tblspc-" + hashlib.sha256(vol.id.encode()).hexdigest()[:8])
+        out.append(CloneVolume(vol.id, vol.role, backup_snapshots.get(vol.id, ""), path))
+    return tuple(out)
+
+
+def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
+    """The clone plan for ``request``, or a PlanningError saying why not."""
+    if Capability.CLONES not in facts.capabilities:
+        raise PlanningError(
+            "the storage backend cannot clone snapshots (no 'clones' capability)",
+            hint="clones need writable copies of snapshots: btrfs, LVM thin, PowerFlex, "
+            "or the mock with clones; restore to another host with a recovery instead",
+        )
+    for vf in facts.volume_facts:
+        origin = next((v for v in facts.layout.volumes if v.id == vf.volume_id), None)
+        if (
+            origin is not None
+            and origin.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
+            and vf.location.kind is not LocationKind.DIRECTORY
+        ):
+            raise PlanningError(
+                f"volume {origin.id} ({origin.role.value}) is a block device: clones of block "
+                "devices (LVM, PowerFlex) are not supported yet",
+                hint="clone on btrfs or directory volumes, or restore the backup to "
+                "another host with a recovery",
+                volume_id=origin.id,
+            )
+    if facts.server is not None and facts.server.settings.get("port") == str(request.port):
+        raise PlanningError(
+            f"port {request.port} is the cluster's own port",
+            hint="give the clone another port",
+        )
+    resolved = resolve_recovery(facts, request.recovery_request())
+    backup = resolved.backup
+    if resolved.copy is not None:
+        raise PlanningError(
+            f"backup {backup.id}'s snapshots are gone (only its copy {resolved.copy.copy_id} "
+            "is left): a clone is made from snapshots",
+            hint="choose a backup whose snapshots are there (--backup), or restore the copy "
+            "with pgsnap recover --from-copy",
+            backup_id=backup.id,
+        )
+    assert backup.stop_lsn is not None and backup.labelfile is not None
+    at = request.at or default_clone_directory(facts, request.name)
+    data_dir = posixpath.join(at, "data")
+    volumes = clone_volumes(facts, dict(backup.snapshots), at)
+    missing = [v.origin for v in volumes if not v.snapshot_id]
+    if missing:
+        raise PlanningError(
+            f"backup {backup.id} has no snapshot of volume(s) {', '.join(missing)}",
+            hint="choose another backup (--backup)",
+            backup_id=backup.id,
+        )
+    name = request.name
+    server = _Server(clone=name, at=at, data_directory=data_dir, port=request.port)
+    steps: list[Step] = [
+        Step.of(
+            "verify-wal",
+            VerifyWal(
+                start_timeline=backup.start_timeline,
+                start_lsn=backup.start_lsn,
+                timeline=resolved.tli,
+                segment_size=backup.wal_segment_size,
+                system_identifier=backup.system_identifier,
+                major=backup.server_version // 10000,
+            ),
+            description="verify the archived WAL segments the clone may fetch",
+            reason="a truncated or foreign segment found now stops the plan before anything "
+            "is made",
+        ),
+        Step.of(
+            "record-clone",
+            RecordClone(
+                clone=name,
+                at=at,
+                backup_id=backup.id,
+                recovery_target=request.target,
+                host=facts.host,
+                data_directory=data_dir,
+                port=request.port,
+                action=request.action,
+                volumes=volumes,
+                purpose=request.purpose,
+            ),
+            description=f"record clone {name} in the catalog (state creating)",
+            reason="a clone left half-made by a failure or an interruption is listed, and "
+            "destroyed by pgsnap clone destroy",
+            undo=ForgetClone(clone=name),
+        ),
+        Step.of(
+            "make-clone-directory",
+            MakeCloneDirectory(clone=name, at=at, owner_of=facts.layout.data.mount_point),
+            description=f"create the clone's directory {at}",
+            reason="the clone's volumes, socket and server log live there, apart from the "
+            "cluster's",
+            undo=RemoveCloneDirectory(clone=name, at=at),
+        ),
+    ]
+    for vol in volumes:
+        steps.append(
+            Step.of(
+                f"clone-{vol.origin}",
+                CloneSnapshot(clone=name, at=at, backup_id=backup.id, volume=vol),
+                description=f"make a writable copy of snapshot {vol.snapshot_id} of volume "
+                f"{vol.origin} ({vol.role.value}) at {vol.path}",
+                reason="a new volume: the backup's snapshot and the cluster's volume are only read",
+                undo=DeleteClone(clone=name, at=at, volume=vol),
+            )
+        )
+    steps += [
+        Step.of(
+            "prepare-clone",
+            PrepareClone(**server, volumes=volumes, spcmapfile=backup.spcmapfile or ""),
+            description="make the cloned data directory the clone's own (a new empty pg_wal, "
+            "tablespace links to the clone's copies, postmaster.pid and temporary state "
+            "removed)",
+            reason="the snapshot's pg_wal and tablespace links point at the cluster's volumes: "
+            "the clone must never write there",
+        ),
+        Step.of(
+            "write-clone-label",
+            WriteCloneLabel(
+                **server,
+                backup_id=backup.id,
+                label_sha256=hashlib.sha256(backup.labelfile.encode()).hexdigest(),
+                volumes=volumes,
+            ),
+            description=f"write backup {backup.id}'s backup_label"
+            + (
+                " and its tablespace_map (moved to the clone's copies)" if backup.spcmapfile else ""
+            ),
+            reason="replay must start at the backup's checkpoint",
+        ),
+        Step.of(
+            "configure-clone",
+            ConfigureClone(
+                **server,
+                recovery_target=request.target,
+                timeline=resolved.timeline_setting,
+                action=request.action,
+                listen_addresses=request.listen_addresses,
+            ),
+            description=f"write the clone's settings (port {request.port}, socket in {at}, "
+            f"cluster_name pgsnap-clone-{name}, archive_mode off) and its recovery settings "
+            f"(target {request.target}, {request.action.value})",
+            reason="archiving off: nothing of the clone's timeline reaches the cluster's "
+            "archive, which the clone only reads",
+        ),
+        Step.of(
+            "start-clone",
+            StartClone(**server, timeout=request.server_timeout),
+            description="start the clone's server: it replays WAL from the archive",
+            reason="this is the clone's recovery; the cluster is not touched",
+            undo=StopClone(**server),
+        ),
+        Step.of(
+            "wait-clone",
+            WaitClone(
+                **server,
+                action=request.action,
+                target_kind=request.target.kind,
+                min_replay_lsn=backup.stop_lsn,
+                timeout=request.recovery_timeout,
+            ),
+            description=f"wait for the clone to reach {request.target} and {request.action.value}",
+            reason="the clone is handed over only when its server says where it stopped",
+        ),
+    ]
+    if request.action is RecoveryAction.PROMOTE:
+        steps.append(
+            Step.of(
+                "clear-clone-recovery",
+                ClearCloneRecovery(**server),
+                description="remove the clone's recovery settings",
+                reason="a restart of the clone must not recover again",
+            )
+        )
+        if request.mask_sql or request.mask_script:
+            steps.append(
+                Step.of(
+                    "mask-clone",
+                    MaskClone(
+                        **server,
+                        sql=request.mask_sql,
+                        dbname=request.mask_dbname,
+                        script=request.mask_script,
+                    ),
+                    description="run the masking hook in the clone"
+                    + (f" (SQL in {request.mask_dbname})" if request.mask_sql else "")
+                    + (f" (script {request.mask_script})" if request.mask_script else ""),
+                    reason="dev/test copies of production data are masked before hand-over",
+                )
+            )
+    steps.append(
+        Step.of(
+            "mark-clone-ready",
+            MarkCloneReady(clone=name),
+            description=f"mark clone {name} ready in the catalog",
+            reason="listed as ready only once recovered and handed over",
+        )
+    )
+    summary = {
+        "clone": name,
+        "target": str(request.target),
+        "backup": f"{backup.id} (label {backup.label!r}, timeline {backup.start_timeline})",
+        "where": f"{data_dir} on {facts.host or 'the database host'}, port {request.port}, "
+        f"socket in {at}",
+        "action at target": request.action.value,
+        "volumes": ", ".join(f"{v.origin} ({v.role.value}) -> {v.path}" for v in volumes),
+    }
+    kept = (
+        "the cluster, its volumes and its pg_wal: not touched",
+        "the WAL archive: only read (archiving is off in the clone)",
+        f"backup {backup.id}'s snapshots: only read",
+    )
+    digest = hashlib.sha256(
+        repr(
+            (
+                backup.id,
+                backup.labelfile,
+                to_dict(attrs.evolve(request, backup_id=None)),
+                sorted(backup.snapshots.items()),
+            )
+        ).encode()
+    ).hexdigest()
+    return Plan(
+        kind="clone",
+        steps=tuple(steps),
+        fingerprint=digest,
+        request=to_dict(request),
+        summary=summary,
+        kept=kept,
+        lost=(),
+        warnings=resolved.warnings,
+    )
+
+
+def plan_clone_destroy(record: CloneRecord) -> Plan:
+    """The plan that destroys clone ``record`` (stop, delete its volumes, remove its
+    directory, forget it), whatever state it was left in; every step is a no-op for
+    what is already gone."""
+    name, at = record.name, record.at
+    server = _Server(clone=name, at=at, data_directory=record.data_directory, port=record.port)
+    steps = [
+        Step.of(
+            "stop-clone",
+            StopClone(**server),
+            description=f"stop clone {name}'s server",
+            reason="its volumes cannot be deleted under a running server (no-op if it is down)",
+        )
+    ]
+    for vol in record.volumes:
+        steps.append(
+            Step.of(
+                f"delete-{vol.origin}",
+                DeleteClone(clone=name, at=at, volume=vol),
+                description=f"delete the clone's copy of {vol.origin} ({vol.path})",
+                reason="a destroyed clone leaves nothing on the storage",
+            )
+        )
+    steps += [
+        Step.of(
+            "remove-clone-directory",
+            RemoveCloneDirectory(clone=name, at=at),
+            description=f"remove the clone's directory {at}",
+            reason="its socket, server log and empty mount points go with it",
+        ),
+        Step.of(
+            "forget-clone",
+            ForgetClone(clone=name),
+            description=f"remove clone {name}'s record from the catalog",
+            reason="once nothing of it is left",
+        ),
+    ]
+    return Plan(
+        kind="clone-destroy",
+        steps=tuple(steps),
+        fingerprint=hashlib.sha256(repr(to_dict(record)).encode()).hexdigest(),
+        request={"clone": name},
+        summary={"clone": name, "backup": record.backup_id, "where": record.data_directory},
+        kept=("the cluster, the archive and the backup's snapshots: not touched",),
+        lost=(f"clone {name} and everything written to it",),
+        warnings=(),
+    )

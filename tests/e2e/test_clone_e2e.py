@@ -1,0 +1,184 @@
+"""Clones and drills on real PostgreSQL (issue 22), on mock directory volumes.
+
+Every test writes to production while the clone is made and checks, from the rows,
+that the clone holds exactly what the target says and production holds everything;
+and that production's data directory, archive and volumes are untouched, and a
+destroyed clone leaves nothing on the storage, the host or in the catalog.
+The btrfs case is in test_btrfs_e2e.py (same scenario, :func:`clone_scenario`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgsnap.model import CloneState, RecoveryTarget
+
+from .conftest import Env, backed_up, pitr_setup
+
+pytestmark = [pytest.mark.postgres]
+
+MAJORS = (12, 15, 18)
+
+
+@pytest.fixture(params=MAJORS, ids=[f"pg{m}" for m in MAJORS])
+def bindir(
+    request: pytest.FixtureRequest, pg_bindir: Path, pg_bindir_for: Callable[[int], Path]
+) -> Path:
+    major: int = request.param
+    return pg_bindir if major == 15 else pg_bindir_for(major)
+
+
+def _mounts() -> list[str]:
+    with open("/proc/self/mounts") as f:
+        return sorted(f.read().splitlines())
+
+
+def _production_state(env: Env) -> dict[str, Any]:
+    dd = env.server.data_dir
+    return {
+        "files": {n: (dd / n).read_bytes() for n in ("postgresql.auto.conf", "postgresql.conf")},
+        "labels": [p for p in ("backup_label", "recovery.signal") if (dd / p).exists()],
+        "volumes": sorted((v.id, v.name, v.path) for v in env.backend.list_volumes()),
+    }
+
+
+def _archive(env: Env) -> set[str]:
+    return set(os.listdir(env.archive_dir))
+
+
+def clone_scenario(env: Env) -> None:
+    """Backup, batch 2, a time target, batch 3; clone at the target while production
+    writes batch 4; check rows on both sides, production untouched, then destroy."""
+    target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
+    before = _production_state(env)
+    volumes_before = {v.id for v in env.backend.list_volumes()}
+    mounts_before = _mounts()
+    archive_before = _archive(env)
+
+    plan = env.cluster.plan_clone(target, name="t1")
+    assert plan.kind == "clone"
+    env.write(4)  # production goes on
+    record = env.cluster.clone(target, name="t1")  # made again: the same plan
+    assert record.state is CloneState.READY
+    assert record.data_directory.startswith(record.at)
+
+    clone = env.cluster.adapter.instance(  # type: ignore[attr-defined]
+        data_directory=record.data_directory, port=record.port, socket_directory=record.at
+    )
+    rows = dict(clone.query("SELECT batch, count(*) FROM t GROUP BY batch ORDER BY 1"))
+    assert rows == env.expect(1, 2)
+    (name,) = clone.query("SHOW cluster_name")[0]
+    assert name == "pgsnap-clone-t1"
+    (mode,) = clone.query("SHOW archive_mode")[0]
+    assert mode == "off"
+    clone.query("INSERT INTO t (batch, n) VALUES (99, 0)")  # the clone is writable
+    clone.query("SELECT pg_switch_wal()")
+
+    env.write(5)
+    assert env.batches() == env.expect(1, 2, 3, 4, 5)  # production has everything
+    after = _production_state(env)
+    assert after["files"] == before["files"]
+    assert after["labels"] == before["labels"] == []
+    # The clone's volume is new; production's are as they were.
+    assert set(before["volumes"]) <= set(after["volumes"])
+    new = [v for v in after["volumes"] if v not in before["volumes"]]
+    assert [v[0] for v in new] == [v.volume_id for v in record.volumes]
+    # The archive got production's segments only: no history file, no other timeline.
+    added = _archive(env) - archive_before
+    assert not [n for n in added if n.endswith(".history") or not n.startswith("00000001")], added
+
+    (listed,) = env.cluster.clones()
+    assert listed.name == "t1"
+    env.cluster.destroy_clone("t1")
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes_before
+    assert not os.path.exists(record.at)
+    assert _mounts() == mounts_before
+    assert env.batches() == env.expect(1, 2, 3, 4, 5)
+
+
+def test_a_clone_at_a_time_beside_production(e2e_env: Any, bindir: Path) -> None:
+    clone_scenario(e2e_env(bindir))
+
+
+def test_a_paused_clone_for_reporting_is_read_only_at_its_target(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    target = pitr_setup(env, "xid")
+    record = env.cluster.clone(target, name="report", action="pause")
+    clone = env.cluster.adapter.instance(  # type: ignore[attr-defined]
+        data_directory=record.data_directory, port=record.port, socket_directory=record.at
+    )
+    assert clone.query("SELECT pg_is_in_recovery()")[0][0] is True
+    rows = dict(clone.query("SELECT batch, count(*) FROM t GROUP BY batch ORDER BY 1"))
+    assert rows == env.expect(1, 2)
+    env.cluster.destroy_clone("report")
+    assert not os.path.exists(record.at)
+
+
+def test_a_masking_hook_runs_before_hand_over(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    env.switch_wal()
+    record = env.cluster.clone(
+        name="masked", mask_sql="UPDATE t SET at = NULL", mask_dbname="postgres"
+    )
+    clone = env.cluster.adapter.instance(  # type: ignore[attr-defined]
+        data_directory=record.data_directory, port=record.port, socket_directory=record.at
+    )
+    assert clone.query("SELECT count(*) FROM t WHERE at IS NOT NULL")[0][0] == 0
+    assert env.server.sql("SELECT count(*) FROM t WHERE at IS NULL")[0][0] == 0
+    env.cluster.destroy_clone("masked")
+
+
+def test_a_clone_that_fails_is_undone_and_production_untouched(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.switch_wal()
+    volumes = {v.id for v in env.backend.list_volumes()}
+    with pytest.raises(Exception, match="mask"):
+        env.cluster.clone(name="broken", mask_sql="SELECT * FROM no_such_table", mask_script="")
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes
+    env.write(2)
+    assert env.batches() == env.expect(1, 2)
+
+
+def test_a_drill_proves_the_backup_and_records_it(e2e_env: Any, bindir: Path) -> None:
+    env: Env = e2e_env(bindir)
+    record = backed_up(env)
+    env.write(2)
+    env.switch_wal()
+    volumes = {v.id for v in env.backend.list_volumes()}
+    drill = env.cluster.drill(checks=["SELECT count(*) = 6 FROM t"])
+    assert drill.ok, [c for c in drill.checks if not c.ok]
+    assert drill.backup_id == record.id
+    names = {c.name: c for c in drill.checks}
+    assert {"reached target", "amcheck", "checksums", "sql 1", "server log"} <= set(names)
+    assert drill.rto_seconds is not None and drill.rto_seconds > 0
+    assert drill.rpo_seconds is not None and drill.rpo_seconds >= 0
+    assert drill.wal_segments >= 1
+    assert env.cluster.drills(record.id) == (drill,)
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes
+
+
+def test_a_failed_drill_is_recorded_and_kept_when_asked(e2e_env: Any) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.switch_wal()
+    drill = env.cluster.drill(
+        RecoveryTarget.immediate(), checks=["SELECT count(*) = 1000 FROM t"], keep_on_failure=True
+    )
+    assert not drill.ok
+    assert [c.name for c in drill.checks if not c.ok] == ["sql 1"]
+    assert drill.kept
+    (kept,) = env.cluster.clones()
+    assert kept.purpose == "drill"
+    env.cluster.destroy_clone(kept.name)
+    assert env.cluster.clones() == ()
