@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -706,6 +707,134 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_clone_create(args: argparse.Namespace) -> int:
+    """Plan and make a clone."""
+    target = _target(args)
+    cluster, timeouts = _load(args)
+    plan = cluster.plan_clone(
+        target,
+        name=args.clone,
+        at=args.at,
+        port=args.port,
+        action="pause" if args.pause else "promote",
+        backup_id=args.backup,
+        timeline=args.timeline,
+        listen_addresses=args.listen,
+        mask_sql=args.mask_sql,
+        mask_dbname=args.mask_db,
+        mask_script=args.mask_script,
+        server_timeout=timeouts.server,
+        recovery_timeout=timeouts.recovery,
+    )
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    record = cluster.catalog.get_clone(str(plan.summary["clone"]))
+    _out(
+        f"clone {record.name} is ready: psql -h {record.at} -p {record.port} "
+        f"(data directory {record.data_directory}); destroy it with "
+        f"pgsnap clone destroy {record.name}"
+    )
+    return EXIT_OK
+
+
+def cmd_clone_list(args: argparse.Namespace) -> int:
+    """List the recorded clones (with their size where the storage reports it)."""
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    cluster = _load(args)[0]
+    records = cluster.clones()
+    sizes: dict[str, int | None] = {}
+    for r in records:
+        total: int | None = 0
+        for v in r.volumes:
+            try:
+                size = cluster.backend.get_volume(v.volume_id).size_bytes if v.volume_id else None
+            except PgsnapError:
+                size = None
+            total = None if size is None or total is None else total + size
+        sizes[r.name] = total
+    if args.json:
+        _out(json.dumps([{**to_dict(r), "size_bytes": sizes[r.name]} for r in records], indent=2))
+        return EXIT_OK
+    if not records:
+        _out("no clones")
+    for r in records:
+        size = sizes[r.name]
+        _out(
+            f"{r.name:<20} {r.state.value:<9} {r.purpose:<6} backup {r.backup_id} to {r.target}  "
+            f"{r.data_directory} port {r.port}  since "
+            f"{r.created_at.isoformat(timespec='seconds')} by {r.created_by}"
+            + ("" if size is None else f"  {size / 2**20:.0f} MiB")
+        )
+    return EXIT_OK
+
+
+def cmd_clone_destroy(args: argparse.Namespace) -> int:
+    """Destroy a clone."""
+    cluster = _load(args)[0]
+    plan = cluster.plan_clone_destroy(args.clone)
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    _out(f"clone {args.clone} destroyed")
+    return EXIT_OK
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    """Run restore drills."""
+    from pgsnap.clones import drill_html, drill_table  # noqa: PLC0415
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    target = _target(args)
+    cluster, timeouts = _load(args)
+    backups: list[str | None] = [args.backup]
+    if args.newest or args.all_since:
+        usable = [b for b in cluster.backups() if b.is_usable]
+        if args.all_since:
+            since = _until(args.all_since)
+            usable = [b for b in usable if b.start_time >= since]
+        else:
+            usable = usable[-1:]
+        if not usable:
+            _err("pgsnap: no usable backup to drill")
+            return EXIT_FAILED
+        backups = [b.id for b in usable]
+    drills = [
+        cluster.drill(
+            target,
+            backup_id=backup,
+            checks=args.check,
+            keep_on_failure=args.keep_on_failure,
+            on_event=_progress,
+            server_timeout=timeouts.server,
+            recovery_timeout=timeouts.recovery,
+        )
+        for backup in backups
+    ]
+    if args.json:
+        _out(json.dumps([to_dict(d) for d in drills], indent=2))
+    else:
+        _out(_table(drill_table(drills)))
+        for d in drills:
+            for c in d.checks:
+                _out(f"  {d.id} {c.name}: {'ok' if c.ok else 'FAILED'} {c.detail}")
+            if d.error:
+                _out(f"  {d.id}: {d.error}")
+            if d.kept:
+                _out(f"  {d.id}: clone {d.clone} kept (pgsnap clone destroy {d.clone})")
+    if args.html:
+        Path(args.html).write_text("\n".join(drill_html(d) for d in drills), encoding="utf-8")
+    return EXIT_OK if all(d.ok for d in drills) else EXIT_FAILED
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+
+
 def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
     cluster = _load(args)[0]
@@ -761,6 +890,16 @@ def _parser() -> argparse.ArgumentParser:
         waits = sp.add_argument_group("waits (seconds; default: the [timeouts] section)")
         timeout(waits, "connect", 10)
         timeout(waits, "catalog_lock", 10)
+
+    def target_flags(sp: argparse.ArgumentParser) -> None:
+        g = sp.add_argument_group("target (one; default: latest)")
+        g.add_argument("--time", help="ISO time with a zone, e.g. '2026-11-30 12:00:00+00:00'")
+        g.add_argument("--lsn", help="WAL location, e.g. 0/3000060")
+        g.add_argument("--xid", type=int, help="transaction id")
+        g.add_argument("--name", help="restore point name")
+        g.add_argument("--immediate", action="store_true", help="stop at consistency")
+        sp.add_argument("--exclusive", action="store_true", help="stop just before the target")
+        sp.add_argument("--timeline", default="latest", help="latest (default), current or N")
 
     def retention_flags(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--redundancy", type=int, help="keep the newest N DONE backups")
@@ -960,14 +1099,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         r = sub.add_parser(name, parents=[common], help=helptext)
         with_config(r)
-        g = r.add_argument_group("target (one; default: latest)")
-        g.add_argument("--time", help="ISO time with a zone, e.g. '2026-11-30 12:00:00+00:00'")
-        g.add_argument("--lsn", help="WAL location, e.g. 0/3000060")
-        g.add_argument("--xid", type=int, help="transaction id")
-        g.add_argument("--name", help="restore point name")
-        g.add_argument("--immediate", action="store_true", help="stop at consistency")
-        r.add_argument("--exclusive", action="store_true", help="stop just before the target")
-        r.add_argument("--timeline", default="latest", help="latest (default), current or N")
+        target_flags(r)
         r.add_argument("--action", default="promote", choices=["promote", "pause", "shutdown"])
         r.add_argument(
             "--wal-lost",
@@ -1027,6 +1159,73 @@ def _parser() -> argparse.ArgumentParser:
     sfd.add_argument("name", help="its name (s-<time>, as `pgsnap safety list` shows)")
     sfd.add_argument("--dry-run", action="store_true", help="print the plan only")
     sfd.set_defaults(func=cmd_safety_delete)
+
+    cl = sub.add_parser(
+        "clone",
+        parents=[common],
+        help="writable copies of a backup beside production: create, list, destroy",
+        description="A clone is a separate PostgreSQL instance on new writable copies of a "
+        "backup's snapshots, recovered to a target, with its own port, socket and "
+        "cluster_name, archiving off. It never writes to the cluster, its volumes or its "
+        "archive.",
+    )
+    cl_sub = cl.add_subparsers(dest="clone_command", metavar="create|list|destroy", required=True)
+    clc = cl_sub.add_parser("create", parents=[common], help="make a clone")
+    with_config(clc)
+    clc.add_argument("clone", nargs="?", help="its name (default: c<time>)")
+    target_flags(clc)
+    clc.add_argument("--backup", help="clone this backup (default: the one the target needs)")
+    clc.add_argument("--at", help="its directory (default: beside the data volume)")
+    clc.add_argument("--port", type=int, help="its port (default: the first free from 55432)")
+    clc.add_argument(
+        "--listen", default="", help="listen_addresses (default: only its Unix socket)"
+    )
+    clc.add_argument(
+        "--pause", action="store_true", help="pause at the target (read-only) instead of promoting"
+    )
+    clc.add_argument("--mask-sql", default="", help="SQL run in the clone before hand-over")
+    clc.add_argument("--mask-db", default="postgres", help="database of --mask-sql")
+    clc.add_argument("--mask-script", default="", help="script run before hand-over")
+    clc.add_argument("--dry-run", action="store_true", help="print the plan only")
+    clc.set_defaults(func=cmd_clone_create)
+    cll = cl_sub.add_parser("list", parents=[common], help="the recorded clones")
+    with_config(cll)
+    cll.set_defaults(func=cmd_clone_list)
+    cld = cl_sub.add_parser("destroy", parents=[common], help="destroy a clone, leaving nothing")
+    with_config(cld)
+    cld.add_argument("clone", help="its name (as `pgsnap clone list` shows)")
+    cld.add_argument("--dry-run", action="store_true", help="print the plan only")
+    cld.set_defaults(func=cmd_clone_destroy)
+
+    dr = sub.add_parser(
+        "drill",
+        parents=[common],
+        help="prove backups restorable: clone, recover, check, measure, destroy",
+        description="A restore drill clones a backup beside production, recovers it, "
+        "checks it (the target reached, amcheck, data checksums, the server log, your SQL), "
+        "measures RTO and RPO, destroys the clone and records the result. Exit 0 when every "
+        "drill passed, 1 when one failed.",
+    )
+    with_config(dr)
+    which = dr.add_mutually_exclusive_group()
+    which.add_argument("--backup", help="drill this backup")
+    which.add_argument("--newest", action="store_true", help="drill the newest backup")
+    which.add_argument(
+        "--all-since", metavar="TIME", help="drill every usable backup started since TIME"
+    )
+    target_flags(dr)
+    dr.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        metavar="SQL",
+        help="a check: SQL whose first value must be true (or return a row); repeatable",
+    )
+    dr.add_argument(
+        "--keep-on-failure", action="store_true", help="keep a failed drill's clone to inspect"
+    )
+    dr.add_argument("--html", metavar="FILE", help="also write the result as HTML")
+    dr.set_defaults(func=cmd_drill)
 
     w = sub.add_parser(
         "wal", parents=[common], help="the WAL archive per timeline: ranges and gaps"

@@ -20,15 +20,18 @@ import attrs
 from pgsnap.errors import ConfigurationError, PgsnapError
 from pgsnap.model import (
     LSN,
+    BackupRecord,
     DrillCheck,
     DrillPhase,
     DrillRecord,
     RecoveryAction,
     RecoveryTarget,
+    Severity,
     TargetKind,
     from_dict,
 )
 from pgsnap.operations.clone import clone_server
+from pgsnap.planner.backup import Finding
 from pgsnap.planner.clone import CloneRequest, plan_clone
 
 if TYPE_CHECKING:
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FIRST_CLONE_PORT",
     "clone_request",
+    "drill_findings",
     "drill_html",
     "drill_table",
     "plan_clone_for",
@@ -225,10 +229,8 @@ def run_drill(
     on_event: Callable[[Event], None] | None,
     options: Mapping[str, Any],
 ) -> DrillRecord:
-    """See :meth:`Cluster.drill`."""
-    from pgsnap.cluster import _target  # noqa: PLC0415
-
-    target = _target(target)
+    """See :meth:`Cluster.drill` (``target`` already checked; None: latest)."""
+    target = target or RecoveryTarget.latest()
     started = cluster._now()
     wall = time.monotonic()
     request = clone_request(
@@ -341,6 +343,35 @@ def _parse_time(value: object) -> dt.datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
+
+
+def drill_findings(backups: Sequence[BackupRecord], drills: Sequence[DrillRecord]) -> list[Finding]:
+    """``pgsnap check``'s warnings about drills: the newest usable backup was never
+    drilled, or its last drill failed."""
+    usable = [b for b in backups if b.is_usable]
+    if not usable:
+        return []
+    newest = max(usable, key=lambda b: (b.start_time, b.id))
+    mine = sorted((d for d in drills if d.backup_id == newest.id), key=lambda d: d.started_at)
+    if not mine:
+        return [
+            Finding(
+                "backup_not_drilled",
+                Severity.WARNING,
+                f"the newest backup {newest.id} was never proven restorable: run pgsnap drill "
+                "--newest",
+            )
+        ]
+    if not mine[-1].ok:
+        failed = ", ".join(c.name for c in mine[-1].checks if not c.ok) or mine[-1].error
+        return [
+            Finding(
+                "drill_failed",
+                Severity.WARNING,
+                f"the last drill of the newest backup {newest.id} ({mine[-1].id}) failed: {failed}",
+            )
+        ]
+    return []
 
 
 # --------------------------------------------------------------------------- rendering

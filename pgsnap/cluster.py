@@ -194,6 +194,8 @@ class BackupList(tuple[BackupRecord, ...]):
     unreadable: tuple[UnreadableEntry, ...]
     forecast: ExpiryForecast | None
     now: dt.datetime
+    last_drill: dict[str, DrillRecord]
+    """The newest drill of each backup that was drilled (by backup id)."""
 
     def __new__(
         cls,
@@ -202,10 +204,12 @@ class BackupList(tuple[BackupRecord, ...]):
         *,
         forecast: ExpiryForecast | None = None,
         now: dt.datetime | None = None,
+        drills: Iterable[DrillRecord] = (),
     ) -> BackupList:
         obj = super().__new__(cls, records)
         obj.unreadable = tuple(unreadable)
         obj.forecast = forecast
+        obj.last_drill = {d.backup_id: d for d in sorted(drills, key=lambda d: d.started_at)}
         obj.now = now or (forecast.now if forecast else dt.datetime.now(dt.UTC))
         return obj
 
@@ -214,7 +218,16 @@ class BackupList(tuple[BackupRecord, ...]):
         with a ``forecast``, what the next expiry does to it
         (:func:`~pgsnap.planner.forecast.retention_notes`)."""
         outlook = None if self.forecast is None else self.forecast.backups.get(record.id)
-        return retention_notes(record, outlook, self.now)
+        notes = retention_notes(record, outlook, self.now)
+        drill = self.last_drill.get(record.id)
+        if drill is not None:
+            when = drill.started_at.isoformat(timespec="seconds")
+            notes += (
+                f"proven restorable {when} (drill {drill.id})"
+                if drill.ok
+                else f"last drill FAILED {when} (drill {drill.id})",
+            )
+        return notes
 
     def rows(self) -> list[tuple[str, ...]]:
         """One row of text per backup: id, state, timeline, start, stop, time, label,
@@ -705,6 +718,9 @@ class Cluster:
         )
         data = attrs.evolve(data, recovery_refusal=self._recovery_refusal(findings, data))
         findings += check_findings(data)
+        from pgsnap.clones import drill_findings  # noqa: PLC0415
+
+        findings += drill_findings(data.backups, self.catalog.list_drills())
         seg = data.segment_size
         index = data.index
         wal_lines = []
@@ -786,11 +802,18 @@ class Cluster:
         now = self._now()
         if policy is None:
             scan: CatalogScan = scan_catalog(self.catalog)
-            return BackupList(scan.records, scan.unreadable, now=now)
+            drills = self.catalog.list_drills()
+            return BackupList(scan.records, scan.unreadable, now=now, drills=drills)
         facts = self.observer.expiry_facts()
         scan = scan_catalog(self.catalog)
         forecast = expiry_forecast(facts, policy)
-        return BackupList(scan.records, scan.unreadable, forecast=forecast, now=now)
+        return BackupList(
+            scan.records,
+            scan.unreadable,
+            forecast=forecast,
+            now=now,
+            drills=self.catalog.list_drills(),
+        )
 
     def wal_report(self, segment_size: int | None = None) -> ArchiveReport:
         """The WAL archive per timeline (``pgsnap wal``): present runs of segments,
@@ -963,9 +986,9 @@ class Cluster:
         ``mask_script`` are the masking hook. It never writes to the cluster, its
         volumes or its archive (see :mod:`pgsnap.planner.clone`).
         """
-        from pgsnap import clones  # noqa: PLC0415 - only clone commands need it
+        from pgsnap.clones import clone_request, plan_clone_for  # noqa: PLC0415 - on use
 
-        request = clones.clone_request(
+        request = clone_request(
             self,
             name=name,
             host=host,
@@ -982,7 +1005,7 @@ class Cluster:
             recovery_timeout=_seconds("recovery_timeout", recovery_timeout),
             server_timeout=_seconds("server_timeout", server_timeout),
         )
-        return clones.plan_clone_for(self, request)
+        return plan_clone_for(self, request)
 
     def clone(
         self,
@@ -1033,11 +1056,11 @@ class Cluster:
         destroy the clone (kept on failure when ``keep_on_failure``), and record the
         result in the catalog. Never raises for a failed check: the record says what
         failed. ``options`` as :meth:`plan_clone`."""
-        from pgsnap import clones  # noqa: PLC0415
+        from pgsnap.clones import run_drill  # noqa: PLC0415
 
-        return clones.run_drill(
+        return run_drill(
             self,
-            target,
+            _target(target),
             backup_id=backup_id,
             checks=tuple(checks),
             keep_on_failure=keep_on_failure,
@@ -1128,9 +1151,9 @@ class Cluster:
             self._check_fresh_copy_expiry(plan)
             return
         if plan.kind == "clone":
-            from pgsnap import clones  # noqa: PLC0415
+            from pgsnap.clones import replan_clone  # noqa: PLC0415
 
-            _same_plan(plan, lambda: clones.replan_clone(self, plan), "the backups changed")
+            _same_plan(plan, lambda: replan_clone(self, plan), "the backups changed")
             return
         if plan.kind != "recovery" or not plan.request:
             return

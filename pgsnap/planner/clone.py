@@ -155,6 +155,28 @@ class CloneRequest:
         )
 
 
+def _check_apart(facts: RecoveryFacts, path: str, what: str) -> None:
+    """PlanningError unless ``path`` is neither at, inside nor around a volume of the
+    layout or the archive (a clone never writes there)."""
+    norm = posixpath.normpath(path)
+    places = [(v.mount_point, f"volume {v.id} ({v.role.value})") for v in facts.layout.volumes]
+    if facts.archive_location.startswith("/"):
+        places.append((facts.archive_location, "the WAL archive"))
+    for place, name in places:
+        point = posixpath.normpath(place)
+        if (
+            norm == point
+            or norm.startswith(point.rstrip("/") + "/")
+            or point.startswith(norm + "/")
+        ):
+            raise PlanningError(
+                f"{what} would be at {path}, at or around {name} ({point}): a clone never "
+                "writes to the cluster's volumes or its archive",
+                hint="give the clone a directory apart from them (at=, --at)",
+                path=path,
+            )
+
+
 def default_clone_directory(facts: RecoveryFacts, name: str) -> str:
     """Beside the cluster's data volume: ``<its parent>/pgsnap-clone-<name>`` (on the
     same file system, where a btrfs clone must be)."""
@@ -228,6 +250,11 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
             hint="choose another backup (--backup)",
             backup_id=backup.id,
         )
+    for path, what in [
+        (at, "the clone's directory"),
+        *((v.path, f"the clone of {v.origin}") for v in volumes),
+    ]:
+        _check_apart(facts, path, what)
     name = request.name
     server = _Server(clone=name, at=at, data_directory=data_dir, port=request.port)
     steps: list[Step] = [

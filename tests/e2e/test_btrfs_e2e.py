@@ -22,6 +22,7 @@ from pgsnap.backends.btrfs import BtrfsBackend, parse_subvolume_list
 from pgsnap.model import RecoveryTarget, VolumeRole
 from pgsnap.testing.btrfs import LoopBtrfs, btrfs_cluster, btrfs_server, btrfs_unavailable
 
+from ._clones import clone_scenario
 from .conftest import Env, backed_up, pitr_setup
 
 pytestmark = [pytest.mark.postgres, pytest.mark.xdist_group("loop")]
@@ -187,3 +188,8 @@ def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
     assert "storage.restore_volume" not in [s.action for s in plan.steps]
     env.cluster.execute(plan)
     assert env.batches() == env.expect(1, 2)
+
+
+def test_a_clone_on_btrfs_is_a_new_subvolume_beside_production(btrfs_env: Any) -> None:
+    env: Env = btrfs_env()
+    clone_scenario(env)

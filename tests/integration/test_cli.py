@@ -315,7 +315,7 @@ def test_check_of_a_stopped_server_is_a_finding(cli_env: CliEnv) -> None:
     env.server.stop()
     code, report, _ = check_report(env)
     assert code == 4  # the docs promise 4 for a blocking finding, not 1
-    assert finding_codes(report) == {"server": "error"}
+    assert finding_codes(report) == {"server": "error", "backup_not_drilled": "warning"}
     assert "the server is not running" in report["findings"][0]
     assert report["archiver_healthy"] is None
     assert report["backups"][0].startswith(record["id"])  # the rest is still reported

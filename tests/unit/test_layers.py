@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
     ("pgsnap",),  # the lazy face: its imports of the layers below are type-only
     ("pgsnap.cluster",),  # Cluster: observe, plan, execute
-    ("pgsnap.observe", "pgsnap.config"),
+    ("pgsnap.observe", "pgsnap.config", "pgsnap.clones"),
     ("pgsnap.planner", "pgsnap.executor"),
     ("pgsnap.plan",),
     ("pgsnap.operations", "pgsnap.adapters", "pgsnap.backends", "pgsnap.catalog"),
