@@ -10,16 +10,20 @@ The btrfs case is in test_btrfs_e2e.py (same scenario, :func:`clone_scenario`).
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pgsnap.model import RecoveryTarget
+from pgsnap.errors import InvariantError, PgsnapError
+from pgsnap.executor import Event, EventKind
+from pgsnap.model import CloneState, RecoveryTarget
 
 from ._clones import clone_scenario
 from .conftest import Env, backed_up, pitr_setup
+from .test_guard_e2e import unchecked
 
 pytestmark = [pytest.mark.postgres]
 
@@ -114,3 +118,95 @@ def test_a_failed_drill_is_recorded_and_kept_when_asked(e2e_env: Any) -> None:
     assert kept.purpose == "drill"
     env.cluster.destroy_clone(kept.name)
     assert env.cluster.clones() == ()
+
+
+def _run_until_killed(env: Env, plan: Any, step: str, kind: EventKind) -> int:
+    """Execute ``plan`` in a forked child that SIGKILLs itself at ``kind`` of ``step``."""
+
+    def on_event(event: Event) -> None:
+        if event.kind is kind and event.step_id == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns
+        code = 3
+        try:
+            env.cluster.execute(plan, on_event=on_event)
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+@pytest.mark.parametrize(
+    ("step", "kind", "then"),
+    [
+        ("record-clone", EventKind.FINISHED, "resume"),
+        ("clone-data", EventKind.STARTED, "destroy"),
+        ("start-clone", EventKind.FINISHED, "destroy"),
+        ("wait-clone", EventKind.STARTED, "resume"),
+    ],
+)
+def test_a_clone_killed_half_way_is_resumed_or_destroyed_leaving_nothing(
+    e2e_env: Any, step: str, kind: EventKind, then: str
+) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.switch_wal()
+    volumes = {v.id for v in env.backend.list_volumes()}
+    archive = set(os.listdir(env.archive_dir))
+    plan = env.cluster.plan_clone(name="killed")
+    if step == "clone-data":
+        step = f"clone-{env.cluster.layout.data.id}"
+    (at,) = [s.params["at"] for s in plan.steps if s.action == "catalog.record_clone"]
+    status = _run_until_killed(env, plan, step, kind)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    if then == "resume":
+        (result,) = env.cluster.resume()
+        assert result.resumed
+        (record,) = env.cluster.clones()
+        assert record.state is CloneState.READY
+    else:
+        # Destroying it at once: the interrupted run must be finished first.
+        with pytest.raises(PgsnapError) as info:
+            env.cluster.destroy_clone("killed")
+        assert "resume" in str(info.value), info.value
+        env.cluster.resume()
+    env.cluster.destroy_clone("killed")
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes
+    assert not os.path.exists(str(at))
+    added = set(os.listdir(env.archive_dir)) - archive
+    assert all(n.startswith("00000001") and not n.endswith(".history") for n in added), added
+    env.write(2)
+    assert env.batches() == env.expect(1, 2)
+
+
+@pytest.mark.parametrize("doctored", ["data_directory", "volume path", "at", "snapshot"])
+def test_a_doctored_clone_plan_is_refused_before_anything_changes(
+    e2e_env: Any, doctored: str
+) -> None:
+    env: Env = e2e_env()
+    backed_up(env)
+    env.switch_wal()
+    volumes = {v.id for v in env.backend.list_volumes()}
+    production = str(env.server.data_dir)
+    doc = env.cluster.plan_clone(name="doc").to_dict()
+    for step in doc["steps"]:
+        params = step["params"]
+        if doctored == "data_directory" and "data_directory" in params:
+            params["data_directory"] = production
+        if doctored == "at" and "at" in params:
+            params["at"] = str(env.server.wal_dir)
+        if "volume" in params:
+            if doctored == "volume path":
+                params["volume"]["path"] = production
+            if doctored == "snapshot":
+                params["volume"]["snapshot_id"] = "snap-9999"
+    with pytest.raises(InvariantError):
+        env.cluster.execute(unchecked(doc))
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes
+    env.write(2)
+    assert env.batches() == env.expect(1, 2)
