@@ -877,6 +877,9 @@ class CloneVolume:
     snapshot_id: str
     path: str
     volume_id: str = ""
+    kind: LocationKind = LocationKind.DIRECTORY
+    """How the host reaches it: a directory (``path``), or a block device mounted at
+    ``path``."""
 
 
 def _clone_volumes(values: Iterable[CloneVolume]) -> tuple[CloneVolume, ...]:

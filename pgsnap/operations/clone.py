@@ -27,11 +27,13 @@ from typing import Any, Final
 import attrs
 
 from pgsnap.errors import CatalogError, ExecutionError
+from pgsnap.host.readonly import mount_read_only
 from pgsnap.model import (
     LSN,
     CloneRecord,
     CloneState,
     CloneVolume,
+    LocationKind,
     RecoveryAction,
     RecoverySettings,
     RecoveryTarget,
@@ -39,25 +41,37 @@ from pgsnap.model import (
     TargetKind,
     VolumeRole,
 )
-from pgsnap.operations.base import Operation, OperationContext, Outputs, PlanView, Resume, Target
+from pgsnap.operations.base import (
+    Operation,
+    OperationContext,
+    Outputs,
+    PlanView,
+    Ref,
+    Resume,
+    Target,
+)
 from pgsnap.operations.host import check_apart_from_layout
 from pgsnap.protocols import CloneServer, DatabaseAdapter, DeletableClones, ServerInstances
 
 __all__ = [
     "CLONE_NAME_RE",
+    "AttachClone",
     "ClearCloneRecovery",
     "CloneSnapshot",
     "ConfigureClone",
     "DeleteClone",
+    "DetachClone",
     "ForgetClone",
     "MakeCloneDirectory",
     "MarkCloneReady",
     "MaskClone",
+    "MountClone",
     "PrepareClone",
     "RecordClone",
     "RemoveCloneDirectory",
     "StartClone",
     "StopClone",
+    "UnmountClone",
     "WaitClone",
     "WriteCloneLabel",
     "clone_parameters",
@@ -471,9 +485,12 @@ class CloneSnapshot(_CloneStep):
         name = _storage_name(self.clone, self.volume)
         found = _find_clone_volume(ctx, name, self.volume.path)
         if found is None:
-            found = ctx.backend.clone_snapshot(  # type: ignore[call-arg]
-                self.volume.snapshot_id, name, path=self.volume.path
-            )
+            if self.volume.kind is LocationKind.DIRECTORY:
+                found = ctx.backend.clone_snapshot(  # type: ignore[call-arg]
+                    self.volume.snapshot_id, name, path=self.volume.path
+                )
+            else:  # a new block volume wherever the storage puts it; mounted later
+                found = ctx.backend.clone_snapshot(self.volume.snapshot_id, name)
         log.info(
             "clone %s: %s is a copy of snapshot %s", self.clone, found.id, self.volume.snapshot_id
         )
@@ -511,6 +528,112 @@ class DeleteClone(_CloneStep):
         assert isinstance(backend, DeletableClones)
         backend.delete_clone(found.id)
         return {"deleted": found.id}
+
+
+def _clone_volume(
+    ctx: OperationContext, op: Operation, clone: str, vol: CloneVolume
+) -> StorageVolume:
+    found = _find_clone_volume(ctx, _storage_name(clone, vol), vol.path)
+    if found is None:
+        raise ExecutionError(
+            f"the clone's copy of {vol.origin} is not on the storage",
+            step_id=ctx.step_id,
+            hint="the plan's earlier steps did not run; make a new plan",
+        )
+    return found
+
+
+@attrs.frozen
+class AttachClone(_CloneStep):
+    """Attach the clone's copy of ``volume.origin`` (a block volume) to host ``host``;
+    outputs the ``device`` the host finds it at. Idempotent; undone by detaching."""
+
+    name = "storage.attach_clone"
+    target = Target.STORAGE
+    compensation = "storage.detach_clone"
+
+    clone: str
+    at: str
+    volume: CloneVolume
+    host: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        found = _clone_volume(ctx, self, self.clone, self.volume)
+        ctx.backend.attach(found.id, self.host)
+        return {"device": ctx.backend.locate(found.id).path, "volume_id": found.id}
+
+
+@attrs.frozen
+class DetachClone(_CloneStep):
+    """Detach the clone's copy of ``volume.origin`` from ``host``; a no-op when it is
+    gone or not attached. A volume of the layout is never detached."""
+
+    name = "storage.detach_clone"
+    target = Target.STORAGE
+
+    clone: str
+    at: str
+    volume: CloneVolume
+    host: str
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        found = _find_clone_volume(ctx, _storage_name(self.clone, self.volume), self.volume.path)
+        if found is None or self.host not in found.mapped_hosts:
+            return {"detached": False}
+        ctx.backend.detach(found.id, self.host)
+        return {"detached": True}
+
+
+@attrs.frozen
+class MountClone(_CloneStep):
+    """Wait for the clone volume's ``device`` and mount it read-write at
+    ``volume.path`` (XFS with ``nouuid``: it mounts beside its origin)."""
+
+    name = "host.mount_clone"
+    target = Target.HOST
+    compensation = "host.unmount_clone"
+
+    clone: str
+    at: str
+    volume: CloneVolume
+    device: str | Ref
+    timeout: float = 120.0
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        super().precheck(ctx, plan)
+        _apart(self, ctx, self.volume.path, "it mounts a clone volume on")
+        if not _inside(self.volume.path, self.at):
+            raise self.mismatch(ctx, f"{self.volume.path} is not below {self.at}", _REPLAN)
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        device = str(ctx.resolve(self.device))
+        ctx.host.wait_for_device(device, timeout=self.timeout)
+        options = mount_read_only(ctx.host, device, self.volume.path, read_only=False)
+        return {"device": device, "options": list(options)}
+
+
+@attrs.frozen
+class UnmountClone(_CloneStep):
+    """Unmount the clone volume mounted at ``volume.path``; a no-op when nothing is."""
+
+    name = "host.unmount_clone"
+    target = Target.HOST
+
+    clone: str
+    at: str
+    volume: CloneVolume
+
+    def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
+        super().precheck(ctx, plan)
+        _apart(self, ctx, self.volume.path, "it unmounts a clone volume at")
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        path = self.volume.path
+        places = {path, ctx.host.realpath(path)} if ctx.host.exists(path) else {path}
+        if not [m for m in ctx.host.mounts() if posixpath.normpath(m.target) in places]:
+            return {"unmounted": False}
+        ctx.host.unmount(self.volume.path)
+        return {"unmounted": True}
 
 
 # --------------------------------------------------------------------------- server

@@ -28,22 +28,27 @@ from pgsnap.model import (
     VolumeRole,
     to_dict,
 )
+from pgsnap.operations.base import Ref
 from pgsnap.operations.catalog import VerifyWal
 from pgsnap.operations.clone import (
     CLONE_NAME_RE,
+    AttachClone,
     ClearCloneRecovery,
     CloneSnapshot,
     ConfigureClone,
     DeleteClone,
+    DetachClone,
     ForgetClone,
     MakeCloneDirectory,
     MarkCloneReady,
     MaskClone,
+    MountClone,
     PrepareClone,
     RecordClone,
     RemoveCloneDirectory,
     StartClone,
     StopClone,
+    UnmountClone,
     WaitClone,
     WriteCloneLabel,
 )
@@ -198,7 +203,11 @@ def clone_volumes(
             path = posixpath.join(at, "data")
         else:
             path = posixpath.join(at, "tblspc-" + hashlib.sha256(vol.id.encode()).hexdigest()[:8])
-        out.append(CloneVolume(vol.id, vol.role, backup_snapshots.get(vol.id, ""), path))
+        kind = LocationKind.DIRECTORY
+        for vf in facts.volume_facts:
+            if vf.volume_id == vol.id:
+                kind = vf.location.kind
+        out.append(CloneVolume(vol.id, vol.role, backup_snapshots.get(vol.id, ""), path, kind=kind))
     return tuple(out)
 
 
@@ -210,20 +219,6 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
             hint="clones need writable copies of snapshots: btrfs, LVM thin, PowerFlex, "
             "or the mock with clones; restore to another host with a recovery instead",
         )
-    for vf in facts.volume_facts:
-        origin = next((v for v in facts.layout.volumes if v.id == vf.volume_id), None)
-        if (
-            origin is not None
-            and origin.role in (VolumeRole.DATA, VolumeRole.TABLESPACE)
-            and vf.location.kind is not LocationKind.DIRECTORY
-        ):
-            raise PlanningError(
-                f"volume {origin.id} ({origin.role.value}) is a block device: clones of block "
-                "devices (LVM, PowerFlex) are not supported yet",
-                hint="clone on btrfs or directory volumes, or restore the backup to "
-                "another host with a recovery",
-                volume_id=origin.id,
-            )
     if facts.server is not None and facts.server.settings.get("port") == str(request.port):
         raise PlanningError(
             f"port {request.port} is the cluster's own port",
@@ -243,6 +238,13 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
     at = request.at or default_clone_directory(facts, request.name)
     data_dir = posixpath.join(at, "data")
     volumes = clone_volumes(facts, dict(backup.snapshots), at)
+    block = [v.origin for v in volumes if v.kind is not LocationKind.DIRECTORY]
+    if block and not facts.host:
+        raise PlanningError(
+            f"volume(s) {', '.join(block)} are block devices, and the database host's name "
+            "is unknown: the clone volumes cannot be attached to it",
+            hint="name the host in the configuration ([host] name)",
+        )
     missing = [v.origin for v in volumes if not v.snapshot_id]
     if missing:
         raise PlanningError(
@@ -311,6 +313,28 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 undo=DeleteClone(clone=name, at=at, volume=vol),
             )
         )
+        if vol.kind is not LocationKind.DIRECTORY:
+            steps += [
+                Step.of(
+                    f"attach-clone-{vol.origin}",
+                    AttachClone(clone=name, at=at, volume=vol, host=facts.host),
+                    description=f"attach the clone's copy of {vol.origin} to {facts.host}",
+                    reason="its file system is mounted on the database host",
+                    undo=DetachClone(clone=name, at=at, volume=vol, host=facts.host),
+                ),
+                Step.of(
+                    f"mount-clone-{vol.origin}",
+                    MountClone(
+                        clone=name,
+                        at=at,
+                        volume=vol,
+                        device=Ref(f"attach-clone-{vol.origin}", "device"),
+                    ),
+                    description=f"mount the clone's copy of {vol.origin} read-write at {vol.path}",
+                    reason="the clone's server finds its data there",
+                    undo=UnmountClone(clone=name, at=at, volume=vol),
+                ),
+            ]
     steps += [
         Step.of(
             "prepare-clone",
@@ -454,6 +478,21 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
         )
     ]
     for vol in record.volumes:
+        if vol.kind is not LocationKind.DIRECTORY:
+            steps += [
+                Step.of(
+                    f"unmount-{vol.origin}",
+                    UnmountClone(clone=name, at=at, volume=vol),
+                    description=f"unmount the clone's copy of {vol.origin} ({vol.path})",
+                    reason="a mounted volume cannot be detached",
+                ),
+                Step.of(
+                    f"detach-{vol.origin}",
+                    DetachClone(clone=name, at=at, volume=vol, host=record.host),
+                    description=f"detach the clone's copy of {vol.origin} from {record.host}",
+                    reason="an attached volume cannot be deleted",
+                ),
+            ]
         steps.append(
             Step.of(
                 f"delete-{vol.origin}",

@@ -29,13 +29,14 @@ def _archive(env: Env) -> set[str]:
     return set(os.listdir(env.archive_dir))
 
 
-def clone_scenario(env: Env) -> None:
+def clone_scenario(env: Env) -> Any:
     """Backup, batch 2, a time target, batch 3; clone at the target while production
     writes batch 4; check rows on both sides, production untouched, then destroy."""
     target = pitr_setup(env, "time")  # batch 1, backup, batch 2, <target>, batch 3
     before = _production_state(env)
     volumes_before = {v.id for v in env.backend.list_volumes()}
     mounts_before = _mounts()
+    host_mounts = sorted(str(m) for m in env.cluster.host.mounts())
     archive_before = _archive(env)
 
     plan = env.cluster.plan_clone(target, name="t1")
@@ -77,4 +78,6 @@ def clone_scenario(env: Env) -> None:
     assert {v.id for v in env.backend.list_volumes()} == volumes_before
     assert not os.path.exists(record.at)
     assert _mounts() == mounts_before
+    assert sorted(str(m) for m in env.cluster.host.mounts()) == host_mounts
     assert env.batches() == env.expect(1, 2, 3, 4, 5)
+    return plan

@@ -22,7 +22,7 @@ from pgsnap.executor import Event, EventKind
 from pgsnap.model import CloneState, RecoveryTarget
 
 from ._clones import clone_scenario
-from .conftest import Env, backed_up, pitr_setup
+from .conftest import Env, backed_up, make_env, pitr_setup
 from .test_guard_e2e import unchecked
 
 pytestmark = [pytest.mark.postgres]
@@ -40,6 +40,19 @@ def bindir(
 
 def test_a_clone_at_a_time_beside_production(e2e_env: Any, bindir: Path) -> None:
     clone_scenario(e2e_env(bindir))
+
+
+def test_a_clone_of_block_volumes_is_attached_and_mounted(pg_server: Any) -> None:
+    """The mock's simulated block devices: the clone volume is attached to the host,
+    its device waited for and mounted at the clone's data directory, and on destroy
+    unmounted, detached and deleted."""
+    env = make_env(pg_server, None, block=True)
+    try:
+        plan = clone_scenario(env)
+        actions = [s.action for s in plan.steps]
+        assert "storage.attach_clone" in actions and "host.mount_clone" in actions
+    finally:
+        env.backend.close()
 
 
 def test_a_paused_clone_for_reporting_is_read_only_at_its_target(e2e_env: Any) -> None:

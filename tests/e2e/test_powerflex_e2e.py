@@ -27,6 +27,7 @@ from pgsnap.model import BackupState, RecoveryTarget, VolumeRole
 from pgsnap.plan import Plan
 from pgsnap.testing.powerflex_sim import Fault, PowerFlexSimulator, powerflex_cluster
 
+from ._clones import clone_scenario
 from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
 
 pytestmark = pytest.mark.postgres
@@ -281,3 +282,13 @@ def test_a_copy_of_a_powerflex_backup_recovers_once_the_snapshots_are_gone(
     assert actions.count("copy.restore") == 1 and "storage.restore_volume" not in actions
     env.cluster.execute(recovery)
     assert env.batches() == env.expect(1, 2), recovery.explain()
+
+
+@pytest.mark.parametrize("version", ["4.5", "5.0"])
+def test_a_clone_on_powerflex_is_a_snapshot_of_the_snapshot_mapped_to_the_host(
+    pf_env: Any, version: str
+) -> None:
+    env, _sim = pf_env(version)
+    plan = clone_scenario(env)
+    actions = [s.action for s in plan.steps]
+    assert "storage.attach_clone" in actions and "host.mount_clone" in actions

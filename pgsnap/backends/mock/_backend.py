@@ -802,6 +802,10 @@ class MockBackend:
         with self._writing():
             self._require(Capability.CLONES, "clones")
             snap = self._snap(snapshot_id)
+            origin = self._volumes.get(snap.record.volume_id)
+            if path is None and self._block and origin is not None and origin.path is not None:
+                # A simulated LUN beside its origin's, where the host's users reach it.
+                path = origin.path.parent / f".clone-{name}"
             directory = snap.home is not None and path is None  # root/clones/<vid>
             vid = self._next_id("vol", self._volumes, stray="clones" if directory else None)
             extra = {"clone_of": snapshot_id}
