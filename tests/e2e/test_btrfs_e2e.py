@@ -193,3 +193,9 @@ def test_a_copy_of_a_btrfs_backup_recovers_once_the_file_system_is_gone(
 def test_a_clone_on_btrfs_is_a_new_subvolume_beside_production(btrfs_env: Any) -> None:
     env: Env = btrfs_env()
     clone_scenario(env)
+    volumes = {v.id for v in env.backend.list_volumes()}
+    env.switch_wal()  # batches 4 and 5 archived: a latest drill replays them
+    drill = env.cluster.drill(checks=["SELECT count(*) = 15 FROM t"])
+    assert drill.ok, [c for c in drill.checks if not c.ok]
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes

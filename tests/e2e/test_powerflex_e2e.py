@@ -292,3 +292,9 @@ def test_a_clone_on_powerflex_is_a_snapshot_of_the_snapshot_mapped_to_the_host(
     plan = clone_scenario(env)
     actions = [s.action for s in plan.steps]
     assert "storage.attach_clone" in actions and "host.mount_clone" in actions
+    volumes = {v.id for v in env.backend.list_volumes()}
+    env.switch_wal()  # batches 4 and 5 archived: a latest drill replays them
+    drill = env.cluster.drill(checks=["SELECT count(*) = 15 FROM t"])
+    assert drill.ok, [c for c in drill.checks if not c.ok]
+    assert env.cluster.clones() == ()
+    assert {v.id for v in env.backend.list_volumes()} == volumes
