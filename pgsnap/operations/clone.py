@@ -51,7 +51,13 @@ from pgsnap.operations.base import (
     Target,
 )
 from pgsnap.operations.host import check_apart_from_layout
-from pgsnap.protocols import CloneServer, DatabaseAdapter, DeletableClones, ServerInstances
+from pgsnap.protocols import (
+    Capability,
+    CloneServer,
+    DatabaseAdapter,
+    DeletableClones,
+    ServerInstances,
+)
 
 __all__ = [
     "CLONE_NAME_RE",
@@ -559,7 +565,8 @@ class AttachClone(_CloneStep):
 
     def run(self, ctx: OperationContext) -> Outputs:
         found = _clone_volume(ctx, self, self.clone, self.volume)
-        ctx.backend.attach(found.id, self.host)
+        if Capability.MAPPING in ctx.backend.capabilities:  # else it is visible already (LVM)
+            ctx.backend.attach(found.id, self.host)
         return {"device": ctx.backend.locate(found.id).path, "volume_id": found.id}
 
 
