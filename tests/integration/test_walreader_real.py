@@ -560,6 +560,12 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
     items2 = scan([archive, b.wal_dir], path, start)
     assert items2[-1].reason is StopReason.END_OF_WAL
     x2 = of(items2, XactRecord)
+    # The planner's view: scan_events over the same stretch, read while b is still
+    # stopped (a running server writes more WAL into the directory being read).
+    events = walreader.scan_events([str(archive), str(b.wal_dir)], path, start, LSN_MAX)
+    assert events.complete and events.end_of_wal == items2[-1].end_of_wal.lsn
+    assert [e[2] for e in events.commits] == [x.xid for x in x2 if x.kind.committed]
+    assert events.restore_point("pitr-target") is not None
     b.start()
     check_with_server(b, x2)
     check_workload(w2, [i for i in items2[:-1] if i.lsn >= switch])
@@ -579,12 +585,6 @@ def test_reader_agrees_with_the_server(pg_bindir_for, pg_server, tmp_path, major
         assert (first2.this_timeline, first2.prev_timeline) == (2, 1)
     assert first2.timeline == 2
     assert all(x.timeline == (1 if x.lsn < switch else 2) for x in x2)
-
-    # ---- the planner's view: scan_events over the same stretch
-    events = walreader.scan_events([str(archive), str(b.wal_dir)], path, start, LSN_MAX)
-    assert events.complete and events.end_of_wal == items2[-1].end_of_wal.lsn
-    assert [e[2] for e in events.commits] == [x.xid for x in x2 if x.kind.committed]
-    assert events.restore_point("pitr-target") is not None
 
     # ---- a standby promoted with pg_ctl promote: an end-of-recovery record starts
     # timeline 3 (2 is taken) after all of timeline 1 the archive holds.
