@@ -483,12 +483,17 @@ class RestoreProfile:
       snapshot, merged instead) says False;
     - ``completes_later``: :meth:`StorageBackend.restore_volume` returns before the
       content is in place; the plan then waits with
-      :meth:`StorageBackend.wait_for_restore` before mounting.
+      :meth:`StorageBackend.wait_for_restore` before mounting;
+    - ``clone_refusal``: why this volume's snapshots cannot be cloned
+      (:meth:`StorageBackend.clone_snapshot`) although the backend declares
+      ``CLONES`` (a classic LVM snapshot cannot be snapshotted); empty when they
+      can. The clone planner refuses such a clone with this reason.
     """
 
     before: RestorePreparation = RestorePreparation.NOTHING
     consumes_snapshot: bool = False
     completes_later: bool = False
+    clone_refusal: str = ""
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.before, RestorePreparation):

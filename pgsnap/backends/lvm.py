@@ -53,6 +53,13 @@ Volumes, snapshots and restores
   :meth:`LvmBackend.wait_for_restore` finishes a merge an interrupted restore
   left deferred, once the origin is closed.
 - **Deletes** are ``lvremove -y``.
+- **Clones** (``CLONES``) of thin snapshots are thin snapshots of the
+  snapshot (``lvcreate -s``), active, without the activation-skip flag,
+  tagged ``pgsnap.clone=<snapshot>``: volumes like the others (listed,
+  located at ``/dev/vg/lv``), deleted by :meth:`LvmBackend.delete_clone`
+  only. A classic snapshot cannot be snapshotted: its volume's restore
+  profile says so (``clone_refusal``), and the clone planner refuses it
+  with that reason before anything is made.
 
 Consistency of a group (why ``CONSISTENCY_GROUPS`` is not declared)
 --------------------------------------------------------------------
@@ -160,8 +167,15 @@ log = logging.getLogger(__name__)
 
 _NAME: Final = "lvm"
 
-CAPABILITIES: Final = frozenset[Capability]()
-"""What the backend declares: nothing optional (see the module docstring)."""
+CAPABILITIES: Final = frozenset({Capability.CLONES})
+"""What the backend declares: clones (of thin snapshots; see the module docstring)."""
+
+CLASSIC_CLONE_REFUSAL: Final = (
+    "a classic LVM snapshot cannot be snapshotted (lvm2 makes snapshots of snapshots "
+    "only in thin pools), so it has no writable copy to give a clone"
+)
+"""Why a volume with classic snapshots cannot be cloned (its restore profile's
+``clone_refusal``)."""
 
 TAG_PREFIX: Final = "pgsnap"
 """The bare tag on every LV pgsnap makes, and the prefix of its ``key=value`` tags."""
@@ -630,7 +644,7 @@ class LvmBackend(CommandBackend):
 
     @property
     def capabilities(self) -> frozenset[Capability]:
-        """None of the optional ones (see :data:`CAPABILITIES`)."""
+        """``CLONES`` (see :data:`CAPABILITIES`)."""
         return CAPABILITIES
 
     @property
@@ -945,9 +959,14 @@ class LvmBackend(CommandBackend):
 
     def restore_profile(self, volume_id: str) -> RestoreProfile:
         """``UNMOUNT``; classic snapshots are consumed (merged), thin ones are not
-        (swapped); complete at once."""
+        (swapped); complete at once. Classic snapshots cannot be cloned
+        (``clone_refusal``)."""
         vol = self._volume(self._lvs(), volume_id)
-        return RestoreProfile(before=RestorePreparation.UNMOUNT, consumes_snapshot=not vol.thin)
+        return RestoreProfile(
+            before=RestorePreparation.UNMOUNT,
+            consumes_snapshot=not vol.thin,
+            clone_refusal="" if vol.thin else CLASSIC_CLONE_REFUSAL,
+        )
 
     def wait_for_restore(self, volume_id: str, *, timeout: float) -> None:
         """Return once no merge is pending or in progress on the volume (at once after
@@ -992,9 +1011,95 @@ class LvmBackend(CommandBackend):
         """The LV's device node, ``/dev/vg/lv``."""
         return Location.device(self._volume(self._lvs(), volume_id).path)
 
+    # ------------------------------------------------------------------ protocol: clones
+
     def clone_snapshot(self, snapshot_id: str, name: str) -> StorageVolume:
-        """Refused: no ``CLONES``."""
-        raise self._unsupported("cloning snapshots", Capability.CLONES)
+        """A new writable thin volume ``vg/name`` with a thin snapshot's content: a thin
+        snapshot of the snapshot (``lvcreate -s``), active, without the activation-skip
+        flag, tagged ``pgsnap.clone=<snapshot>`` (and not ``pgsnap``: it is a volume
+        like the others, and :meth:`delete_clone` knows it by that tag). The backup's
+        snapshot is only read.
+
+        A classic snapshot is refused with
+        :class:`~pgsnap.errors.UnsupportedCapability` (lvm2 cannot snapshot it;
+        :meth:`restore_profile` says so before anyone tries); a name that exists
+        with :class:`LvExistsError`.
+        """
+        if not isinstance(name, str) or not _NAME_RE.match(name) or len(name) > 120:
+            raise ConfigurationError(
+                f"invalid clone name {name!r}",
+                hint="an lvm name: letters, digits and + _ . -, at most 120 characters",
+            )
+        with self._lock:
+            snap = self._snapshot(self._lvs(), snapshot_id)
+            if not snap.lv.thin:
+                raise UnsupportedCapability(
+                    f"cannot clone snapshot {snapshot_id}: {CLASSIC_CLONE_REFUSAL}",
+                    hint="clones need thin volumes (lvcreate -T); recover the backup to "
+                    "another host instead",
+                    backend=_NAME,
+                    snapshot_id=snapshot_id,
+                )
+            vg = snap.lv.vg
+            try:
+                self._lvm(
+                    vg,
+                    [
+                        "lvcreate",
+                        "-s",
+                        "-n",
+                        name,
+                        "-kn",
+                        "--addtag",
+                        f"{TAG_PREFIX}.clone={snap.lv.name}",
+                        snap.lv.id,
+                    ],
+                    what=f"cloning snapshot {snapshot_id} as {vg}/{name}",
+                    snapshot_id=snapshot_id,
+                )
+            except LvExistsError:
+                raise
+            except BaseException:
+                self._remove_leftover(vg, name)
+                raise
+            clone = next((lv for lv in self._lvs([vg]) if lv.bare_name == name), None)
+            if clone is None:
+                raise LvmError(
+                    f"lvcreate made no {vg}/{name}",
+                    hint="lvs -a shows what the volume group holds",
+                    backend=_NAME,
+                    snapshot_id=snapshot_id,
+                )
+            if not clone.active:
+                self._lvm(vg, ["lvchange", "-ay", clone.id], what=f"activating {clone.id}")
+            log.debug("lvm: cloned %s into %s", snapshot_id, clone.id)
+            return self._volume_record(clone)
+
+    def delete_clone(self, volume_id: str) -> None:
+        """Remove a volume made by :meth:`clone_snapshot` (``lvremove``); idempotent.
+
+        Refused (:class:`LvmError`) for a volume without the ``pgsnap.clone`` tag
+        (never an origin), and (:class:`LvInUseError`) for one still open."""
+        with self._lock:
+            try:
+                vol = self._volume(self._lvs(), volume_id)
+            except VolumeNotFound:
+                return
+            if vol.tag("clone") is None:
+                raise LvmError(
+                    f"volume {vol.id} is not a clone pgsnap made: it is never deleted",
+                    hint="only volumes made by clone_snapshot are deleted",
+                    backend=_NAME,
+                    volume_id=vol.id,
+                )
+            if vol.open:
+                raise LvInUseError(
+                    f"clone {vol.id} is open (mounted, or used by a process)",
+                    hint=f"unmount {vol.path} first",
+                    backend=_NAME,
+                    volume_id=vol.id,
+                )
+            self._lvm(vol.vg, ["lvremove", "-y", vol.id], what=f"removing clone {vol.id}")
 
     # ------------------------------------------------------------------ vendor-only (ex_)
 

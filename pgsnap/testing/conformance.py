@@ -90,7 +90,7 @@ from pgsnap.model import (
     SnapshotPolicy,
     StorageVolume,
 )
-from pgsnap.protocols import Capability, StorageBackend
+from pgsnap.protocols import Capability, DeletableClones, StorageBackend
 
 __all__ = [
     "CAPABILITY_TESTS",
@@ -309,11 +309,21 @@ class _ClonesTests:
         write_marker: WriteMarker,
         read_marker: ReadMarker,
     ) -> None:
-        """A clone is a new volume with the snapshot's content; writes do not cross over."""
+        """A clone is a new volume with the snapshot's content; writes do not cross over;
+        a backend that can delete clones (``DeletableClones``) deletes it and only it.
+        A volume whose restore profile gives a ``clone_refusal`` has its clones refused
+        with UnsupportedCapability instead, and no volume is added."""
         origin = make_volume("conformance-origin")
         write_marker(origin, b"snapshotted")
         snap = backend.create_snapshot_group([origin], "conformance-clone").snapshots[0]
         write_marker(origin, b"origin-later")
+        refusal = backend.restore_profile(origin).clone_refusal
+        if refusal:
+            before = backend.list_volumes()
+            _raises(UnsupportedCapability, backend.clone_snapshot, snap.id, "conformance-clone")
+            assert backend.list_volumes() == before
+            assert read_marker(origin) == b"origin-later"
+            return
         clone = backend.clone_snapshot(snap.id, "conformance-clone")
         assert isinstance(clone, StorageVolume)
         assert clone.id != origin
@@ -327,6 +337,14 @@ class _ClonesTests:
         assert read_marker(origin) == b"snapshotted"
         assert read_marker(clone.id) == b"clone-write"
         _raises(SnapshotNotFound, backend.clone_snapshot, NONSENSE_ID, "conformance-none")
+        if isinstance(backend, DeletableClones):
+            _raises(BackendError, backend.delete_clone, origin)
+            assert read_marker(origin) == b"snapshotted"
+            backend.delete_clone(clone.id)
+            assert clone.id not in {v.id for v in backend.list_volumes()}
+            assert origin in {v.id for v in backend.list_volumes()}
+            assert snap.id in _snapshot_ids(backend, origin)
+            backend.delete_clone(clone.id)  # idempotent
 
 
 class _NoClonesTests:

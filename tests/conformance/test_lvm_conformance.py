@@ -127,7 +127,7 @@ def read_block(host: Host, device: str, *, check_constant: bool = True) -> bytes
 
 
 class _LvmConformance(StorageBackendConformance):
-    declared_capabilities = frozenset[Capability]()
+    declared_capabilities = frozenset({Capability.CLONES})
     thin = True
 
     @pytest.fixture
@@ -148,13 +148,15 @@ class _LvmConformance(StorageBackendConformance):
 
 
 class TestLvmThinConformance(_LvmConformance):
-    """The whole suite on thin volumes: thin snapshots, restores merge a copy."""
+    """The whole suite on thin volumes: thin snapshots, restores merge a copy, clones
+    are thin snapshots of the snapshot."""
 
     thin = True
 
 
 class TestLvmClassicConformance(_LvmConformance):
-    """The whole suite on linear volumes: classic snapshots, consumed by a restore."""
+    """The whole suite on linear volumes: classic snapshots, consumed by a restore;
+    clones are refused (the restore profile says why)."""
 
     thin = False
 

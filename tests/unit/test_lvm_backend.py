@@ -41,6 +41,7 @@ from pgsnap.errors import (
 )
 from pgsnap.host import CommandResult, Host
 from pgsnap.model import LocationKind, RestorePreparation
+from pgsnap.protocols import Capability
 from pgsnap.testing.runners import ScriptedRunner
 
 # Captured: lvs --reportformat json -o lv_name,vg_name,lv_attr,lv_size,origin,pool_lv,
@@ -226,6 +227,7 @@ class FakeRunner(ScriptedRunner):
         self.timeout = False
         self.merges = True
         self.gone: set[str] = set()
+        self.made: list[dict[str, str]] = []
 
     def default(self, args: list[str]) -> CommandResult:
         assert args[:3] == ["env", "LC_ALL=C", "LVM_SUPPRESS_FD_WARNINGS=1"], args
@@ -238,9 +240,28 @@ class FakeRunner(ScriptedRunner):
             self.gone.add(args[-1].split("/")[1])  # merged at once: the snapshot is gone
         if command == "lvs":
             doc = json.loads(self.lvs_text)
-            rows = doc["report"][0]["lv"]
+            rows = doc["report"][0]["lv"] + self.made
             doc["report"][0]["lv"] = [r for r in rows if r["lv_name"] not in self.gone]
             return self.ok(args, json.dumps(doc).encode())
+        if command == "lvcreate" and "-kn" in args:  # a clone: a new inactive thin LV
+            name = args[args.index("-n") + 1]
+            tags = [args[i + 1] for i, a in enumerate(args) if a == "--addtag"]
+            self.made.append(
+                {
+                    "lv_name": name,
+                    "vg_name": "vg0",
+                    "lv_attr": "Vwi---tz--",
+                    "lv_size": "67108864",
+                    "origin": args[-1].split("/")[1],
+                    "pool_lv": "pool",
+                    "data_percent": "",
+                    "snap_percent": "",
+                    "lv_time": "2026-12-01 05:50:00 +0000",
+                    "lv_tags": ",".join(tags),
+                }
+            )
+        if command == "lvremove":
+            self.gone.add(args[-1].split("/")[1])
         return self.ok(args)
 
     def issued(self) -> list[tuple[str, ...]]:
@@ -374,12 +395,54 @@ def test_a_deferred_merge_reactivates_the_origin(runner) -> None:
     ]
 
 
+def test_a_thin_snapshot_is_cloned_as_an_active_tagged_thin_volume(
+    backend: LvmBackend, runner: FakeRunner
+) -> None:
+    assert backend.restore_profile("vg0/t").clone_refusal == ""
+    clone = backend.clone_snapshot("vg0/t.pgsnap.811f9000.1", "pgc-dev-1a2b3c")
+    assert clone.id == "vg0/pgc-dev-1a2b3c" and clone.path == "/dev/vg0/pgc-dev-1a2b3c"
+    assert clone.id in {v.id for v in backend.list_volumes()}  # a volume like the others
+    assert clone.id not in {s.id for s in backend.list_snapshots()}
+    assert runner.issued() == [
+        (
+            "lvcreate",
+            "-s",
+            "-n",
+            "pgc-dev-1a2b3c",
+            "-kn",
+            "--addtag",
+            "pgsnap.clone=t.pgsnap.811f9000.1",
+            "vg0/t.pgsnap.811f9000.1",
+        ),
+        ("lvchange", "-ay", "vg0/pgc-dev-1a2b3c"),
+    ]
+    # Deleted by delete_clone only; an origin is never deleted; a clone gone is fine.
+    with pytest.raises(LvmError, match="not a clone"):
+        backend.delete_clone("vg0/t")
+    backend.delete_clone("vg0/pgc-dev-1a2b3c")
+    backend.delete_clone("vg0/pgc-dev-1a2b3c")
+    assert runner.issued()[-1] == ("lvremove", "-y", "vg0/pgc-dev-1a2b3c")
+    assert [c[0] for c in runner.issued()].count("lvremove") == 1
+    with pytest.raises(ConfigurationError):
+        backend.clone_snapshot("vg0/t.pgsnap.811f9000.1", "bad name")
+
+
+def test_a_classic_snapshot_is_not_cloned_and_its_profile_says_why(
+    backend: LvmBackend, runner: FakeRunner
+) -> None:
+    refusal = backend.restore_profile("vg0/a").clone_refusal
+    assert "classic LVM snapshot cannot be snapshotted" in refusal
+    with pytest.raises(UnsupportedCapability, match="cannot be snapshotted") as info:
+        backend.clone_snapshot("vg0/a.pgsnap.811f9000.1", "pgc-dev-1a2b3c")
+    assert "thin" in (info.value.hint or "")
+    assert runner.issued() == []
+
+
 def test_unsupported_and_unavailable(backend: LvmBackend, runner) -> None:
-    assert backend.capabilities == CAPABILITIES == frozenset()
+    assert backend.capabilities == CAPABILITIES == frozenset({Capability.CLONES})
     for call in (
         lambda: backend.attach("vg0/a", "h"),
         lambda: backend.detach("vg0/a", "h"),
-        lambda: backend.clone_snapshot("vg0/a.pgsnap.811f9000.1", "c"),
         lambda: backend.pause_policy("p"),
         lambda: backend.create_snapshot_group(["vg0/a"], "s", secure=True),
     ):
