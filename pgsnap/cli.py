@@ -714,6 +714,7 @@ def cmd_clone_create(args: argparse.Namespace) -> int:
     plan = cluster.plan_clone(
         target,
         name=args.clone,
+        host=args.host,
         at=args.at,
         port=args.port,
         action="pause" if args.pause else "promote",
@@ -1175,10 +1176,18 @@ def _parser() -> argparse.ArgumentParser:
     clc.add_argument("clone", nargs="?", help="its name (default: c<time>)")
     target_flags(clc)
     clc.add_argument("--backup", help="clone this backup (default: the one the target needs)")
+    clc.add_argument(
+        "--host",
+        help="the host it runs on, by the storage's name for it (default: the database "
+        "host; another one needs a [clone_hosts.NAME] section and storage that maps volumes)",
+    )
     clc.add_argument("--at", help="its directory (default: beside the data volume)")
     clc.add_argument("--port", type=int, help="its port (default: the first free from 55432)")
     clc.add_argument(
-        "--listen", default="", help="listen_addresses (default: only its Unix socket)"
+        "--listen",
+        default=None,
+        help="listen_addresses (default: only its Unix socket when pgsnap reaches the "
+        "cluster through one, else the cluster's own listen_addresses)",
     )
     clc.add_argument(
         "--pause", action="store_true", help="pause at the target (read-only) instead of promoting"

@@ -8,6 +8,7 @@ record). A drill never raises for what it found: its
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import html
 import logging
@@ -21,6 +22,7 @@ from pgsnap.errors import ConfigurationError, PgsnapError
 from pgsnap.model import (
     LSN,
     BackupRecord,
+    CloneRecord,
     DrillCheck,
     DrillPhase,
     DrillRecord,
@@ -33,10 +35,12 @@ from pgsnap.model import (
 from pgsnap.operations.clone import clone_server
 from pgsnap.planner.backup import Finding
 from pgsnap.planner.clone import CloneRequest, plan_clone
+from pgsnap.protocols import ServerInstances
 
 if TYPE_CHECKING:
     from pgsnap.cluster import Cluster
     from pgsnap.executor import Event
+    from pgsnap.host import Host
     from pgsnap.plan import Plan
     from pgsnap.protocols import CloneServer
 
@@ -46,6 +50,7 @@ __all__ = [
     "drill_findings",
     "drill_html",
     "drill_table",
+    "listening_ports",
     "plan_clone_for",
     "replan_clone",
     "run_drill",
@@ -64,8 +69,10 @@ _STARTUP_NOISE: Final = (
 )
 
 
-def _free_port(cluster: Cluster) -> int:
-    used = {c.port for c in cluster.catalog.list_clones()}
+def _free_port(cluster: Cluster, host: Host) -> int:
+    """The first port from :data:`FIRST_CLONE_PORT` that no recorded clone, nor the
+    cluster, nor anything listening on ``host`` (its ``/proc/net/tcp*``) uses."""
+    used = {c.port for c in cluster.catalog.list_clones()} | listening_ports(host)
     try:
         own = cluster.adapter.listening_port()  # type: ignore[attr-defined]
     except (AttributeError, PgsnapError):
@@ -74,6 +81,23 @@ def _free_port(cluster: Cluster) -> int:
     while port in used or port == own:
         port += 1
     return port
+
+
+def listening_ports(host: Host) -> set[int]:
+    """The TCP ports something listens on at ``host`` (empty when it cannot be read)."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            text = host.read_text(table)
+        except PgsnapError:
+            continue
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+                local = fields[1].rpartition(":")[2]
+                with contextlib.suppress(ValueError):
+                    ports.add(int(local, 16))
+    return ports
 
 
 def clone_request(
@@ -87,24 +111,53 @@ def clone_request(
 ) -> CloneRequest:
     """The :class:`CloneRequest` of :meth:`Cluster.plan_clone`'s arguments, with the
     defaults that need I/O (the name from the clock, the first free port)."""
-    if host is not None and host != cluster.host.name:
+    on = "" if host is None or host == cluster.host.name else host
+    if on and on not in cluster.clone_hosts:
+        known = ", ".join(sorted(cluster.clone_hosts)) or "none"
         raise ConfigurationError(
-            f"a clone on host {host!r}: clones run on the database host "
-            f"({cluster.host.name!r}) only, so far",
-            hint="leave host unset; to bring a backup up elsewhere, recover it there",
+            f"a clone on host {host!r}: pgsnap reaches no such host (the database host is "
+            f"{cluster.host.name!r}; other hosts for clones: {known})",
+            hint=f"add a [clone_hosts.{host}] section (ssh = ...) to the configuration, "
+            "or leave host unset for the database host",
         )
     if name is None:
         now = cluster._now().astimezone(dt.UTC)
         name = f"{'d' if purpose == 'drill' else 'c'}{now:%Y%m%d%H%M%S}"
+    if fields.get("listen_addresses") is None:
+        fields["listen_addresses"] = _listen_addresses(cluster, on)
     return CloneRequest(
-        name=name, port=_free_port(cluster) if port is None else port, purpose=purpose, **fields
+        name=name,
+        port=_free_port(cluster, cluster.clone_hosts.get(on) or cluster.host)
+        if port is None
+        else port,
+        purpose=purpose,
+        host=on,
+        **fields,
     )
+
+
+def _listen_addresses(cluster: Cluster, on: str) -> str:
+    """Where a clone listens by default: on its Unix socket only when pgsnap is on its
+    machine and reaches it through the socket; else where the cluster listens (on the
+    database host: pgsnap reaches the clone at the cluster's address, on the clone's
+    port), or everywhere on another host."""
+    adapter = cluster.adapter
+    if not isinstance(adapter, ServerInstances):
+        return ""
+    try:
+        return adapter.instance_listen_addresses(cluster.clone_hosts.get(on))
+    except PgsnapError as exc:
+        raise ConfigurationError(
+            f"pgsnap reaches the cluster over TCP, and cannot ask it where it listens "
+            f"({exc.message}): a clone must listen where pgsnap can reach it",
+            hint="give the clone's listen_addresses (--listen-addresses), e.g. '*'",
+        ) from exc
 
 
 def plan_clone_for(cluster: Cluster, request: CloneRequest) -> Plan:
     """Observe and plan ``request``."""
     facts = cluster.recovery_facts(request.recovery_request())
-    return plan_clone(facts, request)
+    return plan_clone(attrs.evolve(facts, clone_hosts=frozenset(cluster.clone_hosts)), request)
 
 
 def replan_clone(cluster: Cluster, plan: Plan) -> Plan:
@@ -196,9 +249,9 @@ def _checksums(server: CloneServer) -> DrillCheck:
     )
 
 
-def _server_log(cluster: Cluster, at: str) -> DrillCheck:
+def _server_log(host: Host, at: str) -> DrillCheck:
     try:
-        text = cluster.host.read_text(f"{at}/server.log")
+        text = host.read_text(f"{at}/server.log")
     except PgsnapError as exc:
         return DrillCheck("server log", False, f"cannot read it: {exc.message}")
     bad = [
@@ -243,6 +296,7 @@ def run_drill(
         action=RecoveryAction.PROMOTE,
         backup_id=backup_id,
         at=options.get("at"),
+        listen_addresses=options.get("listen_addresses"),
         recovery_timeout=float(options.get("recovery_timeout", 600.0)),
         server_timeout=float(options.get("server_timeout", 120.0)),
     )
@@ -265,9 +319,9 @@ def run_drill(
         results.append(
             DrillCheck(
                 "reached target",
-                True,
+                bool(outputs.get("replay_lsn")),
                 f"{outputs.get('state')} on timeline {outputs.get('timeline')} at "
-                f"{outputs.get('replay_lsn')}",
+                f"{outputs.get('replay_lsn')} (the plan: {outputs.get('planned_lsn')} at least)",
             )
         )
     except PgsnapError as exc:
@@ -277,13 +331,16 @@ def run_drill(
     if plan is not None and not error:
         checked_at = time.monotonic()
         record = cluster.catalog.get_clone(request.name)
-        server = clone_server(cluster.adapter, record.data_directory, record.port, record.at)
+        where = cluster.clone_hosts.get(record.host)
+        server = clone_server(
+            cluster.adapter, record.data_directory, record.port, record.at, host=where
+        )
         backup = cluster.catalog.get(chosen)
         major = backup.server_version // 10000
         results.append(_amcheck(server, major))
         results.append(_checksums(server))
         results += [_check_sql(server, n, sql) for n, sql in enumerate(checks, 1)]
-        results.append(_server_log(cluster, record.at))
+        results.append(_server_log(where or cluster.host, record.at))
         phases.append(DrillPhase("checks", time.monotonic() - checked_at))
         ok = all(c.ok for c in results)
         if ok or not keep_on_failure:
@@ -345,33 +402,53 @@ def _parse_time(value: object) -> dt.datetime | None:
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=dt.UTC)
 
 
-def drill_findings(backups: Sequence[BackupRecord], drills: Sequence[DrillRecord]) -> list[Finding]:
+def drill_findings(
+    backups: Sequence[BackupRecord],
+    drills: Sequence[DrillRecord],
+    clones: Sequence[CloneRecord] = (),
+) -> list[Finding]:
     """``pgsnap check``'s warnings about drills: the newest usable backup was never
-    drilled, or its last drill failed."""
+    drilled, or its last drill failed; a drill's clone is left over (its drill was
+    interrupted: it holds storage until destroyed). A clone a failed drill kept on
+    purpose (``--keep-on-failure``) is not warned about."""
+    kept = {d.clone for d in drills if d.kept}
+    found = [
+        Finding(
+            "drill_clone_left",
+            Severity.WARNING,
+            f"clone {c.name} of backup {c.backup_id} was left by an interrupted drill "
+            f"({c.state.value} since {c.created_at:%Y-%m-%d %H:%M} UTC): pgsnap clone destroy "
+            f"{c.name}",
+        )
+        for c in clones
+        if c.purpose == "drill" and c.name not in kept
+    ]
     usable = [b for b in backups if b.is_usable]
     if not usable:
-        return []
+        return found
     newest = max(usable, key=lambda b: (b.start_time, b.id))
     mine = sorted((d for d in drills if d.backup_id == newest.id), key=lambda d: d.started_at)
     if not mine:
         return [
+            *found,
             Finding(
                 "backup_not_drilled",
                 Severity.WARNING,
                 f"the newest backup {newest.id} was never proven restorable: run pgsnap drill "
                 "--newest",
-            )
+            ),
         ]
     if not mine[-1].ok:
         failed = ", ".join(c.name for c in mine[-1].checks if not c.ok) or mine[-1].error
         return [
+            *found,
             Finding(
                 "drill_failed",
                 Severity.WARNING,
                 f"the last drill of the newest backup {newest.id} ({mine[-1].id}) failed: {failed}",
-            )
+            ),
         ]
-    return []
+    return found
 
 
 # --------------------------------------------------------------------------- rendering

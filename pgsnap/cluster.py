@@ -554,6 +554,7 @@ class Cluster:
         copy_retention: CopyRetentionPolicy | None = None,
         copy_parallel: int = DEFAULT_PARALLEL,
         copy_bandwidth_limit: int | None = None,
+        clone_hosts: Mapping[str, Host] | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -594,6 +595,10 @@ class Cluster:
         """Upload threads of a copy (``[copies] parallel``)."""
         self.copy_bandwidth_limit = copy_bandwidth_limit
         """Bytes a second a copy may send, or None (``[copies] bandwidth_limit``)."""
+        self.clone_hosts: dict[str, Host] = dict(clone_hosts or {})
+        """Hosts other than the database host where clones may run (``[clone_hosts.NAME]``),
+        by the storage's name for them: the clone's volumes are attached there, its
+        server runs there with the cluster's binaries (at the same paths)."""
 
     @classmethod
     def from_config(
@@ -720,7 +725,9 @@ class Cluster:
         findings += check_findings(data)
         from pgsnap.clones import drill_findings  # noqa: PLC0415
 
-        findings += drill_findings(data.backups, self.catalog.list_drills())
+        findings += drill_findings(
+            data.backups, self.catalog.list_drills(), self.catalog.list_clones()
+        )
         seg = data.segment_size
         index = data.index
         wal_lines = []
@@ -966,7 +973,7 @@ class Cluster:
         action: RecoveryAction | str = RecoveryAction.PROMOTE,
         backup_id: str | None = None,
         timeline: str | int = "latest",
-        listen_addresses: str = "",
+        listen_addresses: str | None = None,
         mask_sql: str = "",
         mask_dbname: str = "postgres",
         mask_script: str = "",
@@ -982,7 +989,9 @@ class Cluster:
         ``host`` (the database host: the only one supported yet), below ``at``
         (default: beside the data volume), on ``port`` (default: the first free one
         from 55432), listening on its Unix socket in ``at`` and on
-        ``listen_addresses`` (default none). ``mask_sql`` (run in ``mask_dbname``) and
+        ``listen_addresses`` (default: none when pgsnap reaches the cluster through a
+        Unix socket; the cluster's own ``listen_addresses`` when it reaches it over TCP,
+        as it then reaches the clone). ``mask_sql`` (run in ``mask_dbname``) and
         ``mask_script`` are the masking hook. It never writes to the cluster, its
         volumes or its archive (see :mod:`pgsnap.planner.clone`).
         """
@@ -1049,8 +1058,8 @@ class Cluster:
         **options: Any,
     ) -> DrillRecord:
         """A restore drill (``pgsnap drill``): clone backup ``backup_id`` (default: the one
-        a recovery to ``target`` would use), recover it to ``target`` (default: the
-        backup's consistency point), check it (the target reached, ``amcheck`` on every
+        a recovery to ``target`` would use), recover it to ``target`` (default: latest,
+        all the archived WAL), check it (the target reached, ``amcheck`` on every
         database, data checksums, the server log, and each SQL of ``checks``, which
         must return a true first value or a non-empty result), measure RTO and RPO,
         destroy the clone (kept on failure when ``keep_on_failure``), and record the
@@ -1475,6 +1484,7 @@ class Cluster:
             on_event=on_event or self.on_event,
             check_fresh=self._check_fresh,
             clock=self._now,
+            hosts=self.clone_hosts,
         )
 
     def execute(

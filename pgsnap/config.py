@@ -5,7 +5,8 @@ the same shape (a notebook's dict). Its sections: ``[database]`` (how to
 reach PostgreSQL; a password only by ``password_env`` or ``password_file``),
 ``[storage]`` (the backend and its options), ``[host]`` (the database host:
 this machine or one over ssh), ``[archive]``, ``[catalog]``, ``[timeouts]``,
-``[retention]`` and one ``[[volume]]`` table per volume. docs/cli.md has a
+``[retention]``, ``[copies]``, ``[clone_hosts.NAME]`` (other hosts where clones
+may run) and one ``[[volume]]`` table per volume. docs/cli.md has a
 complete example and every key.
 
 :meth:`pgsnap.Cluster.from_config <pgsnap.cluster.Cluster.from_config>` is the
@@ -138,6 +139,7 @@ _SECTIONS = (
     "timeouts",
     "retention",
     "copies",
+    "clone_hosts",
     "volume",
 )
 RETENTION_KEYS: Final = (
@@ -337,32 +339,54 @@ def load_timeouts(source: Source) -> Timeouts:
     return _timeouts(_read(source))
 
 
-def _host(section: dict[str, Any], rel: Callable[[Any], str]) -> Host:
-    """The database host of the ``[host]`` section: this machine, or one over ssh."""
+def _host(
+    section: dict[str, Any],
+    rel: Callable[[Any], str],
+    where: str = "[host]",
+    default_name: str | None = None,
+) -> Host:
+    """The host of a ``[host]`` section (the database host) or of a
+    ``[clone_hosts.NAME]`` one: this machine, or one over ssh."""
 
-    _check_keys(section, _HOST_KEYS, "[host]")
-    name = _text(section, "name", "[host]")
+    _check_keys(section, _HOST_KEYS, where)
+    name = _text(section, "name", where) or default_name
     if "ssh" not in section:
         extra = sorted(set(section) - {"name"})
         if extra:
             raise ConfigurationError(
-                f"[host] sets {', '.join(extra)} but no ssh destination",
+                f"{where} sets {', '.join(extra)} but no ssh destination",
                 hint='add ssh = "db1.example.com", or remove them to use this machine',
             )
         return Host(name=name)
     port = section.get("port")
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
-        raise ConfigurationError(f"[host] port must be a number, not {port!r}")
-    identity_file = _text(section, "identity_file", "[host]")
-    known_hosts_file = _text(section, "known_hosts_file", "[host]")
+        raise ConfigurationError(f"{where} port must be a number, not {port!r}")
+    identity_file = _text(section, "identity_file", where)
+    known_hosts_file = _text(section, "known_hosts_file", where)
     runner = SshRunner(
-        str(_text(section, "ssh", "[host]")),
-        user=_text(section, "user", "[host]"),
+        str(_text(section, "ssh", where)),
+        user=_text(section, "user", where),
         port=port,
         identity_file=None if identity_file is None else rel(identity_file),
         known_hosts_file=None if known_hosts_file is None else rel(known_hosts_file),
     )
     return Host(runner, name=name)
+
+
+def _clone_hosts(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[str, Host]:
+    """The ``[clone_hosts.NAME]`` tables: hosts other than the database host where clones
+    may run, by the storage's name for them (``NAME``; ``name`` overrides it)."""
+    hosts: dict[str, Host] = {}
+    for key, table in section.items():
+        where = f"[clone_hosts.{key}]"
+        if not isinstance(table, dict):
+            raise ConfigurationError(
+                f"{where} must be a table, not {table!r}",
+                hint=f'write [clone_hosts.{key}] with ssh = "..." below it',
+            )
+        host = _host(table, rel, where, default_name=str(key))
+        hosts[host.name] = host
+    return hosts
 
 
 def _volumes(conf: dict[str, Any], rel: Callable[[Any], str]) -> Layout:
@@ -580,6 +604,7 @@ def cluster_arguments(
         **_copy_host(_table(conf, "copies") or {}),
         "copy_retention": _copy_retention(_table(conf, "copies") or {}),
         **_copy_settings(_table(conf, "copies") or {}),
+        "clone_hosts": _clone_hosts(_table(conf, "clone_hosts") or {}, rel),
     }
 
 

@@ -278,6 +278,7 @@ class Executor:
         clock: Callable[[], dt.datetime] = _utcnow,
         operations: OperationRegistry | None = None,
         lock: ClusterLock | None = None,
+        hosts: Mapping[str, Host] | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -292,6 +293,7 @@ class Executor:
         self.clock = clock
         self.operations = operations or default_operations()
         self.lock = lock if lock is not None else _default_lock(catalog, self.journal_dir)
+        self.hosts: Mapping[str, Host] = dict(hosts or {})
 
     def __repr__(self) -> str:
         return f"<Executor backend={self.backend.name} journal={self.journal_dir}>"
@@ -465,6 +467,7 @@ class Executor:
                 clock=self.clock,
                 run_started=journal.started_at,
                 plan_id=plan.id,
+                hosts=self.hosts,
             )
             run = _Run(plan, journal, ops, undos, ctx)
             for sid, rec in journal.steps.items():

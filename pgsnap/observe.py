@@ -890,8 +890,15 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
         )
+        configured = getattr(self.adapter, "data_directory", None)
+        data_directory = (
+            configured
+            if isinstance(configured, str)
+            else (server.data_directory if server is not None else "")
+        )
         facts = attrs.evolve(
             facts,
+            data_directory=data_directory,
             copies=self._copies_found(backups),
             copy_options=self.copy_options,
             copy_key_file=self.copy_key_file,

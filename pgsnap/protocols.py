@@ -511,9 +511,18 @@ class ServerInstances(Protocol):
         port: int,
         socket_directory: str,
         log_file: str | None = None,
+        host: Host | None = None,
     ) -> CloneServer:
-        """The adapter of the instance on ``data_directory``, reached through the Unix
-        socket in ``socket_directory`` on ``port``, logging to ``log_file``."""
+        """The adapter of the instance on ``data_directory`` on ``host`` (default: the
+        database host), logging to ``log_file``, reached on ``port``: through the Unix
+        socket in ``socket_directory`` when pgsnap is on its machine, else over TCP
+        (see :meth:`instance_listen_addresses`)."""
+        ...
+
+    def instance_listen_addresses(self, host: Host | None = None) -> str:
+        """What another instance (on ``host``, default: the database host) must listen
+        on for :meth:`instance` to reach it: ``""`` (its Unix socket only) when it is
+        reached through its socket, else the addresses to listen on."""
         ...
 
 

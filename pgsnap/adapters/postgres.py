@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import os
 import posixpath
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,7 +39,7 @@ from pgsnap.errors import (
     HostFileNotFound,
     ServerRefusedError,
 )
-from pgsnap.host import FileKind, Host
+from pgsnap.host import FileKind, Host, LocalRunner
 from pgsnap.model import (
     LSN,
     ArchiverStatus,
@@ -62,6 +63,9 @@ RecoveryState = Literal["promoted", "paused", "shutdown"]
 
 _POLL: Final = 0.15
 _MAX_POLL: Final = 0.2
+_UNREACHABLE_AFTER_READY: Final = 30.0
+"""Seconds :meth:`PostgresAdapter.wait_recovery` keeps trying to connect to a server
+whose log says it ended its recovery and accepts connections, before it says so."""
 """The longest wait between two looks at a recovering server: its end is noticed
 within this (a connection and two queries each time)."""
 _LOST_HINT: Final = (
@@ -511,6 +515,7 @@ class PostgresAdapter:
         self._follower: _LogFollower | None = None
         self._settings: RecoverySettings | None = None
         self._replayed: tuple[str | None, str | None] = (None, None)
+        self._connect_error: str | None = None
 
     def _parse_conninfo(self) -> None:
         """Parse the connection string (once); ``ConfigurationError`` if it cannot be."""
@@ -1058,6 +1063,7 @@ class PostgresAdapter:
         interval = _POLL
         reported: tuple[object, ...] = ()
         self._replayed = (None, None)
+        unreachable_since: float | None = None
         while True:
             summary = self._summary()
             if summary.known_fatal:
@@ -1080,6 +1086,21 @@ class PostgresAdapter:
                 raise self._refused(exc) from exc
             if outcome is not None:
                 return outcome
+            if summary.ended and self._connect_error is not None:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > _UNREACHABLE_AFTER_READY:
+                    raise DatabaseError(
+                        "the server's log says its recovery ended and it accepts "
+                        f"connections, but pgsnap cannot connect to it ({self._display}): "
+                        f"{self._connect_error}",
+                        hint="check that it listens where pgsnap connects (port, "
+                        "listen_addresses, a firewall or port forward between pgsnap and "
+                        "its host)",
+                        sqlstate=None,
+                        log_lines=summary.relevant,
+                    )
+            else:
+                unreachable_since = None
             if on_progress is not None:
                 reported = self._report_progress(on_progress, reported)
             if time.monotonic() > deadline:
@@ -1174,11 +1195,13 @@ class PostgresAdapter:
         return str(int.from_bytes(head, "little"))
 
     def _poll_server(self, summary: _pglog.LogSummary) -> RecoveryResult | None:
+        self._connect_error = None
         try:
             conn = self._connect(timeout=2)
         except ServerRefusedError:
             raise
-        except DatabaseError:
+        except DatabaseError as exc:
+            self._connect_error = exc.message
             return None  # not accepting connections yet (or any more)
         try:
             found = None
@@ -1440,16 +1463,26 @@ class PostgresAdapter:
         port: int,
         socket_directory: str,
         log_file: str | None = None,
+        host: Host | None = None,
     ) -> PostgresAdapter:
-        """An adapter for another PostgreSQL instance on the same host, run with the
-        same binaries by the same OS user: a clone's server on ``data_directory``,
-        reached through the Unix socket in ``socket_directory`` on ``port``, as the
-        same role (and password) as this one. Nothing is checked or started."""
-        self._parse_conninfo()
-        params = dict(psycopg.conninfo.conninfo_to_dict(self._conninfo))
+        """An adapter for another PostgreSQL instance run with the same binaries (at the
+        same paths) by the same OS user, as the same role (and password): a clone's
+        server on ``data_directory``, on ``host`` (default: this adapter's).
+        Nothing is checked or started.
+
+        It is reached on ``port``: through the Unix socket in ``socket_directory`` when
+        pgsnap is on its machine (this adapter reaches its own server through a
+        socket, or ``host`` is another machine pgsnap runs on); else over TCP, at this
+        adapter's address on its own host, at the ssh destination on another host."""
+        params = dict(psycopg.conninfo.conninfo_to_dict(self._conninfo_text()))
+        address = self._instance_address(params, host)
         for key in ("host", "hostaddr", "port", "service"):
             params.pop(key, None)
-        params.update(host=socket_directory, port=str(port))
+        if address is None:
+            params["host"] = socket_directory
+        else:
+            params.update(address)
+        params["port"] = str(port)
         conninfo = psycopg.conninfo.make_conninfo("", **params)
         bindir = self._bindir
         if bindir is None and self.data_directory is not None:
@@ -1467,8 +1500,52 @@ class PostgresAdapter:
             os_user=os_user,
             log_file=log_file,
             connect_timeout=self._connect_timeout,
-            host=self._host,
+            host=self._host if host is None else host,
         )
+
+    def _instance_address(
+        self, params: Mapping[str, Any], host: Host | None
+    ) -> dict[str, str] | None:
+        """The TCP address parameters another instance is reached at (None: its socket)."""
+        if host is None or host is self._host or host.name == self._host.name:
+            if self._tcp_address(params) is None:
+                return None
+            return {k: str(params[k]) for k in ("host", "hostaddr") if params.get(k)} or {
+                "host": str(self._tcp_address(params))
+            }
+        if isinstance(host.runner, LocalRunner):
+            return None
+        destination = str(getattr(host.runner, "destination", "") or host.name)
+        return {"host": destination.rpartition("@")[2]}
+
+    def _conninfo_text(self) -> str:
+        self._parse_conninfo()
+        return self._conninfo
+
+    @staticmethod
+    def _tcp_address(params: Mapping[str, Any]) -> str | None:
+        """The TCP host a connection's parameters reach (the first of a list), or None
+        for a Unix socket (libpq's default when no host is given)."""
+        for key in ("hostaddr", "host"):
+            value = str(params.get(key) or os.environ.get(f"PG{key.upper()}", "")).split(",")[0]
+            if value and not value.startswith(("/", "@")):
+                return value
+        return None
+
+    def instance_listen_addresses(self, host: Host | None = None) -> str:
+        """Where another instance (on ``host``, default: this adapter's) must listen for
+        :meth:`instance` to reach it: ``""`` (its Unix socket only) when it is reached
+        through its socket; on this adapter's host, the server's own
+        ``listen_addresses`` (it is reached at the same address, on its own port;
+        ``DatabaseError`` when the server does not answer: give the clone's
+        ``listen_addresses`` yourself then); on another host, ``*``."""
+        params = psycopg.conninfo.conninfo_to_dict(self._conninfo_text())
+        if self._instance_address(params, host) is None:
+            return ""
+        if host is not None and host is not self._host and host.name != self._host.name:
+            return "*"
+        (value,) = self.query("SHOW listen_addresses")[0]
+        return str(value)
 
     def query(self, sql: str, *, dbname: str | None = None) -> list[tuple[Any, ...]]:
         """Run ``sql`` (autocommit) in database ``dbname`` (default: the connection's)

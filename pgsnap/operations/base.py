@@ -208,6 +208,16 @@ class OperationContext:
     progress: Callable[[str, Mapping[str, JSONValue]], None] = lambda _m, _d: None
     """Report how a long step is getting on (``message``, plain data): the
     executor turns each call into a ``progress`` event of the running step."""
+    hosts: Mapping[str, Host] = attrs.field(factory=dict)
+    """Other hosts pgsnap reaches, by the storage's name for them (clones made on
+    a host other than the database host); :meth:`host_named` finds one."""
+
+    def host_named(self, name: str) -> Host | None:
+        """The database host when ``name`` is its name (or empty), else the other host
+        of that name, or None when pgsnap reaches no host of that name."""
+        if not name or name == self.host.name:
+            return self.host
+        return self.hosts.get(name)
 
     def resolve(self, value: _T | Ref) -> Any:
         """``value`` itself, or what the :class:`Ref` points to.

@@ -22,7 +22,7 @@ import logging
 import posixpath
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -58,6 +58,9 @@ from pgsnap.protocols import (
     DeletableClones,
     ServerInstances,
 )
+
+if TYPE_CHECKING:
+    from pgsnap.host import Host
 
 __all__ = [
     "CLONE_NAME_RE",
@@ -151,10 +154,16 @@ def rewrite_tablespace_map(spcmapfile: str, moves: Mapping[str, str]) -> tuple[s
 
 
 def clone_server(
-    adapter: DatabaseAdapter, data_directory: str, port: int, at: str, *, step_id: str = ""
+    adapter: DatabaseAdapter,
+    data_directory: str,
+    port: int,
+    at: str,
+    *,
+    step_id: str = "",
+    host: Host | None = None,
 ) -> CloneServer:
     """The adapter of the clone's server on ``data_directory`` (its socket and log in
-    ``at``), from the cluster's ``adapter``."""
+    ``at``) on ``host`` (default: the database host), from the cluster's ``adapter``."""
     if not isinstance(adapter, ServerInstances):
         raise ExecutionError(
             "the database adapter cannot run another instance beside the cluster",
@@ -166,6 +175,7 @@ def clone_server(
         port=port,
         socket_directory=at,
         log_file=posixpath.join(at, "server.log"),
+        host=host,
     )
 
 
@@ -204,15 +214,29 @@ def _record(ctx: OperationContext, op: Operation, name: str) -> CloneRecord | No
 
 
 class _CloneStep(Operation):
-    """What every clone step shares: the clone's name and base directory."""
+    """What every clone step shares: the clone's name and base directory, and the host
+    it lives on (``on``: the storage's name for it; empty: the database host)."""
 
     clone: str
     at: str
+    on: str
+
+    def where(self, ctx: OperationContext) -> Host:
+        """The host the clone lives on."""
+        host = ctx.host_named(self.on)
+        if host is None:
+            raise self.mismatch(
+                ctx,
+                f"it works on host {self.on!r}, which pgsnap does not reach",
+                f"configure it ([clone_hosts.{self.on}]), then make a new plan",
+            )
+        return host
 
     def _check_base(self, ctx: OperationContext) -> None:
         if not CLONE_NAME_RE.match(self.clone):
             raise self.mismatch(ctx, f"invalid clone name {self.clone!r}", _REPLAN)
         _apart(self, ctx, self.at, "it puts a clone in")
+        self.where(ctx)
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
@@ -243,7 +267,12 @@ class _CloneServerStep(_CloneDirStep):
     def server(self, ctx: OperationContext) -> CloneServer:
         """The clone's server."""
         return clone_server(
-            ctx.adapter, self.data_directory, self.port, self.at, step_id=ctx.step_id
+            ctx.adapter,
+            self.data_directory,
+            self.port,
+            self.at,
+            step_id=ctx.step_id,
+            host=self.where(ctx),
         )
 
 
@@ -269,6 +298,7 @@ class RecordClone(_CloneStep):
     action: RecoveryAction
     volumes: tuple[CloneVolume, ...]
     purpose: str = "clone"
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
@@ -398,12 +428,13 @@ class MakeCloneDirectory(_CloneStep):
     clone: str
     at: str
     owner_of: str
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
         if plan.undo or ctx.step_id in plan.started:
             return
-        if ctx.host.exists(self.at):
+        if self.where(ctx).exists(self.at):
             raise self.mismatch(
                 ctx,
                 f"{self.at} exists already",
@@ -412,8 +443,14 @@ class MakeCloneDirectory(_CloneStep):
 
     def run(self, ctx: OperationContext) -> Outputs:
         info = ctx.host.stat(self.owner_of)
-        owner = None if info is None else f"{info.uid}:{info.gid}"
-        ctx.host.make_dirs(self.at, mode=0o700, owner=owner)
+        host = self.where(ctx)
+        if info is None:
+            owner = None
+        elif host is ctx.host:
+            owner = f"{info.uid}:{info.gid}"
+        else:  # another machine: the same user by name
+            owner = info.owner
+        host.make_dirs(self.at, mode=0o700, owner=owner)
         return {"at": self.at}
 
 
@@ -427,11 +464,13 @@ class RemoveCloneDirectory(_CloneStep):
 
     clone: str
     at: str
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
-        if not ctx.host.exists(self.at):
+        host = self.where(ctx)
+        if not host.exists(self.at):
             return {"removed": False}
-        ctx.host.run(["rm", "-rf", "--one-file-system", "--", self.at], check=True)
+        host.run(["rm", "-rf", "--one-file-system", "--", self.at], check=True)
         return {"removed": True}
 
 
@@ -456,6 +495,7 @@ class CloneSnapshot(_CloneStep):
     at: str
     backup_id: str
     volume: CloneVolume
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
@@ -517,6 +557,7 @@ class DeleteClone(_CloneStep):
     clone: str
     at: str
     volume: CloneVolume
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
@@ -562,6 +603,7 @@ class AttachClone(_CloneStep):
     at: str
     volume: CloneVolume
     host: str
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         found = _clone_volume(ctx, self, self.clone, self.volume)
@@ -582,6 +624,7 @@ class DetachClone(_CloneStep):
     at: str
     volume: CloneVolume
     host: str
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         found = _find_clone_volume(ctx, _storage_name(self.clone, self.volume), self.volume.path)
@@ -605,6 +648,7 @@ class MountClone(_CloneStep):
     volume: CloneVolume
     device: str | Ref
     timeout: float = 120.0
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         super().precheck(ctx, plan)
@@ -614,8 +658,9 @@ class MountClone(_CloneStep):
 
     def run(self, ctx: OperationContext) -> Outputs:
         device = str(ctx.resolve(self.device))
-        ctx.host.wait_for_device(device, timeout=self.timeout)
-        options = mount_read_only(ctx.host, device, self.volume.path, read_only=False)
+        host = self.where(ctx)
+        host.wait_for_device(device, timeout=self.timeout)
+        options = mount_read_only(host, device, self.volume.path, read_only=False)
         return {"device": device, "options": list(options)}
 
 
@@ -629,6 +674,7 @@ class UnmountClone(_CloneStep):
     clone: str
     at: str
     volume: CloneVolume
+    on: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         super().precheck(ctx, plan)
@@ -636,10 +682,11 @@ class UnmountClone(_CloneStep):
 
     def run(self, ctx: OperationContext) -> Outputs:
         path = self.volume.path
-        places = {path, ctx.host.realpath(path)} if ctx.host.exists(path) else {path}
-        if not [m for m in ctx.host.mounts() if posixpath.normpath(m.target) in places]:
+        host = self.where(ctx)
+        places = {path, host.realpath(path)} if host.exists(path) else {path}
+        if not [m for m in host.mounts() if posixpath.normpath(m.target) in places]:
             return {"unmounted": False}
-        ctx.host.unmount(self.volume.path)
+        host.unmount(self.volume.path)
         return {"unmounted": True}
 
 
@@ -661,6 +708,7 @@ class PrepareClone(_CloneServerStep):
     port: int
     volumes: tuple[CloneVolume, ...]
     spcmapfile: str = ""
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         _text, where = rewrite_tablespace_map(self.spcmapfile, _moves(ctx, self.volumes))
@@ -694,6 +742,7 @@ class WriteCloneLabel(_CloneServerStep):
     backup_id: str
     label_sha256: str
     volumes: tuple[CloneVolume, ...]
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         record = self.backup_record(ctx, self.backup_id)
@@ -735,6 +784,7 @@ class ConfigureClone(_CloneServerStep):
     timeline: str
     action: RecoveryAction
     listen_addresses: str = ""
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         server = self.server(ctx)
@@ -771,6 +821,7 @@ class StartClone(_CloneServerStep):
     data_directory: str
     port: int
     timeout: float = 120.0
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         server = self.server(ctx)
@@ -793,9 +844,10 @@ class StopClone(_CloneServerStep):
     data_directory: str
     port: int
     timeout: float = 120.0
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
-        if not ctx.host.exists(posixpath.join(self.data_directory, "PG_VERSION")):
+        if not self.where(ctx).exists(posixpath.join(self.data_directory, "PG_VERSION")):
             return {"was_running": False}
         server = self.server(ctx)
         running = server.is_running()
@@ -810,7 +862,9 @@ _EXPECTED: Final = {RecoveryAction.PROMOTE: "promoted", RecoveryAction.PAUSE: "p
 @attrs.frozen
 class WaitClone(_CloneServerStep):
     """Wait until the clone's recovery ends the way the plan asked, at its target, and
-    check it replayed at least to the backup's consistency point."""
+    check it replayed at least to ``min_replay_lsn``: the backup's consistency point,
+    or further where the plan knew where the target lies (an LSN, a restore point,
+    the end of the archived WAL)."""
 
     name = "db.wait_clone"
     target = Target.DATABASE
@@ -823,6 +877,7 @@ class WaitClone(_CloneServerStep):
     target_kind: TargetKind
     min_replay_lsn: LSN
     timeout: float = 600.0
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         server = self.server(ctx)
@@ -842,11 +897,15 @@ class WaitClone(_CloneServerStep):
             )
         facts = server.describe()
         replayed = facts.replay_lsn
+        # None: the server was restarted since its recovery (a resumed run); the
+        # drill that needs the position then says it is not known.
         if replayed is not None and replayed < self.min_replay_lsn:
             raise ExecutionError(
-                f"the clone replayed to {replayed}, before the backup's consistency point "
-                f"{self.min_replay_lsn}",
+                f"the clone replayed to {replayed}, short of {self.min_replay_lsn}, "
+                "where the plan said its recovery reaches",
                 step_id=ctx.step_id,
+                hint=f"see the clone's server log {self.at}/server.log (a segment its "
+                "restore_command could not fetch?)",
             )
         # Kept after the end of recovery: the commit time of the last transaction replayed.
         rows = server.query("SELECT pg_last_xact_replay_timestamp()")
@@ -856,6 +915,7 @@ class WaitClone(_CloneServerStep):
             "timeline": facts.timeline,
             "reached_target": outcome.reached_target,
             "replay_lsn": None if replayed is None else str(replayed),
+            "planned_lsn": str(self.min_replay_lsn),
             "last_transaction": None if last is None else str(last),
         }
 
@@ -872,6 +932,7 @@ class ClearCloneRecovery(_CloneServerStep):
     at: str
     data_directory: str
     port: int
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         self.server(ctx).clear_recovery_settings()
@@ -894,6 +955,7 @@ class MaskClone(_CloneServerStep):
     sql: str = ""
     dbname: str = "postgres"
     script: str = ""
+    on: str = ""
 
     def run(self, ctx: OperationContext) -> Outputs:
         ran: list[str] = []
@@ -901,10 +963,11 @@ class MaskClone(_CloneServerStep):
             self.server(ctx).query(self.sql, dbname=self.dbname)
             ran.append("sql")
         if self.script:
-            info = ctx.host.stat(self.data_directory)
+            host = self.where(ctx)
+            info = host.stat(self.data_directory)
             user = None if info is None else str(info.uid)
             env = [f"PGHOST={self.at}", f"PGPORT={self.port}", f"PGDATA={self.data_directory}"]
-            result = ctx.host.run(["env", *env, self.script], user=user, check=False, timeout=3600)
+            result = host.run(["env", *env, self.script], user=user, check=False, timeout=3600)
             if not result.ok:
                 raise ExecutionError(
                     f"the masking script {self.script} failed ({result.returncode}): "

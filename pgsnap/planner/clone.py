@@ -20,11 +20,13 @@ import attrs
 
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import (
+    LSN,
     CloneRecord,
     CloneVolume,
     LocationKind,
     RecoveryAction,
     RecoveryTarget,
+    TargetKind,
     VolumeRole,
     to_dict,
 )
@@ -59,10 +61,12 @@ from pgsnap.protocols import Capability
 
 __all__ = [
     "CloneRequest",
+    "clone_data_directory",
     "clone_volumes",
     "default_clone_directory",
     "plan_clone",
     "plan_clone_destroy",
+    "planned_replay_lsn",
 ]
 
 _ACTIONS: Final = (RecoveryAction.PROMOTE, RecoveryAction.PAUSE)
@@ -73,6 +77,7 @@ class _Server(TypedDict):
     at: str
     data_directory: str
     port: int
+    on: str
 
 
 def _check_name(_inst: object, _attr: object, value: str) -> None:
@@ -123,6 +128,8 @@ class CloneRequest:
       the same way.
     - ``action``: ``promote`` (a writable copy, the default) or ``pause`` (read-only,
       paused at the target, for reporting).
+    - ``host``: the host it runs on, by the storage's name for it (default ``""``:
+      the database host); another host needs storage that maps volumes to hosts.
     - ``at``: the clone's directory on the host (default: beside the cluster's data
       volume, ``pgsnap-clone-<name>``); it must not exist.
     - ``port``: the clone's port; ``listen_addresses``: ``""`` (the Unix socket in
@@ -138,6 +145,7 @@ class CloneRequest:
     action: RecoveryAction = attrs.field(default=RecoveryAction.PROMOTE, validator=_check_action)
     backup_id: str | None = None
     at: str | None = attrs.field(default=None, validator=_check_at)
+    host: str = ""
     listen_addresses: str = ""
     mask_sql: str = ""
     mask_dbname: str = "postgres"
@@ -190,6 +198,18 @@ def default_clone_directory(facts: RecoveryFacts, name: str) -> str:
     )
 
 
+def clone_data_directory(facts: RecoveryFacts, at: str) -> str:
+    """The clone's data directory: where the cluster's is below its data volume's mount
+    point (``/pg/data`` mounted, ``/pg/data/pgdata`` the data directory: the clone's
+    is ``<at>/data/pgdata``), below the clone's copy of the data volume (``<at>/data``)."""
+    root = posixpath.join(at, "data")
+    mount = posixpath.normpath(facts.layout.data.mount_point)
+    data = posixpath.normpath(facts.data_directory) if facts.data_directory else mount
+    if data.startswith(mount.rstrip("/") + "/"):
+        return posixpath.join(root, posixpath.relpath(data, mount))
+    return root
+
+
 def clone_volumes(
     facts: RecoveryFacts, backup_snapshots: dict[str, str], at: str
 ) -> tuple[CloneVolume, ...]:
@@ -209,6 +229,50 @@ def clone_volumes(
                 kind = vf.location.kind
         out.append(CloneVolume(vol.id, vol.role, backup_snapshots.get(vol.id, ""), path, kind=kind))
     return tuple(out)
+
+
+def planned_replay_lsn(facts: RecoveryFacts, target: RecoveryTarget) -> LSN | None:
+    """The LSN a recovery to ``target`` replays to at least, when the facts tell: an LSN
+    target (inclusive), a restore point, and the end of the archived WAL for
+    ``latest`` (the end of its last valid record, read from the WAL). None for the
+    rest (a time or an xid target stops before the record it names, when not
+    inclusive; the server then says whether it reached its target)."""
+    ev = facts.events
+    if target.kind is TargetKind.LSN and target.inclusive:
+        assert isinstance(target.value, LSN)
+        return target.value
+    if ev is None:
+        return None
+    if target.kind is TargetKind.NAME:
+        assert isinstance(target.value, str)
+        return ev.restore_point(target.value)
+    if target.kind is TargetKind.LATEST and ev.complete:
+        return ev.end_of_wal
+    return None
+
+
+def _check_other_host(facts: RecoveryFacts, host: str, volumes: tuple[CloneVolume, ...]) -> None:
+    """PlanningError unless a clone can run on ``host``, another host than the database
+    host: pgsnap reaches it, and every clone volume is a block volume the storage
+    attaches to it."""
+    if host not in facts.clone_hosts:
+        raise PlanningError(
+            f"pgsnap reaches no host {host!r} to run a clone on",
+            hint=f"add a [clone_hosts.{host}] section (ssh = ...) to the configuration",
+        )
+    local = [v.origin for v in volumes if v.kind is LocationKind.DIRECTORY]
+    if Capability.MAPPING not in facts.capabilities or local:
+        raise PlanningError(
+            f"a clone on {host} needs storage that attaches volumes to hosts, and "
+            + (
+                f"the clone's copies of {', '.join(local)} would be directories of the "
+                "database host's storage"
+                if local
+                else "this backend does not (no 'mapping' capability)"
+            ),
+            hint="make the clone on the database host (leave host unset), or recover the "
+            "backup on that host",
+        )
 
 
 def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
@@ -236,8 +300,8 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
         )
     assert backup.stop_lsn is not None and backup.labelfile is not None
     at = request.at or default_clone_directory(facts, request.name)
-    data_dir = posixpath.join(at, "data")
     volumes = clone_volumes(facts, dict(backup.snapshots), at)
+    data_dir = clone_data_directory(facts, at)
     block = [v.origin for v in volumes if v.kind is not LocationKind.DIRECTORY]
     if block and not facts.host:
         raise PlanningError(
@@ -245,6 +309,14 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
             "is unknown: the clone volumes cannot be attached to it",
             hint="name the host in the configuration ([host] name)",
         )
+    for vf in facts.volume_facts:
+        if vf.profile.clone_refusal and vf.volume_id in {v.origin for v in volumes}:
+            raise PlanningError(
+                f"volume {vf.volume_id}'s snapshots cannot be cloned: {vf.profile.clone_refusal}",
+                hint="recover the backup to another host instead (pgsnap recover there), or "
+                "keep the cluster on volumes whose snapshots the storage can clone",
+                volume_id=vf.volume_id,
+            )
     missing = [v.origin for v in volumes if not v.snapshot_id]
     if missing:
         raise PlanningError(
@@ -258,7 +330,22 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
     ]:
         _check_apart(facts, path, what)
     name = request.name
-    server = _Server(clone=name, at=at, data_directory=data_dir, port=request.port)
+    on = request.host or facts.host
+    if request.host and request.host != facts.host:
+        _check_other_host(facts, request.host, volumes)
+    server = _Server(clone=name, at=at, data_directory=data_dir, port=request.port, on=on)
+    planned = planned_replay_lsn(facts, request.target)
+    min_replay = backup.stop_lsn if planned is None else max(planned, backup.stop_lsn)
+    # The segments the clone may fetch end where its replay stops, when that is known
+    # (an immediate target at the consistency point): else up to the end of the archive.
+    verify_end: LSN | None = None
+    if request.target.kind is TargetKind.IMMEDIATE:
+        verify_end = backup.stop_lsn
+    elif request.target.kind is TargetKind.LSN:
+        assert isinstance(request.target.value, LSN)
+        verify_end = max(request.target.value, backup.stop_lsn)
+    elif request.target.kind is TargetKind.NAME and planned is not None:
+        verify_end = min_replay
     steps: list[Step] = [
         Step.of(
             "verify-wal",
@@ -269,6 +356,7 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 segment_size=backup.wal_segment_size,
                 system_identifier=backup.system_identifier,
                 major=backup.server_version // 10000,
+                end_lsn=verify_end,
             ),
             description="verify the archived WAL segments the clone may fetch",
             reason="a truncated or foreign segment found now stops the plan before anything "
@@ -281,12 +369,13 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 at=at,
                 backup_id=backup.id,
                 recovery_target=request.target,
-                host=facts.host,
+                host=on,
                 data_directory=data_dir,
                 port=request.port,
                 action=request.action,
                 volumes=volumes,
                 purpose=request.purpose,
+                on=on,
             ),
             description=f"record clone {name} in the catalog (state creating)",
             reason="a clone left half-made by a failure or an interruption is listed, and "
@@ -295,32 +384,32 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
         ),
         Step.of(
             "make-clone-directory",
-            MakeCloneDirectory(clone=name, at=at, owner_of=facts.layout.data.mount_point),
+            MakeCloneDirectory(clone=name, at=at, owner_of=facts.layout.data.mount_point, on=on),
             description=f"create the clone's directory {at}",
             reason="the clone's volumes, socket and server log live there, apart from the "
             "cluster's",
-            undo=RemoveCloneDirectory(clone=name, at=at),
+            undo=RemoveCloneDirectory(clone=name, at=at, on=on),
         ),
     ]
     for vol in volumes:
         steps.append(
             Step.of(
                 f"clone-{vol.origin}",
-                CloneSnapshot(clone=name, at=at, backup_id=backup.id, volume=vol),
+                CloneSnapshot(clone=name, at=at, backup_id=backup.id, volume=vol, on=on),
                 description=f"make a writable copy of snapshot {vol.snapshot_id} of volume "
                 f"{vol.origin} ({vol.role.value}) at {vol.path}",
                 reason="a new volume: the backup's snapshot and the cluster's volume are only read",
-                undo=DeleteClone(clone=name, at=at, volume=vol),
+                undo=DeleteClone(clone=name, at=at, volume=vol, on=on),
             )
         )
         if vol.kind is not LocationKind.DIRECTORY:
             steps += [
                 Step.of(
                     f"attach-clone-{vol.origin}",
-                    AttachClone(clone=name, at=at, volume=vol, host=facts.host),
-                    description=f"attach the clone's copy of {vol.origin} to {facts.host}",
-                    reason="its file system is mounted on the database host",
-                    undo=DetachClone(clone=name, at=at, volume=vol, host=facts.host),
+                    AttachClone(clone=name, at=at, volume=vol, host=on, on=on),
+                    description=f"attach the clone's copy of {vol.origin} to {on}",
+                    reason=f"its file system is mounted on {on}",
+                    undo=DetachClone(clone=name, at=at, volume=vol, host=on, on=on),
                 ),
                 Step.of(
                     f"mount-clone-{vol.origin}",
@@ -329,10 +418,11 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                         at=at,
                         volume=vol,
                         device=Ref(f"attach-clone-{vol.origin}", "device"),
+                        on=on,
                     ),
                     description=f"mount the clone's copy of {vol.origin} read-write at {vol.path}",
                     reason="the clone's server finds its data there",
-                    undo=UnmountClone(clone=name, at=at, volume=vol),
+                    undo=UnmountClone(clone=name, at=at, volume=vol, on=on),
                 ),
             ]
     steps += [
@@ -387,11 +477,14 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 **server,
                 action=request.action,
                 target_kind=request.target.kind,
-                min_replay_lsn=backup.stop_lsn,
+                min_replay_lsn=min_replay,
                 timeout=request.recovery_timeout,
             ),
-            description=f"wait for the clone to reach {request.target} and {request.action.value}",
-            reason="the clone is handed over only when its server says where it stopped",
+            description=f"wait for the clone to reach {request.target} and "
+            f"{request.action.value}, having replayed to {min_replay} at least",
+            reason="the clone is handed over only when its server says where it stopped, "
+            "and that it replayed the WAL the plan counted on"
+            + ("" if planned is None else f" (to {planned})"),
         ),
     ]
     if request.action is RecoveryAction.PROMOTE:
@@ -431,8 +524,7 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
         "clone": name,
         "target": str(request.target),
         "backup": f"{backup.id} (label {backup.label!r}, timeline {backup.start_timeline})",
-        "where": f"{data_dir} on {facts.host or 'the database host'}, port {request.port}, "
-        f"socket in {at}",
+        "where": f"{data_dir} on {on or 'the database host'}, port {request.port}, socket in {at}",
         "action at target": request.action.value,
         "volumes": ", ".join(f"{v.origin} ({v.role.value}) -> {v.path}" for v in volumes),
     }
@@ -467,8 +559,10 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
     """The plan that destroys clone ``record`` (stop, delete its volumes, remove its
     directory, forget it), whatever state it was left in; every step is a no-op for
     what is already gone."""
-    name, at = record.name, record.at
-    server = _Server(clone=name, at=at, data_directory=record.data_directory, port=record.port)
+    name, at, on = record.name, record.at, record.host
+    server = _Server(
+        clone=name, at=at, data_directory=record.data_directory, port=record.port, on=on
+    )
     steps = [
         Step.of(
             "stop-clone",
@@ -482,13 +576,13 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
             steps += [
                 Step.of(
                     f"unmount-{vol.origin}",
-                    UnmountClone(clone=name, at=at, volume=vol),
+                    UnmountClone(clone=name, at=at, volume=vol, on=on),
                     description=f"unmount the clone's copy of {vol.origin} ({vol.path})",
                     reason="a mounted volume cannot be detached",
                 ),
                 Step.of(
                     f"detach-{vol.origin}",
-                    DetachClone(clone=name, at=at, volume=vol, host=record.host),
+                    DetachClone(clone=name, at=at, volume=vol, host=record.host, on=on),
                     description=f"detach the clone's copy of {vol.origin} from {record.host}",
                     reason="an attached volume cannot be deleted",
                 ),
@@ -496,7 +590,7 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
         steps.append(
             Step.of(
                 f"delete-{vol.origin}",
-                DeleteClone(clone=name, at=at, volume=vol),
+                DeleteClone(clone=name, at=at, volume=vol, on=on),
                 description=f"delete the clone's copy of {vol.origin} ({vol.path})",
                 reason="a destroyed clone leaves nothing on the storage",
             )
@@ -504,7 +598,7 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
     steps += [
         Step.of(
             "remove-clone-directory",
-            RemoveCloneDirectory(clone=name, at=at),
+            RemoveCloneDirectory(clone=name, at=at, on=on),
             description=f"remove the clone's directory {at}",
             reason="its socket, server log and empty mount points go with it",
         ),

@@ -177,6 +177,13 @@ class RecoveryFacts:
     manifest the observer saw, among the catalog's copies."""
     copy_options: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
     """The configured copy target's options (no secret), for a copy in S3."""
+    clone_hosts: frozenset[str] = frozenset()
+    """The hosts other than the database host where clones may run (by the storage's
+    name for them): pgsnap reaches them (``[clone_hosts.NAME]``)."""
+    data_directory: str = ""
+    """The cluster's data directory as pgsnap is configured with it (or the running
+    server reports it); "" : not known. A clone finds its data directory at the same
+    place below its copy of the data volume."""
     copy_key_file: str = ""
     """The configured copy key file (``[copies] key_file``: its path, never the key),
     given to the steps that restore an encrypted copy; "" : none."""

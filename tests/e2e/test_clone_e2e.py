@@ -9,17 +9,30 @@ The btrfs case is in test_btrfs_e2e.py (same scenario, :func:`clone_scenario`).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import random
 import signal
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pgsnap.errors import InvariantError, PgsnapError
+from pgsnap.errors import ConfigurationError, InvariantError, PgsnapError
 from pgsnap.executor import Event, EventKind
-from pgsnap.model import CloneState, RecoveryTarget
+from pgsnap.host import Host
+from pgsnap.model import (
+    CloneRecord,
+    CloneState,
+    CloneVolume,
+    RecoveryAction,
+    RecoveryTarget,
+    decode_value,
+)
+from pgsnap.planner.clone import plan_clone_destroy
 
 from ._clones import clone_scenario
 from .conftest import Env, backed_up, make_env, pitr_setup
@@ -51,6 +64,41 @@ def test_a_clone_of_block_volumes_is_attached_and_mounted(pg_server: Any) -> Non
         plan = clone_scenario(env)
         actions = [s.action for s in plan.steps]
         assert "storage.attach_clone" in actions and "host.mount_clone" in actions
+    finally:
+        env.backend.close()
+
+
+def test_a_clone_on_another_host_is_attached_mounted_and_run_there(pg_server: Any) -> None:
+    """``host=``: the storage maps the clone's volume to another host's name (here a
+    second simulated host of the mock's block devices: its devices are those attached
+    to *its* name), which mounts it and runs the clone's server; the database host
+    never sees the clone's device. A host pgsnap does not reach is refused by name."""
+    env = make_env(pg_server, None, block=True)
+    try:
+        dev1 = env.backend.simulated_host(Host(name="dev1"))
+        env.cluster.clone_hosts["dev1"] = dev1
+        target = pitr_setup(env, "time")
+        volumes = {v.id for v in env.backend.list_volumes()}
+        with pytest.raises(ConfigurationError, match="no such host") as info:
+            env.cluster.plan_clone(target, name="t1", host="dev2")
+        assert "[clone_hosts.dev2]" in (info.value.hint or "")
+        record = env.cluster.clone(target, name="t1", host="dev1")
+        assert record.host == "dev1"
+        (vol,) = record.volumes
+        assert env.backend.get_volume(vol.volume_id).mapped_hosts == ("dev1",)
+        assert [m.target for m in dev1.mounts() if m.target == vol.path] == [vol.path]
+        assert not [m for m in env.cluster.host.mounts() if m.target == vol.path]
+        server = env.cluster.adapter.instance(  # type: ignore[attr-defined]
+            data_directory=record.data_directory, port=record.port,
+            socket_directory=record.at, host=dev1,
+        )  # fmt: skip
+        assert dict(server.query("SELECT batch, count(*) FROM t GROUP BY 1")) == env.expect(1, 2)
+        env.write(4)
+        env.cluster.destroy_clone("t1")
+        assert env.cluster.clones() == ()
+        assert {v.id for v in env.backend.list_volumes()} == volumes
+        assert not os.path.exists(record.at)
+        assert env.batches() == env.expect(1, 2, 3, 4)
     finally:
         env.backend.close()
 
@@ -223,3 +271,90 @@ def test_a_doctored_clone_plan_is_refused_before_anything_changes(
     assert {v.id for v in env.backend.list_volumes()} == volumes
     env.write(2)
     assert env.batches() == env.expect(1, 2)
+
+
+def _drill_until_killed(env: Env, name: str, nth: int, delay: float | None) -> int:
+    """Run a drill in a forked child that SIGKILLs itself at its ``nth`` step event
+    (started or finished, clone and destroy plans alike), or ``delay`` seconds after
+    it (the checks run between the clone's last event and the destroy's first)."""
+    seen = 0
+
+    def on_event(event: Event) -> None:
+        nonlocal seen
+        if event.kind not in (EventKind.STARTED, EventKind.FINISHED):
+            return
+        if seen == nth:
+            if delay is None:
+                os.kill(os.getpid(), signal.SIGKILL)
+            else:
+                threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        seen += 1
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child never returns
+        code = 3
+        try:
+            env.cluster.drill(name=name, checks=["SELECT count(*) = 6 FROM t"], on_event=on_event)
+            time.sleep(30)  # a timer set near the end still fires: killed after the drill
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def test_a_drill_killed_at_random_points_is_resumed_or_destroyed_leaving_nothing(
+    e2e_env: Any,
+) -> None:
+    """Issue 22 §3: a drill SIGKILLed at random points (any step of its clone or destroy
+    plan, or during its checks) is finished by ``resume`` and its clone destroyed;
+    nothing is left on the storage, the host, the catalog or the archive, and
+    production goes on. The seed is printed: PGSNAP_DRILL_KILL_SEED replays it."""
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    env.switch_wal()
+    seed = int(os.environ.get("PGSNAP_DRILL_KILL_SEED") or time.time_ns() % 10**9)
+    print(f"PGSNAP_DRILL_KILL_SEED={seed}")
+    rng = random.Random(seed)
+    plan = env.cluster.plan_clone(name="probe")
+    clone_events = 2 * len(plan.steps)
+    destroy = plan_clone_destroy(_probe_record(plan))
+    total = clone_events + 2 * len(destroy.steps)
+    volumes = {v.id for v in env.backend.list_volumes()}
+    archive = set(os.listdir(env.archive_dir))
+    points = [
+        (rng.randrange(clone_events), None),  # in the clone plan
+        (clone_events - 1, rng.uniform(0.0, 1.5)),  # during the checks (or just after)
+        (rng.randrange(clone_events, total), None),  # in the destroy plan
+    ]
+    for n, (nth, delay) in enumerate(points):
+        name = f"killed-{n}"
+        status = _drill_until_killed(env, name, nth, delay)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (seed, status)
+        env.cluster.resume()
+        left = env.cluster.clones()
+        assert {c.name for c in left} <= {name}, (seed, left)
+        for clone in left:
+            env.cluster.destroy_clone(clone.name)
+        assert env.cluster.clones() == ()
+        assert env.cluster.interrupted() == ()
+        assert {v.id for v in env.backend.list_volumes()} == volumes, seed
+        added = set(os.listdir(env.archive_dir)) - archive
+        assert all(a.startswith("00000001") and not a.endswith(".history") for a in added), added
+    env.write(3)
+    assert env.batches() == env.expect(1, 2, 3)
+    assert not [p for p in os.listdir(os.path.dirname(env.server.data_dir)) if "clone" in p]
+
+
+def _probe_record(plan: Any) -> CloneRecord:
+    """The clone record a clone plan would write (for the length of its destroy plan)."""
+    (step,) = [s for s in plan.steps if s.action == "catalog.record_clone"]
+    p = step.params
+    return CloneRecord(
+        name=p["clone"], backup_id=p["backup_id"], target=RecoveryTarget.latest(),
+        host=p["host"], at=p["at"], data_directory=p["data_directory"], port=p["port"],
+        socket_directory=p["at"], action=RecoveryAction.PROMOTE, state=CloneState.CREATING,
+        created_at=dt.datetime.now(dt.UTC), created_by="t", plan_id="p",
+        volumes=decode_value(tuple[CloneVolume, ...], p["volumes"], "volumes"),
+    )  # fmt: skip

@@ -445,3 +445,35 @@ def test_the_default_server_log_survives_a_restore_and_failures_say_the_server_s
         assert "FATAL" in Path(log_path).read_text()  # ...and the log is still there
     finally:
         Path(log_path).unlink(missing_ok=True)
+
+
+def test_a_recovered_server_pgsnap_cannot_reach_is_said_not_waited_for(
+    pg_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose log says it recovered and accepts connections, but which pgsnap
+    cannot connect to (here: the adapter connects to another port), is reported as
+    such, naming where pgsnap connects, instead of waiting for the whole timeout."""
+    import pgsnap.adapters.postgres as module
+
+    monkeypatch.setattr(module, "_UNREACHABLE_AFTER_READY", 1.0)
+    src = pg_server()
+    src.start()
+    src.sql("CREATE TABLE t (x int)")
+    restored = pg_server.prepare()
+    stop = _backup_into(src, [restored])
+    src.switch_wal_and_wait_archived()
+    a = _restore(restored, src, stop, RecoveryTarget.latest(), RecoveryAction.PROMOTE)
+    a.start_server(timeout=30)
+    wrong = PostgresAdapter(
+        f"host={restored.socket_dir} port={restored.port + 1} user=postgres dbname=postgres",
+        data_directory=str(restored.data_dir),
+        bindir=str(restored.bindir),
+    )
+    wrong._follower = a._follower  # the log followed since the start
+    t0 = time.monotonic()
+    with pytest.raises(DatabaseError, match="cannot connect to it") as info:
+        wrong.wait_recovery(timeout=120)
+    assert time.monotonic() - t0 < 30
+    assert f"port={restored.port + 1}" in info.value.message
+    assert "listen_addresses" in (info.value.hint or "")
+    assert a.wait_recovery(timeout=60).state == "promoted"  # the right port: fine

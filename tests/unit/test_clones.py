@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import attrs
 import pytest
 
 from pgsnap.adapters import _pgconf
@@ -145,6 +146,16 @@ def test_check_warns_of_an_undrilled_or_failed_newest_backup() -> None:
     )
     assert [f.code for f in failed] == ["drill_failed"]
     assert drill_findings([], []) == []
+    # A drill's clone left by an interrupted drill is warned about; one a failed drill
+    # kept on purpose, or a user's clone, is not.
+    left = attrs.evolve(clone_record("d1"), purpose="drill")
+    user = clone_record("c1")
+    fine = [drill_record(True, "b2")]
+    found = drill_findings([older, newest], fine, [left, user])
+    assert [f.code for f in found] == ["drill_clone_left"]
+    assert "pgsnap clone destroy d1" in found[0].message
+    kept = [*fine, attrs.evolve(drill_record(False, "b1"), clone="d1", kept=True)]
+    assert drill_findings([older, newest], kept, [left, user]) == []
 
 
 def test_drills_render_as_a_table_and_html() -> None:
@@ -172,3 +183,20 @@ def test_the_mock_deletes_its_clones_and_never_an_origin(tmp_path: Path) -> None
     assert not (tmp_path / "clone").exists()
     assert [v.id for v in backend.list_volumes()] == [vol.id]
     assert (source / "f").read_text() == "x"
+
+
+def test_listening_ports_are_read_from_the_hosts_proc() -> None:
+    """A clone's default port skips what listens on its host (``/proc/net/tcp*``)."""
+    import socket
+
+    from pgsnap.clones import listening_ports
+    from pgsnap.host import Host
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        assert port in listening_ports(Host())
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, not listening
+        assert closed.getsockname()[1] not in listening_ports(Host())

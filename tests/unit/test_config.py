@@ -8,6 +8,7 @@ CLI; a real server behind it in tests/integration/test_cli.py.)
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -128,6 +129,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "archive",
         "backend",
         "catalog",
+        "clone_hosts",
         "copy_bandwidth_limit",
         "copy_key_file",
         "copy_parallel",
@@ -141,6 +143,29 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
     assert (args["copy_parallel"], args["copy_bandwidth_limit"]) == (8, 50 * 2**20)
     cluster = pgsnap.Cluster.from_config(conf)
     assert (cluster.copy_parallel, cluster.copy_bandwidth_limit) == (8, 50 * 2**20)
+    assert cluster.clone_hosts == {}
+
+
+def test_clone_hosts_are_hosts_by_their_storage_name(tmp_path: Path) -> None:
+    """``[clone_hosts.NAME]``: other hosts where clones may run, this machine or over
+    ssh, named as the storage names them (``name`` overrides the table's name)."""
+    conf = _mapping(write_config(tmp_path))
+    conf["clone_hosts"] = {
+        "dev1": {"ssh": "dev1.example.com", "user": "root", "port": 2222},
+        "here": {"name": "sdc-7"},
+    }
+    hosts = pgsnap.Cluster.from_config(conf).clone_hosts
+    assert sorted(hosts) == ["dev1", "sdc-7"]
+    assert hosts["dev1"].runner.description.startswith("ssh root@dev1.example.com:2222")
+    assert hosts["sdc-7"].runner.description == "local"
+    for bad, message in [
+        ({"dev1": "dev1.example.com"}, "[clone_hosts.dev1] must be a table"),
+        ({"dev1": {"user": "root"}}, "[clone_hosts.dev1] sets user but no ssh destination"),
+        ({"dev1": {"ssh": "x", "sudo": True}}, "sudo"),
+    ]:
+        conf["clone_hosts"] = bad
+        with pytest.raises(ConfigurationError, match=re.escape(message)):
+            pgsnap.Cluster.from_config(conf)
 
 
 def test_the_mocks_volumes_are_the_volume_tables(tmp_path: Path) -> None:

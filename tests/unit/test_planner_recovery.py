@@ -683,3 +683,73 @@ def test_a_copy_that_carries_its_backups_wal_needs_no_archive_to_reach_consisten
             attrs.evolve(f, backups=(bare,)),
             RecoveryRequest(RecoveryTarget.immediate(), lost={"data", "wal"}),
         )
+
+
+def test_a_clone_of_volumes_the_storage_cannot_clone_is_refused_with_its_reason():
+    """A backend may declare CLONES yet refuse some volumes (LVM: classic snapshots);
+    the volume's restore profile says why, and the clone planner says it before
+    anything is made. The WAL check before it is the recovery planner's."""
+    from pgsnap.planner.clone import CloneRequest, plan_clone
+
+    refused = RestoreProfile(clone_refusal="a classic LVM snapshot cannot be snapshotted")
+    vfs = tuple(
+        attrs.evolve(vf, profile=refused) if vf.volume_id == "vol-data" else vf
+        for vf in directory_volumes()
+    )
+    request = CloneRequest(name="c1", port=55432)
+    assert plan_clone(facts([B1, B2]), request).kind == "clone"
+    with pytest.raises(errors.PlanningError, match="cannot be snapshotted") as info:
+        plan_clone(facts([B1, B2], volume_facts=vfs), request)
+    assert "vol-data" in str(info.value) and "another host" in (info.value.hint or "")
+
+
+def test_a_clone_waits_for_the_replay_the_plan_counts_on():
+    """The clone's wait step asks for the LSN the plan knows the target lies at (an
+    LSN, a restore point, the end of the archived WAL read for latest), never less
+    than the backup's consistency point."""
+    from pgsnap.planner.clone import CloneRequest, plan_clone
+
+    def wait_lsn(target, ev=None):
+        plan = plan_clone(
+            facts([B1, B2], events=ev), CloneRequest(name="c1", port=55432, target=target)
+        )
+        (step,) = [s for s in plan.steps if s.action == "db.wait_clone"]
+        return LSN.parse(str(step.params["min_replay_lsn"]))
+
+    assert wait_lsn(RecoveryTarget.latest()) == B2.stop_lsn  # no WAL read: the backup's
+    assert wait_lsn(RecoveryTarget.lsn(lsn(15))) == lsn(15)
+    assert wait_lsn(RecoveryTarget.lsn(lsn(15), inclusive=False)) == B2.stop_lsn
+    ev = WalEvents(scanned_to=lsn(20, 0), complete=True, end_of_wal=lsn(19, 0x500))
+    assert wait_lsn(RecoveryTarget.latest(), ev) == lsn(19, 0x500)
+    assert wait_lsn(RecoveryTarget.immediate(), ev) == B2.stop_lsn
+
+
+def test_a_clone_on_another_host_needs_that_host_and_storage_that_maps_to_it():
+    from pgsnap.planner.clone import CloneRequest, plan_clone
+
+    request = CloneRequest(name="c1", port=55432, host="dev1")
+    with pytest.raises(errors.PlanningError, match="reaches no host 'dev1'") as info:
+        plan_clone(facts([B1, B2]), request)
+    assert "[clone_hosts.dev1]" in (info.value.hint or "")
+    known = attrs.evolve(facts([B1, B2]), clone_hosts=frozenset({"dev1"}))
+    with pytest.raises(errors.PlanningError, match="would be directories"):
+        plan_clone(known, request)  # directory volumes: the database host's storage
+    block = tuple(
+        VolumeFacts(v.id, Location.device(f"/dev/{v.name}"), RestoreProfile())
+        for v in LAYOUT.snapshotted
+    )
+    no_mapping = attrs.evolve(
+        known, volume_facts=block, capabilities=frozenset(Capability) - {Capability.MAPPING}
+    )
+    with pytest.raises(errors.PlanningError, match="no 'mapping' capability"):
+        plan_clone(no_mapping, request)
+    plan = plan_clone(attrs.evolve(known, volume_facts=block), request)
+    ons = {s.params["on"] for s in plan.steps if "on" in s.params}
+    assert ons == {"dev1"}
+    (attach,) = [s for s in plan.steps if s.action == "storage.attach_clone"]
+    assert attach.params["host"] == "dev1" and attach.compensation_params["host"] == "dev1"
+    (record,) = [s for s in plan.steps if s.action == "catalog.record_clone"]
+    assert record.params["host"] == "dev1"
+    # On the database host (by its name, or unset), every step says so.
+    here = plan_clone(attrs.evolve(known, volume_facts=block), attrs.evolve(request, host=""))
+    assert {s.params["on"] for s in here.steps if "on" in s.params} == {"db1"}

@@ -7,6 +7,7 @@ import pwd
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -572,3 +573,29 @@ def test_the_log_follower_keeps_what_the_summary_reads(lines: list[str], chunks:
     assert _pglog.summarize(follower.lines) == _pglog.summarize(lines)
     assert not any("restored log file" in line for line in follower.lines)
     assert list(follower.tail) == lines[-200:]
+
+
+def test_another_instance_is_reached_as_the_cluster_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through its own socket when the cluster is reached through one; over TCP at the
+    cluster's address otherwise (a clone on a remote database host); the password is
+    passed on, never written into the connection string."""
+    for name in ("PGHOST", "PGHOSTADDR"):
+        monkeypatch.delenv(name, raising=False)
+    where: dict[str, Any] = {"data_directory": "/c/data", "port": 55432, "socket_directory": "/c"}
+    for conninfo in ("host=/run/pg port=5432 user=u dbname=d", "port=5432 user=u dbname=d"):
+        sock = PostgresAdapter(conninfo)
+        params = psycopg.conninfo.conninfo_to_dict(sock.instance(**where)._conninfo_text())
+        assert (params["host"], params["port"], params["user"]) == ("/c", "55432", "u")
+        assert sock.instance_listen_addresses() == ""  # asks no server
+    tcp = PostgresAdapter("host=db1.example hostaddr=10.0.0.5 port=5432 user=u password=hunter2")
+    inst = tcp.instance(**where)
+    params = psycopg.conninfo.conninfo_to_dict(inst._conninfo_text())
+    assert (params["host"], params["hostaddr"], params["port"]) == (
+        "db1.example",
+        "10.0.0.5",
+        "55432",
+    )
+    assert "hunter2" not in inst._conninfo_text() and "hunter2" not in repr(inst)
+    assert inst._password == "hunter2"
+    monkeypatch.setenv("PGHOST", "db2.example")  # libpq's default host, as libpq reads it
+    assert PostgresAdapter("port=5432")._tcp_address({}) == "db2.example"
