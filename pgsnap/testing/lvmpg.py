@@ -179,6 +179,7 @@ class LvmPostgres:
         try:
             vm = LvmVm.boot(
                 forward_port=True,
+                extra_ports=2,
                 memory_mb=setup.memory_mb,
                 disk_size=setup.disk_size,
                 extra_paths=carry,
@@ -202,6 +203,12 @@ class LvmPostgres:
     def host(self) -> Host:
         """The VM's Host."""
         return self.vm.host
+
+    @property
+    def clone_ports(self) -> tuple[int, ...]:
+        """Ports a clone's server in the guest can listen on and pgsnap reach here (the
+        same number on both sides of the forward)."""
+        return self.vm.extra_ports
 
     @property
     def archive_dir(self) -> Path:

@@ -1054,6 +1054,7 @@ class LvmVm:
         self._runner = ConsoleRunner(console, path=self._console_path)
         self._host = Host(self._runner, name="pgsnap-lvmvm")
         self._port = port
+        self._extra_ports: tuple[int, ...] = ()
         self._disk = disk
         self._closed = False
 
@@ -1065,6 +1066,7 @@ class LvmVm:
         memory_mb: int = 1024,
         cpus: int = 2,
         forward_port: bool = False,
+        extra_ports: int = 0,
         extra_paths: Sequence[str] = (),
         extra_files: Mapping[str, bytes] | None = None,
         share: Sequence[str | os.PathLike[str]] = (),
@@ -1075,7 +1077,8 @@ class LvmVm:
         ``disk_size``: the sparse raw image the VM sees as ``/dev/vda``.
         ``forward_port``: qemu user-mode networking, cut off from every network
         (``restrict=on``) except :attr:`port` on 127.0.0.1, forwarded to the
-        guest's port 5432.
+        guest's port 5432; and ``extra_ports`` more ports forwarded each to the same
+        number in the guest (:attr:`extra_ports`: for a second server there, a clone's).
         ``share``: directories of this machine mounted in the guest at the same
         absolute paths (virtiofs, ``cache=none``: each side sees the other's
         writes at once), so a WAL archive the guest's ``archive_command``
@@ -1100,6 +1103,11 @@ class LvmVm:
         with open(disk, "wb") as fh:
             fh.truncate(disk_size)
         port = free_port() if forward_port else None
+        extras: list[int] = []
+        while port is not None and len(extras) < extra_ports:
+            candidate = free_port()
+            if candidate != port and candidate not in extras:
+                extras.append(candidate)
         daemons: list[subprocess.Popen[bytes]] = []
         share_args: list[str] = []
         for i, directory in enumerate(shared):
@@ -1149,7 +1157,8 @@ class LvmVm:
         if port is not None:
             argv += [
                 "-nic",
-                f"user,restrict=on,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{port}-:5432",
+                f"user,restrict=on,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{port}-:5432"
+                + "".join(f",hostfwd=tcp:127.0.0.1:{p}-:{p}" for p in extras),
             ]
         else:
             argv += ["-nic", "none"]
@@ -1174,6 +1183,7 @@ class LvmVm:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         vm = cls(proc, workdir, console, port=port, disk=disk, daemons=daemons, shared=shared)
+        vm._extra_ports = tuple(extras)
         try:
             ready = console.wait_for(
                 re.compile(rb"(PGSNAP_VM_MODULE_FAILED \S+)|" + READY.encode()),
@@ -1215,6 +1225,11 @@ class LvmVm:
     def port(self) -> int | None:
         """The host port forwarded to the guest's 5432 (None without networking)."""
         return self._port
+
+    @property
+    def extra_ports(self) -> tuple[int, ...]:
+        """Ports forwarded from 127.0.0.1 here to the same port in the guest."""
+        return self._extra_ports
 
     @property
     def disk(self) -> Path:

@@ -32,7 +32,7 @@ import attrs
 import pytest
 
 from pgsnap.backends.lvm import LvmBackend
-from pgsnap.errors import MountBusyError, PgsnapError
+from pgsnap.errors import MountBusyError, PgsnapError, PlanningError
 from pgsnap.executor import Event, EventKind
 from pgsnap.host import CommandResult, Host
 from pgsnap.model import RecoveryTarget, VolumeRole
@@ -433,3 +433,90 @@ def test_a_copy_of_a_thin_snapshot_recovers_once_the_backups_snapshots_are_gone(
     assert "copy.restore" in [s.action for s in plan.steps], plan.explain()
     recover(env, target, [DATA])
     assert batches(env) == [b for b in before if b != 109], env.server_log()
+
+
+# --------------------------------------------------------------------------- clones
+
+
+def _lvs_names(env: LvmPostgres) -> set[str]:
+    return {lv.id for lv in env.backend.ex_logical_volumes()}
+
+
+def _mounts(env: LvmPostgres) -> list[str]:
+    return sorted(env.host.run(["findmnt", "-rn", "-o", "SOURCE,TARGET"]).text.splitlines())
+
+
+def test_a_clone_and_a_drill_on_thin_volumes_never_touch_production(
+    thin_ext4: LvmPostgres,
+) -> None:
+    """Issue 22 on real lvm2: the clone's data volume is a thin snapshot of the backup's
+    thin snapshot, active and mounted read-write beside production; its server runs in
+    the VM on a port of its own (reached over TCP, as production is), replays from the
+    shared archive to a time target while production keeps writing, and holds exactly
+    the rows of the target. Destroyed, it leaves no LV, no mount, no directory; a drill
+    of the newest backup then passes its checks."""
+    env = thin_ext4
+    write(env, 201)
+    record = env.cluster.backup("lvm-e2e-clone")
+    write(env, 202)
+    target = RecoveryTarget.time(env.now())
+    write(env, 203)
+    env.switch_wal()
+    expected = [b for b in batches(env) if b != 203]
+    lvs_before, mounts_before = _lvs_names(env), _mounts(env)
+    archive_before = {p.name for p in env.archive_dir.iterdir()}
+    port = env.clone_ports[0]
+
+    plan = env.cluster.plan_clone(target, name="t1", port=port)
+    actions = [s.action for s in plan.steps]
+    assert "host.mount_clone" in actions and "storage.attach_clone" in actions, plan.explain()
+    write(env, 204)  # production goes on
+    try:
+        clone = env.cluster.clone(target, name="t1", port=port)
+    except Exception:
+        print(plan.explain(), env.server_log(), sep="\n", file=sys.stderr)
+        raise
+    assert clone.data_directory == f"{clone.at}/data/pgdata"  # below the volume, as PGDATA
+    (made,) = _lvs_names(env) - lvs_before
+    assert made == clone.volumes[0].volume_id
+    (lv,) = [lv for lv in env.backend.ex_logical_volumes() if lv.id == made]
+    assert lv.thin and lv.active and lv.tag("clone") == record.snapshots[f"{VG}/data"].split("/")[1]
+    server = env.cluster.adapter.instance(
+        data_directory=clone.data_directory, port=clone.port, socket_directory=clone.at
+    )
+    assert [r[0] for r in server.query("SELECT DISTINCT batch FROM rows ORDER BY 1")] == expected
+    assert server.query("SHOW archive_mode")[0][0] == "off"
+    server.query("INSERT INTO rows VALUES (299, 1)")  # writable
+    server.query("SELECT pg_switch_wal()")
+    write(env, 205)
+    env.switch_wal()
+    assert {204, 205} <= set(batches(env)) and 299 not in batches(env)
+    added = {p.name for p in env.archive_dir.iterdir()} - archive_before
+    assert all(n.startswith("00000001") and not n.endswith(".history") for n in added), added
+
+    env.cluster.destroy_clone("t1")
+    assert env.cluster.clones() == ()
+    assert _lvs_names(env) == lvs_before
+    assert _mounts(env) == mounts_before
+    assert not env.host.exists(clone.at)
+
+    drill = env.cluster.drill(
+        checks=["SELECT count(*) > 0 FROM rows WHERE batch = 205"], port=env.clone_ports[1]
+    )
+    assert drill.ok, drill.checks
+    assert {c.name for c in drill.checks} >= {"reached target", "amcheck", "server log"}
+    assert drill.rto_seconds is not None and drill.wal_bytes > 0
+    assert env.cluster.clones() == () and _lvs_names(env) == lvs_before
+
+
+def test_a_clone_of_classic_snapshots_is_refused_before_anything_is_made(
+    classic_xfs: LvmPostgres,
+) -> None:
+    env = classic_xfs
+    env.cluster.backup("lvm-e2e-classic-clone")
+    lvs_before = _lvs_names(env)
+    with pytest.raises(PlanningError, match="cannot be snapshotted") as info:
+        env.cluster.plan_clone(name="t2", port=env.clone_ports[0])
+    assert "thin" in str(info.value) or "another host" in (info.value.hint or "")
+    assert _lvs_names(env) == lvs_before
+    assert env.cluster.clones() == ()
