@@ -468,7 +468,8 @@ def drill_table(drills: Sequence[DrillRecord]) -> list[tuple[str, ...]]:
                 "ok" if d.ok else "FAILED",
                 "-" if d.rto_seconds is None else f"{d.rto_seconds:.1f} s",
                 "-" if d.rpo_seconds is None else f"{d.rpo_seconds:.1f} s",
-                f"{d.wal_segments} seg",
+                f"{d.wal_segments} seg"
+                + ("" if d.replay_rate is None else f", {d.replay_rate / 2**20:.1f} MiB/s"),
                 ", ".join(c.name for c in d.checks if not c.ok)
                 or (d.error[:60] if d.error else ""),
             )
@@ -491,7 +492,9 @@ def drill_html(drill: DrillRecord) -> str:
         f"<div><b>drill {e(drill.id)} of backup {e(drill.backup_id)}: "
         f"{'restorable' if drill.ok else 'FAILED'}</b><br>target {e(str(drill.target))}; "
         f"RTO {rto} ({phases}); RPO {rpo}; WAL replayed {drill.wal_segments} segments "
-        f"({drill.wal_bytes} bytes)"
+        f"({drill.wal_bytes} bytes"
+        + ("" if drill.replay_rate is None else f", {drill.replay_rate / 2**20:.1f} MiB/s")
+        + ")"
         + (f"<br>error: {e(drill.error)}" if drill.error else "")
         + f"<table><tr><th>check</th><th>result</th><th>detail</th></tr>{checks}</table></div>"
     )

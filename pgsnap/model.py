@@ -982,6 +982,15 @@ class DrillRecord:
     error: str = ""
     kept: bool = False
 
+    @property
+    def replay_rate(self) -> float | None:
+        """WAL replayed per second of the ``replay`` phase (bytes/s), None when not
+        measured."""
+        seconds = next((p.seconds for p in self.phases if p.name == "replay"), None)
+        if not seconds or not self.wal_bytes:
+            return None
+        return self.wal_bytes / seconds
+
 
 # --------------------------------------------------------------------------- targets
 

@@ -164,6 +164,13 @@ def test_drills_render_as_a_table_and_html() -> None:
     assert rows[2][7] == "amcheck"
     html = drill_html(drill_record(False))
     assert "FAILED" in html and "<table>" in html
+    # The replay rate: WAL bytes over the replay phase.
+    replayed = attrs.evolve(
+        drill_record(True), wal_bytes=8 * 2**20, phases=[DrillPhase("replay", 2.0)]
+    )
+    assert replayed.replay_rate == 4 * 2**20
+    assert "4.0 MiB/s" in drill_table([replayed])[1][6] and "4.0 MiB/s" in drill_html(replayed)
+    assert drill_record(True).replay_rate is None  # no replay phase measured
 
 
 def test_the_mock_deletes_its_clones_and_never_an_origin(tmp_path: Path) -> None:
