@@ -95,6 +95,7 @@ from pgsnap.protocols import Capability, DeletableClones, StorageBackend
 __all__ = [
     "CAPABILITY_TESTS",
     "NONSENSE_ID",
+    "NONSENSE_IDS",
     "RESTORE_TIMEOUT",
     "MakePolicy",
     "MakeVolume",
@@ -113,6 +114,8 @@ MakePolicy = Callable[[str, Sequence[str]], str]
 """``make_policy(name, volume_ids) -> policy_id``."""
 
 NONSENSE_ID: Final = "pgsnap-conformance-no-such-id"
+NONSENSE_IDS: Final = (NONSENSE_ID, "", "../../etc/passwd", "vol-\x00")
+"""Ids no backend knows: unknown, empty, a path outside, a NUL byte."""
 """An id no backend should know."""
 
 RESTORE_TIMEOUT: Final = 600.0
@@ -167,6 +170,38 @@ def _restore(backend: StorageBackend, volume_id: str, snapshot_id: str) -> None:
 
 def _snapshot_ids(backend: StorageBackend, volume_id: str | None = None) -> set[str]:
     return {s.id for s in backend.list_snapshots(volume_id)}
+
+
+def _nonsense_call(
+    backend: StorageBackend, make_volume: MakeVolume, operation: str, bad_id: str
+) -> Callable[[], object]:
+    """The call of ``operation`` with ``bad_id`` (test_nonsense_ids_raise_pgsnap_errors)."""
+    calls: dict[str, Callable[[], object]] = {
+        "get_volume": lambda: backend.get_volume(bad_id),
+        "list_snapshots": lambda: backend.list_snapshots(bad_id),
+        "get_snapshot_group": lambda: backend.get_snapshot_group(bad_id),
+        "delete_snapshot": lambda: backend.delete_snapshot(bad_id),
+        "delete_snapshot_group": lambda: backend.delete_snapshot_group(bad_id),
+        "restore_volume": lambda: backend.restore_volume(bad_id, bad_id),
+        "restore_volume_known": lambda: backend.restore_volume(
+            make_volume("conformance-nonsense"), bad_id
+        ),
+        "restore_profile": lambda: backend.restore_profile(bad_id),
+        "wait_for_restore": lambda: backend.wait_for_restore(bad_id, timeout=1.0),
+        "locate": lambda: backend.locate(bad_id),
+        "create_snapshot_group": lambda: backend.create_snapshot_group(
+            [bad_id], "conformance-nonsense"
+        ),
+        "create_snapshot_group_empty": lambda: backend.create_snapshot_group(
+            [], "conformance-nonsense"
+        ),
+        "attach": lambda: backend.attach(bad_id, _HOST),
+        "detach": lambda: backend.detach(bad_id, _HOST),
+        "clone_snapshot": lambda: backend.clone_snapshot(bad_id, "conformance-nonsense"),
+        "pause_policy": lambda: backend.pause_policy(bad_id),
+        "resume_policy": lambda: backend.resume_policy(bad_id),
+    }
+    return calls[operation]
 
 
 # --------------------------------------------------------------------------- capability tests
@@ -772,42 +807,21 @@ class StorageBackendConformance:
             "resume_policy",
         ],
     )
-    @pytest.mark.parametrize("bad_id", [NONSENSE_ID, "", "../../etc/passwd", "vol-\x00"])
     def test_nonsense_ids_raise_pgsnap_errors(
         self,
         backend: StorageBackend,
         make_volume: MakeVolume,
         operation: str,
-        bad_id: str,
     ) -> None:
-        """Whatever the id, a backend raises a pgsnap error, never a library's exception."""
-        calls: dict[str, Callable[[], object]] = {
-            "get_volume": lambda: backend.get_volume(bad_id),
-            "list_snapshots": lambda: backend.list_snapshots(bad_id),
-            "get_snapshot_group": lambda: backend.get_snapshot_group(bad_id),
-            "delete_snapshot": lambda: backend.delete_snapshot(bad_id),
-            "delete_snapshot_group": lambda: backend.delete_snapshot_group(bad_id),
-            "restore_volume": lambda: backend.restore_volume(bad_id, bad_id),
-            "restore_volume_known": lambda: backend.restore_volume(
-                make_volume("conformance-nonsense"), bad_id
-            ),
-            "restore_profile": lambda: backend.restore_profile(bad_id),
-            "wait_for_restore": lambda: backend.wait_for_restore(bad_id, timeout=1.0),
-            "locate": lambda: backend.locate(bad_id),
-            "create_snapshot_group": lambda: backend.create_snapshot_group(
-                [bad_id], "conformance-nonsense"
-            ),
-            "create_snapshot_group_empty": lambda: backend.create_snapshot_group(
-                [], "conformance-nonsense"
-            ),
-            "attach": lambda: backend.attach(bad_id, _HOST),
-            "detach": lambda: backend.detach(bad_id, _HOST),
-            "clone_snapshot": lambda: backend.clone_snapshot(bad_id, "conformance-nonsense"),
-            "pause_policy": lambda: backend.pause_policy(bad_id),
-            "resume_policy": lambda: backend.resume_policy(bad_id),
-        }
-        err = _raises(PgsnapError, calls[operation])
-        _roundtrip(err)
+        """Whatever the id (:data:`NONSENSE_IDS`), a backend raises a pgsnap error,
+        never a library's exception."""
+        for bad_id in NONSENSE_IDS:
+            call = _nonsense_call(backend, make_volume, operation, bad_id)
+            try:
+                err = _raises(PgsnapError, call)
+            except pytest.fail.Exception as failed:
+                pytest.fail(f"{operation} with the id {bad_id!r}: {failed}")
+            _roundtrip(err)
 
     def test_errors_pickle(self, backend: StorageBackend, make_volume: MakeVolume) -> None:
         """The errors a backend raises survive pickling with their message, hint and details."""

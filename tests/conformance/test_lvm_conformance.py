@@ -48,37 +48,53 @@ CONSTANT_OFFSET = 1 << 20  # 1 MiB into the volume
 CONSTANT = b"constant-block".ljust(BLOCK, b"\xa5")
 
 
+_CHANGES = frozenset({"lvcreate", "lvconvert", "lvrename", "lvchange", "mount", "dd"})
+"""Commands after which a test's volume group needs cleaning (mkfs runs on an LV it made)."""
+
+
 @pytest.fixture(scope="module")
 def vm_host(lvm_vm: Any) -> Host:
-    """The VM's host with the volume group and thin pool made once per module."""
+    """The VM's host with the volume group and thin pool made once per module; its
+    runner notes when a command changed what :func:`_clean` removes."""
     host: Host = lvm_vm.host
     if host.run(["vgs", VG], check=False).returncode != 0:
         host.run(["pvcreate", "-q", "-y", "/dev/vda"])
         host.run(["vgcreate", "-q", VG, "/dev/vda"])
         host.run(["lvcreate", "-q", "-T", "-L", "1G", f"{VG}/{POOL}"])
+    runner = host.runner
+    real = runner.run
+
+    def run(argv: Any, **kwargs: Any) -> Any:
+        if _CHANGES.intersection(argv):
+            host.changed = True  # type: ignore[attr-defined]
+        return real(argv, **kwargs)
+
+    runner.run = run  # type: ignore[method-assign]
     _clean(host)
     return host
 
 
 def _clean(host: Host) -> None:
-    """Remove every LV of the VG but the thin pool (unmounting what is mounted)."""
-    host.run(
-        ["sh", "-c", "awk '$2 ~ \"^/mnt/\" {print $2}' /proc/mounts | xargs -r -n1 umount -l"],
-        check=False,
+    """Remove every LV of the VG but the thin pool (unmounting what is mounted below
+    /mnt), in one command."""
+    script = (
+        "awk '$2 ~ \"^/mnt/\" {print $2}' /proc/mounts | xargs -r -n1 umount -l; "
+        f"names=$(lvs --noheadings -o lv_full_name,lv_attr {VG} | "
+        "awk '$2 !~ /^t/ {print $1}'); "
+        '[ -z "$names" ] || lvremove -q -y -f $names'
     )
-    backend = LvmBackend(VG, host=host)
-    names = [lv.id for lv in backend.ex_logical_volumes() if not lv.hidden and lv.kind != "t"]
-    if names:
-        host.run(["lvremove", "-q", "-y", "-f", *names], timeout=120)
+    host.run(["sh", "-c", script], timeout=120)
+    host.changed = False  # type: ignore[attr-defined]
 
 
 @pytest.fixture
 def clean_vg(vm_host: Host) -> Iterator[Host]:
-    """The VM's host; every LV but the pool is removed after the test (and was before:
-    the module's first test finds the VG as :func:`vm_host` left it, each later one
-    as the previous test's cleanup did)."""
+    """The VM's host; every LV but the pool is removed after the test when one of its
+    commands may have made something (the module's first test finds the VG as
+    :func:`vm_host` left it, each later one as the previous test's cleanup did)."""
     yield vm_host
-    _clean(vm_host)
+    if getattr(vm_host, "changed", True):
+        _clean(vm_host)
 
 
 def _make_volume(host: Host, *, thin: bool, size: str = "32M") -> Callable[[str], str]:
@@ -432,8 +448,8 @@ def test_errors_from_real_lvm_messages(host, backend) -> None:
 
 @pytest.mark.parametrize(
     ("fs", "thin"),
-    [("xfs", True), ("xfs", False), ("ext4", True), ("ext4", False)],
-    ids=["xfs-thin", "xfs-classic", "ext4-thin", "ext4-classic"],
+    [("xfs", True), ("ext4", False)],
+    ids=["xfs-thin", "ext4-classic"],  # each file system's options, each snapshot kind
 )
 def test_a_snapshot_mounts_beside_its_mounted_origin(host, backend, fs, thin) -> None:
     """XFS needs ``nouuid`` (the snapshot has its origin's UUID); a snapshot of a mounted

@@ -133,16 +133,15 @@ def step_ids(plan: Any, prefix: str) -> list[str]:
 # --------------------------------------------------------------------------- PITR
 
 
-@pytest.mark.parametrize("which", ["thin_ext4", "classic_xfs"])
-def test_point_in_time_recovery_through_the_cluster(
-    which: str, request: pytest.FixtureRequest
-) -> None:
-    env: LvmPostgres = request.getfixturevalue(which)
+def test_point_in_time_recovery_through_the_cluster(thin_ext4: LvmPostgres) -> None:
+    """A time target on thin volumes (a classic restore's merge is recovered end to end
+    by the compensation test below, to the latest point)."""
+    env = thin_ext4
     write(env, 1)
     record = env.cluster.backup("lvm-e2e")
     assert sorted(record.snapshots) == [f"{VG}/data", f"{VG}/wal"]
     kinds = {s.extra["kind"] for s in env.backend.list_snapshots()}
-    assert kinds == {"thin" if env.setup.thin else "classic"}
+    assert kinds == {"thin"}
     write(env, 2)
     target = RecoveryTarget.time(env.now())
     write(env, 3)
@@ -155,12 +154,10 @@ def test_point_in_time_recovery_through_the_cluster(
     env.lose(PGWAL)
     plan = env.cluster.plan_recovery(target, lost=[DATA, WAL])
     text = plan.explain()
-    # Block volumes: unmounted, merged back, mounted again.
+    # Block volumes: unmounted, swapped for copies of the snapshots, mounted again.
     assert len(step_ids(plan, "unmount-")) == 2, text
     assert len(step_ids(plan, "restore-")) == 2, text
     assert len(step_ids(plan, "mount-")) == 2, text
-    if not env.setup.thin:
-        assert "consume" in text or "lost" in text.lower(), text
     recover(env, target, [DATA, WAL])
 
     assert batches(env) == [*before, 1, 2], env.server_log()
@@ -170,11 +167,7 @@ def test_point_in_time_recovery_through_the_cluster(
     mounts = env.host.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", DATA_MNT]).text.split()
     assert mounts == [f"/dev/mapper/{VG}-data", env.setup.fs]
     names = {s.id for s in env.backend.list_snapshots()}
-    backup_snaps = set(record.snapshots.values())
-    if env.setup.thin:
-        assert backup_snaps <= names  # a copy was merged; the backup survives
-    else:
-        assert not backup_snaps & names  # merged and consumed, as the plan said
+    assert set(record.snapshots.values()) <= names  # a copy was swapped in; the backup stays
 
 
 def test_complete_recovery_restores_data_and_keeps_the_wal_volume(thin_ext4: LvmPostgres) -> None:
@@ -492,7 +485,8 @@ def test_a_clone_and_a_drill_on_thin_volumes_never_touch_production(
     env.switch_wal()
     assert {204, 205} <= set(batches(env)) and 299 not in batches(env)
     added = {p.name for p in env.archive_dir.iterdir()} - archive_before
-    assert all(n.startswith("00000001") and not n.endswith(".history") for n in added), added
+    own = f"{env.timeline():08X}"  # production's timeline (earlier tests recovered it)
+    assert all(n.startswith(own) and not n.endswith(".history") for n in added), added
 
     env.cluster.destroy_clone("t1")
     assert env.cluster.clones() == ()
