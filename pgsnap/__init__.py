@@ -77,6 +77,8 @@ _WHERE: Final[dict[str, str]] = {
 __all__ = [
     "LSN",
     "ArchiveError",
+    "ArchiveRefused",
+    "ArchiveUnavailable",
     "AuthenticationError",
     "BackendError",
     "BackendNotFound",
@@ -173,6 +175,8 @@ if TYPE_CHECKING:
     from pgsnap.cluster import Cluster
     from pgsnap.errors import (
         ArchiveError,
+        ArchiveRefused,
+        ArchiveUnavailable,
         AuthenticationError,
         BackendError,
         BackendNotFound,

@@ -27,13 +27,13 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap.archives.config import archive_settings, open_archive
 from pgsnap.catalog import DirectoryCatalog
 from pgsnap.copies.bandwidth import parse_size
-from pgsnap.errors import ConfigurationError
+from pgsnap.errors import ConfigurationError, check_keys
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
 from pgsnap.planner.copy_expiry import CopyRetentionPolicy
-from pgsnap.wal.archive import DirectoryWalArchive
 
 __all__ = [
     "COPY_RETENTION_KEYS",
@@ -165,7 +165,6 @@ _DATABASE_KEYS = (
 )
 _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
-_ARCHIVE_KEYS = ("path", "gzip")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
 _COPIES_KEYS = (
     "path",
@@ -253,16 +252,7 @@ def _seconds_value(value: Any, where: str) -> float:
 
 def _check_keys(section: dict[str, Any], allowed: Sequence[str], where: str) -> None:
     """Refuse a key that is not in ``allowed``, naming the nearest valid one."""
-    for key in section:
-        if key in allowed:
-            continue
-        near = difflib.get_close_matches(str(key), allowed, n=1)
-        takes = f"{where} takes: {', '.join(allowed)}"
-        raise ConfigurationError(
-            f"{where} has an unknown key {key!r}",
-            hint=f"did you mean {near[0]!r}? {takes}" if near else takes,
-            key=key,
-        )
+    check_keys(section, allowed, where)
 
 
 def _table(conf: dict[str, Any], name: str) -> dict[str, Any] | None:
@@ -525,7 +515,9 @@ def cluster_arguments(
         _read_password(db, base_dir)
     _check_keys(db, _DATABASE_KEYS, "[database]")
     _check_keys(storage, _STORAGE_KEYS, "[storage]")
-    _check_keys(archive, _ARCHIVE_KEYS, "[archive]")
+    archive_conf = archive_settings(
+        archive, rel, config="" if isinstance(source, Mapping) else str(Path(source).resolve())
+    )
     _check_keys(catalog, _CATALOG_KEYS, "[catalog]")
     file_timeouts = _timeouts(conf)
     timeouts = timeouts or file_timeouts
@@ -591,9 +583,7 @@ def cluster_arguments(
     return {
         "adapter": adapter,
         "backend": backend,
-        "archive": DirectoryWalArchive(
-            rel(_need(archive, "path", "[archive]")), gzip=_flag(archive, "gzip", "[archive]")
-        ),
+        "archive": open_archive(archive_conf),
         "catalog": DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
         "layout": layout,
         "journal_dir": rel(journal),

@@ -50,6 +50,8 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   │   └── MountBusyError              unmount refused: processes hold the file system
     │   └── DeviceNotFound (LookupError)    a device did not appear on the host (device)
     ├── ArchiveError                        the WAL archive cannot be read
+    │   ├── ArchiveUnavailable              retryable: the archive cannot be reached now
+    │   ├── ArchiveRefused                  the archive refuses (access, no such bucket)
     │   └── DamagedSegmentError             an archived segment is truncated or foreign
     ├── CatalogError                        the catalog cannot be read or written
     │   ├── BackupNotFound (LookupError)
@@ -64,7 +66,8 @@ processes). Errors caused by bad input also subclass the matching built-in, so
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -72,6 +75,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ArchiveError",
+    "ArchiveRefused",
+    "ArchiveUnavailable",
     "AuthenticationError",
     "BackendError",
     "BackendNotFound",
@@ -590,6 +595,17 @@ class ArchiveError(PgsnapError):
     """The WAL archive cannot be listed or read."""
 
 
+class ArchiveUnavailable(ArchiveError):
+    """The WAL archive could not be reached (a network or storage failure, tried again
+    and still there): it may pass. ``wal-get`` waits for it rather than say a file is
+    missing."""
+
+
+class ArchiveRefused(ArchiveError):
+    """The WAL archive refuses (access denied, no such bucket or directory, a
+    certificate that cannot be verified): asking again will not change it."""
+
+
 class DamagedSegmentError(ArchiveError):
     """An archived WAL segment cannot be replayed: truncated, not WAL, another
     cluster's, or not the segment its name says (``name``, ``reason``)."""
@@ -674,3 +690,18 @@ class CopyBusy(CopyError):
         **details: Any,
     ) -> None:
         super().__init__(message, hint=hint, target=target, holders=tuple(holders), **details)
+
+
+def check_keys(section: Iterable[Any], allowed: Sequence[str], where: str) -> None:
+    """Refuse (:class:`ConfigurationError`) a key of a configuration section that is not
+    in ``allowed``, naming the nearest valid one."""
+    for key in section:
+        if key in allowed:
+            continue
+        near = difflib.get_close_matches(str(key), allowed, n=1)
+        takes = f"{where} takes: {', '.join(allowed)}"
+        raise ConfigurationError(
+            f"{where} has an unknown key {key!r}",
+            hint=f"did you mean {near[0]!r}? {takes}" if near else takes,
+            key=key,
+        )

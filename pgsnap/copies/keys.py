@@ -208,6 +208,11 @@ class CopyKey:
         HMAC-SHA256 of the content with the chunk id key, in hex."""
         return hmac.new(self._id_key, data, hashlib.sha256).hexdigest()
 
+    def hasher(self) -> hmac.HMAC:
+        """An HMAC-SHA256 with the chunk id key to feed a content piece by piece: its
+        ``hexdigest()`` is :meth:`chunk_id` of the whole."""
+        return hmac.new(self._id_key, digestmod=hashlib.sha256)
+
     def encrypt(self, plaintext: bytes, associated: bytes) -> bytes:
         """``plaintext`` sealed with AES-256-GCM: a random nonce, then the ciphertext
         and its tag; ``associated`` (the object's name) is authenticated, not stored."""

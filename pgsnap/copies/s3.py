@@ -7,48 +7,22 @@ prefix, with the same layout as the directory target::
     <prefix>manifests/<copy id>.json
     <prefix>markers/<marker name>
 
-It talks S3 through :class:`~pgsnap.copies.s3http.S3Http`: botocore's
-credentials and request signing, urllib3's connections, about a fifth of a
-boto3 client's CPU per request (``pip install 'pgsnap[s3]'``); a boto3
-client given as ``client`` is used instead. Credentials
-are read from the environment variables it is told to read
-(``access_key_env``, ``secret_key_env``), or from a credentials file
-(``credentials_file``: ``access_key_id`` and ``secret_access_key`` lines, as
-in an AWS shared credentials file's ``[default]`` section, readable by its
-owner only), else from boto3's usual chain
-(``AWS_ACCESS_KEY_ID``, a profile, an instance role); they are never part of
-its repr, a plan, a log line or an error.
-
-Retries are pgsnap's, not boto3's: a 5xx answer, a throttling code, a
-timeout or a dropped connection is tried again (``attempts`` in all, with
-exponential backoff and jitter); an answer that asking again cannot change
-(access denied, a bucket that does not exist, a TLS certificate that cannot
-be verified) is a :class:`~pgsnap.errors.CopyTargetRefused` at once. One
-client is shared by a copy's threads, with a pool of ``max_connections``
-kept-alive connections; boto3's default CRC32 trailer on uploads is left
-out (SeaweedFS drops the connection after such a request, and a chunk is
-checked by its SHA-256 name on every read anyway).
-
-A PUT is atomic, so a reader sees a whole object or none; an object larger
-than ``multipart_threshold`` is sent as a multipart upload of
-``part_size`` parts (aborted on failure, so no part is left behind), atomic
-as well at its completion. A chunk and a marker that must not be replaced
-are written with one conditional request (``If-None-Match: *`` on the PUT or
-on the completion of the upload): S3 is strongly consistent (read after
-write, list after write), and of two such writes of one key exactly one
-succeeds.
+The bucket is an :class:`~pgsnap.stores.s3.S3Store`, which says how S3 is
+reached (the lean client :class:`~pgsnap.stores.s3http.S3Http`, or a boto3
+client given as ``client``), where credentials come from (never part of a
+repr, a plan, a log line or an error), what is tried again and what fails at
+once (:class:`~pgsnap.errors.CopyTargetRefused`), and how large objects go up
+in parts. A chunk and a marker that must not be replaced are written with one
+conditional request (``If-None-Match: *``): of two such writes of one key
+exactly one succeeds.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import random
-import stat
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from pgsnap.copies.manifest import (
     MARKER_GONE_HINT,
@@ -58,171 +32,34 @@ from pgsnap.copies.manifest import (
     is_chunk_id,
     is_marker_name,
 )
-from pgsnap.copies.s3http import S3Http
-from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound, CopyTargetRefused
+from pgsnap.errors import CopyError, CopyNotFound, CopyTargetRefused
+from pgsnap.stores import StoreErrors
+from pgsnap.stores.s3 import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MULTIPART_THRESHOLD,
+    DEFAULT_PART_SIZE,
+    MIN_PART_SIZE,
+    S3Store,
+)
 
 __all__ = [
     "DEFAULT_ATTEMPTS",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MULTIPART_THRESHOLD",
     "DEFAULT_PART_SIZE",
+    "MIN_PART_SIZE",
     "S3CopyTarget",
 ]
 
-log = logging.getLogger(__name__)
-
-_MISSING = ("404", "NoSuchKey", "NotFound")
-_EXISTS = ("PreconditionFailed", "412")
-_CONFLICT = ("ConditionalRequestConflict", "409")
-"""AWS: another conditional write of the key is under way (its outcome decides)."""
-_DENIED = (
-    "AccessDenied",
-    "403",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "AllAccessDisabled",
-)
-_TRANSIENT = (
-    "InternalError",
-    "ServiceUnavailable",
-    "SlowDown",
-    "RequestTimeout",
-    "Throttling",
-    "ThrottlingException",
-    "RequestThrottled",
-    "OperationAborted",
-)
-_TRANSIENT_EXCEPTIONS: Final = (
-    "EndpointConnectionError",
-    "ConnectTimeoutError",
-    "ReadTimeoutError",
-    "ConnectionClosedError",
-    "ResponseStreamingError",
-    "IncompleteReadError",
-    "ProxyConnectionError",
-    "SSLError",  # a handshake cut short; a certificate that fails to verify is not retried
-    "ConnectionError",
-    "HTTPClientError",
-    "ProtocolError",  # urllib3 (S3Http): a connection reset or closed mid-answer
-    "NewConnectionError",  # urllib3: refused, unreachable
-    "TimeoutError",  # urllib3's base of its timeouts, and the built-in one
-)
-"""Exceptions (by class name: botocore's, and urllib3's under
-:class:`~pgsnap.copies.s3http.S3Http`) worth trying again."""
-
-DEFAULT_ATTEMPTS: Final = 5
-"""Tries of one request (the first and four retries) on a transient failure."""
-DEFAULT_MAX_CONNECTIONS: Final = 16
-"""Kept-alive connections of a target's pool: the copy's threads and its checks."""
-DEFAULT_MULTIPART_THRESHOLD: Final = 32 * 1024 * 1024
-"""Objects larger than this go up in parts."""
-DEFAULT_PART_SIZE: Final = 16 * 1024 * 1024
-"""The size of an upload's parts (S3 wants at least 5 MiB, the last one aside)."""
-MIN_PART_SIZE: Final = 5 * 1024 * 1024
-_BACKOFF_BASE: Final = 0.2
-_BACKOFF_CAP: Final = 10.0
-
-T = TypeVar("T")
-
-
-def _code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return str(response.get("Error", {}).get("Code", ""))
-    return ""
-
-
-def _status(exc: BaseException) -> int:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return status if isinstance(status, int) else 0
-    return 0
-
-
-def _untrusted(exc: BaseException) -> bool:
-    """A TLS certificate that does not verify (no retry changes that)."""
-    text = str(exc).lower()
-    return "certificate verify failed" in text or "certificate_verify_failed" in text
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether asking again may give another answer."""
-    if _untrusted(exc):
-        return False
-    if _code(exc) or _status(exc):
-        return _status(exc) >= 500 or _code(exc) in _TRANSIENT
-    names = {k.__name__ for k in type(exc).__mro__}
-    return bool(names & set(_TRANSIENT_EXCEPTIONS))
-
-
-def read_credentials_file(path: str | os.PathLike[str]) -> dict[str, str]:
-    """The keys in an S3 credentials file: ``aws_access_key_id`` and
-    ``aws_secret_access_key`` (or without the ``aws_`` prefix), ``key = value``
-    lines, in a ``[default]`` section or none. Refused
-    (:class:`~pgsnap.errors.ConfigurationError`, never with a key in the message):
-    a file that group or others can read, a symbolic link, one without both keys."""
-    where = os.fspath(path)
-    try:
-        st = os.lstat(where)
-    except OSError as exc:
-        raise ConfigurationError(
-            f"the S3 credentials file {where} cannot be read: {exc.strerror or exc}",
-            hint="check [copies] credentials_file",
-        ) from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
-        raise ConfigurationError(
-            f"the S3 credentials file {where} is not a regular file",
-            hint="point [copies] credentials_file at the file itself",
-        )
-    if st.st_mode & 0o077:
-        raise ConfigurationError(
-            f"the S3 credentials file {where} can be read by others "
-            f"(mode {stat.S_IMODE(st.st_mode):04o})",
-            hint=f"chmod 600 {where}",
-        )
-    section = "default"
-    found: dict[str, str] = {}
-    with open(where, encoding="utf-8") as f:
-        for line in f:
-            text = line.strip()
-            if not text or text.startswith(("#", ";")):
-                continue
-            if text.startswith("[") and text.endswith("]"):
-                section = text[1:-1].strip()
-                continue
-            name, eq, value = text.partition("=")
-            if eq and section == "default":
-                found[name.strip().lower().removeprefix("aws_")] = value.strip()
-    keys = {
-        arg: found[name]
-        for name, arg in (
-            ("access_key_id", "aws_access_key_id"),
-            ("secret_access_key", "aws_secret_access_key"),
-        )
-        if found.get(name)
-    }
-    if len(keys) != 2:
-        raise ConfigurationError(
-            f"the S3 credentials file {where} does not hold both access_key_id and "
-            "secret_access_key (in [default] or no section)",
-            hint="write aws_access_key_id = ... and aws_secret_access_key = ... lines",
-        )
-    return keys
+ERRORS: Final = StoreErrors(failed=CopyError, missing=CopyNotFound, refused=CopyTargetRefused)
+"""The errors of a copy target's store."""
+_CHUNK_GONE: Final = "list the target's copies; a chunk missing from a copy is damage"
 
 
 class S3CopyTarget:
-    """A copy target in ``bucket`` under ``prefix`` (see the module docstring).
-
-    ``endpoint_url`` names a server other than AWS (``http://127.0.0.1:8333``);
-    ``ca_bundle`` a file of CA certificates to verify its TLS certificate with.
-    ``attempts``: tries of a request on a transient failure (default
-    :data:`DEFAULT_ATTEMPTS`; 1 with a ``client`` of your own, which retries as
-    it was made to); ``max_connections``: the connection pool (as many as the
-    threads that share the target); objects above ``multipart_threshold`` bytes
-    go up in parts of ``part_size``. ``sleep`` waits between two tries (tests
-    replace it).
-    """
+    """A copy target in ``bucket`` under ``prefix`` (see the module docstring). The
+    options are :class:`~pgsnap.stores.s3.S3Store`'s."""
 
     def __init__(
         self,
@@ -242,79 +79,24 @@ class S3CopyTarget:
         part_size: int = DEFAULT_PART_SIZE,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not bucket or "/" in bucket:
-            raise ConfigurationError(
-                f"{bucket!r} is not a bucket name", hint="name the bucket alone, e.g. 'backups'"
-            )
-        if part_size < MIN_PART_SIZE or multipart_threshold < part_size:
-            raise ConfigurationError(
-                f"part_size {part_size} must be at least {MIN_PART_SIZE} (5 MiB) and "
-                f"multipart_threshold {multipart_threshold} at least part_size",
-                hint="leave them out for 16 MiB parts above 32 MiB",
-            )
-        self._bucket = bucket
-        self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self._endpoint = endpoint_url
-        self._attempts = max(
-            1, attempts if attempts is not None else 1 if client else DEFAULT_ATTEMPTS
-        )
-        self._multipart_threshold = multipart_threshold
-        self._part_size = part_size
-        self._sleep = sleep
-        self._client = (
-            client
-            if client is not None
-            else self._connect(
-                endpoint_url,
-                region,
-                access_key_env,
-                secret_key_env,
-                ca_bundle,
-                max_connections,
-                credentials_file,
-            )
-        )
-
-    @staticmethod
-    def _connect(
-        endpoint_url: str | None,
-        region: str | None,
-        access_key_env: str | None,
-        secret_key_env: str | None,
-        ca_bundle: str | os.PathLike[str] | None,
-        max_connections: int,
-        credentials_file: str | os.PathLike[str] | None = None,
-    ) -> Any:
-        keys: dict[str, str] = (
-            read_credentials_file(credentials_file) if credentials_file is not None else {}
-        )
-        for env, arg in (
-            (access_key_env, "aws_access_key_id"),
-            (secret_key_env, "aws_secret_access_key"),
-        ):
-            if env is None:
-                continue
-            value = os.environ.get(env)
-            if not value:
-                raise ConfigurationError(
-                    f"the environment variable {env} is not set",
-                    hint="export it before running pgsnap (its value is never written anywhere)",
-                )
-            keys[arg] = value
-        if keys and len(keys) != 2:
-            raise ConfigurationError(
-                "an S3 copy target needs both an access key and its secret, or neither "
-                "(then the environment, a profile or an instance role gives them)",
-                hint="set both access_key_env and secret_key_env",
-            )
-        return S3Http(
+        self._store = S3Store(
+            bucket,
+            prefix,
+            errors=ERRORS,
+            name="the copy target",
+            settings="[copies]",
             endpoint_url=endpoint_url,
-            region=region or "us-east-1",
-            credentials=(
-                (keys["aws_access_key_id"], keys["aws_secret_access_key"]) if keys else None
-            ),
+            region=region,
+            access_key_env=access_key_env,
+            secret_key_env=secret_key_env,
+            credentials_file=credentials_file,
             ca_bundle=ca_bundle,
+            client=client,
+            attempts=attempts,
             max_connections=max_connections,
+            multipart_threshold=multipart_threshold,
+            part_size=part_size,
+            sleep=sleep,
         )
 
     def __repr__(self) -> str:
@@ -323,261 +105,105 @@ class S3CopyTarget:
     @property
     def location(self) -> str:
         """``s3://bucket/prefix`` (and the endpoint when it is not AWS's)."""
-        where = f"s3://{self._bucket}/{self._prefix}"
-        return where if self._endpoint is None else f"{where} at {self._endpoint}"
+        return self._store.location
 
-    # ------------------------------------------------------------------ errors
+    @property
+    def store(self) -> S3Store:
+        """The bucket it keeps its objects in."""
+        return self._store
 
-    def _error(
-        self, exc: BaseException, what: str, missing_hint: str | None = None, tries: int = 1
-    ) -> CopyError:
-        code = _code(exc)
-        if code in _MISSING:
-            return CopyNotFound(
-                f"{what} is not in the copy target {self.location}",
-                hint=missing_hint
-                or "list the target's copies; a chunk missing from a copy is damage",
-            )
-        if code == "NoSuchBucket":
-            return CopyTargetRefused(
-                f"the bucket {self._bucket} does not exist ({self.location})",
-                hint="create the bucket, or name another one",
-            )
-        if code in _DENIED:
-            return CopyTargetRefused(
-                f"the copy target {self.location} refused {what}: {code}",
-                hint="check the access key and its permissions on the bucket "
-                "(a copy needs to list, read and write)",
-            )
-        if _untrusted(exc):
-            return CopyTargetRefused(
-                f"the TLS certificate of the copy target {self.location} cannot be verified "
-                f"({type(exc).__name__}: certificate verify failed)",
-                hint="give the CA certificate that signed it as ca_bundle ([copies] ca_bundle), "
-                "or check that the endpoint's name is the certificate's",
-            )
-        again = f" ({tries} tries)" if tries > 1 else ""
-        return CopyError(
-            f"{what} failed on the copy target {self.location}{again}: "
-            f"{type(exc).__name__}: {code or exc}",
-            hint="check that the object store answers; timeouts, dropped connections and "
-            "5xx answers were tried again",
-        )
-
-    def _retrying(
-        self, what: str, request: Callable[[], T], *, missing_hint: str | None = None
-    ) -> T:
-        """``request()``, tried again on a transient failure (see the module docstring);
-        any failure left is a CopyError."""
-        for attempt in range(1, self._attempts + 1):
-            try:
-                return request()
-            except Exception as exc:  # botocore's ClientError, EndpointConnectionError...
-                if attempt == self._attempts or not _transient(exc):
-                    raise self._error(exc, what, missing_hint, attempt) from exc
-                pause = random.uniform(0, min(_BACKOFF_CAP, _BACKOFF_BASE * 2**attempt))  # noqa: S311 - jitter
-                log.info(
-                    "%s on %s: %s (try %d of %d), again in %.1f s",
-                    what,
-                    self.location,
-                    type(exc).__name__,
-                    attempt,
-                    self._attempts,
-                    pause,
-                )
-                self._sleep(pause)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _call(
-        self, what: str, method: str, *, missing_hint: str | None = None, **kwargs: Any
-    ) -> Any:
-        return self._retrying(
-            what,
-            lambda: getattr(self._client, method)(Bucket=self._bucket, **kwargs),
-            missing_hint=missing_hint,
-        )
-
-    def _get(self, what: str, key: str, missing_hint: str | None = None) -> bytes:
-        """An object's bytes (the body read inside the retried request)."""
-
-        def request() -> bytes:
-            got = self._client.get_object(Bucket=self._bucket, Key=key)
-            return bytes(got["Body"].read())
-
-        return self._retrying(what, request, missing_hint=missing_hint)
-
-    def _put(self, key: str, body: bytes, what: str, *, if_absent: bool = False) -> bool:
-        """Write ``key`` (in parts above the threshold). With ``if_absent``, one
-        conditional write: True when it wrote ``key``, False when the key existed
-        (412), or when another conditional write of it was under way (409: that one
-        decides; a caller that needs the key written reads it back)."""
-        if len(body) > self._multipart_threshold:
-            return self._put_parts(key, body, what, if_absent=if_absent)
-        condition = {"IfNoneMatch": "*"} if if_absent else {}
-        try:
-            self._retrying(
-                what,
-                lambda: self._client.put_object(
-                    Bucket=self._bucket, Key=key, Body=body, **condition
-                ),
-            )
-        except CopyError as exc:
-            if if_absent and _code(exc.__cause__ or exc) in (*_EXISTS, *_CONFLICT):
-                return False
-            raise
-        return True
-
-    def _put_parts(self, key: str, body: bytes, what: str, *, if_absent: bool) -> bool:
-        """A multipart upload of ``body``; aborted when it does not complete."""
-        started = self._call(f"{what} (starting its upload)", "create_multipart_upload", Key=key)
-        upload_id = str(started["UploadId"])
-        view = memoryview(body)
-        parts: list[dict[str, Any]] = []
-        try:
-            for number, offset in enumerate(range(0, len(body), self._part_size), 1):
-                part = bytes(view[offset : offset + self._part_size])
-                sent = self._call(
-                    f"{what} (part {number})",
-                    "upload_part",
-                    Key=key,
-                    UploadId=upload_id,
-                    PartNumber=number,
-                    Body=part,
-                )
-                parts.append({"ETag": sent["ETag"], "PartNumber": number})
-            condition = {"IfNoneMatch": "*"} if if_absent else {}
-            self._call(
-                f"{what} (completing its upload)",
-                "complete_multipart_upload",
-                Key=key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": parts},
-                **condition,
-            )
-        except BaseException as exc:
-            self._abort(key, upload_id)
-            if (
-                if_absent
-                and isinstance(exc, CopyError)
-                and _code(exc.__cause__ or exc) in (*_EXISTS, *_CONFLICT)
-            ):
-                return False
-            raise
-        log.debug("%s: %d bytes in %d parts", what, len(body), len(parts))
-        return True
-
-    def _abort(self, key: str, upload_id: str) -> None:
-        """Abort an upload (its parts go), best effort: a failure is logged."""
-        with contextlib.suppress(CopyError):
-            self._call(
-                f"aborting the upload of {key}",
-                "abort_multipart_upload",
-                Key=key,
-                UploadId=upload_id,
-            )
-            return
-        log.warning(
-            "could not abort the upload of %s on %s: its parts stay until the bucket's "
-            "lifecycle rule for incomplete uploads removes them",
-            key,
-            self.location,
-        )
-
-    def _chunk_key(self, chunk: str) -> str:
+    @staticmethod
+    def _chunk_key(chunk: str) -> str:
         check_chunk_id(chunk)
-        return f"{self._prefix}chunks/{chunk[:2]}/{chunk}"
+        return f"chunks/{chunk[:2]}/{chunk}"
 
-    def _manifest_key(self, copy_id: str) -> str:
-        return f"{self._prefix}manifests/{check_copy_id(copy_id)}.json"
+    @staticmethod
+    def _manifest_key(copy_id: str) -> str:
+        return f"manifests/{check_copy_id(copy_id)}.json"
 
-    def _marker_key(self, name: str) -> str:
-        return f"{self._prefix}markers/{check_marker_name(name)}"
-
-    def _keys(self, prefix: str) -> Iterator[str]:
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Prefix": prefix}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self._call(f"listing {prefix}", "list_objects_v2", **kwargs)
-            for item in page.get("Contents", ()):
-                yield str(item["Key"])
-            if not page.get("IsTruncated"):
-                return
-            token = page.get("NextContinuationToken")
+    @staticmethod
+    def _marker_key(name: str) -> str:
+        return f"markers/{check_marker_name(name)}"
 
     # ------------------------------------------------------------------ the protocol
 
     def has_chunk(self, chunk: str) -> bool:
         """True when the chunk's object exists."""
-        try:
-            self._call(f"chunk {chunk}", "head_object", Key=self._chunk_key(chunk))
-        except CopyNotFound:
-            return False
-        return True
+        return self._store.head(self._chunk_key(chunk)) is not None
 
     def put_chunk(self, chunk: str, data: bytes) -> bool:
         """PUT the chunk's object unless it exists: one conditional request
         (``If-None-Match: *``; a 412 means it was there)."""
-        return self._put(self._chunk_key(chunk), data, f"writing chunk {chunk}", if_absent=True)
+        return self._store.put(
+            self._chunk_key(chunk), data, if_absent=True, what=f"writing chunk {chunk}"
+        )
 
     def get_chunk(self, chunk: str) -> bytes:
         """The chunk object's bytes."""
-        return self._get(f"chunk {chunk}", self._chunk_key(chunk))
+        return self._store.get(
+            self._chunk_key(chunk), what=f"chunk {chunk}", missing_hint=_CHUNK_GONE
+        )
 
     def chunk_ids(self) -> Iterator[str]:
         """The chunk objects' names."""
-        for key in self._keys(f"{self._prefix}chunks/"):
-            name = key.rpartition("/")[2]
+        for found in self._store.list("chunks/"):
+            name = found.key.rpartition("/")[2]
             if is_chunk_id(name):
                 yield name
 
     def delete_chunk(self, chunk: str) -> None:
         """DELETE the chunk's object (S3 deletes of absent keys succeed)."""
-        self._call(f"deleting chunk {chunk}", "delete_object", Key=self._chunk_key(chunk))
+        self._store.delete(self._chunk_key(chunk), what=f"deleting chunk {chunk}")
 
     def put_manifest(self, copy_id: str, text: str) -> None:
         """PUT ``manifests/<copy id>.json`` (in parts when it is large)."""
-        self._put(
-            self._manifest_key(copy_id), text.encode(), f"writing the manifest of copy {copy_id}"
+        self._store.put(
+            self._manifest_key(copy_id),
+            text.encode(),
+            what=f"writing the manifest of copy {copy_id}",
         )
 
     def get_manifest(self, copy_id: str) -> str:
         """The text of ``manifests/<copy id>.json``."""
-        return self._get(f"copy {copy_id}", self._manifest_key(copy_id)).decode()
+        return self._store.get(
+            self._manifest_key(copy_id), what=f"copy {copy_id}", missing_hint=_CHUNK_GONE
+        ).decode()
 
     def manifest_ids(self) -> tuple[str, ...]:
         """The copy ids with a manifest object."""
-        names = (k.rpartition("/")[2] for k in self._keys(f"{self._prefix}manifests/"))
+        names = (o.key.rpartition("/")[2] for o in self._store.list("manifests/"))
         return tuple(sorted(n[: -len(".json")] for n in names if n.endswith(".json")))
 
     def delete_manifest(self, copy_id: str) -> None:
         """DELETE ``manifests/<copy id>.json``."""
-        self._call(
-            f"deleting the manifest of copy {copy_id}",
-            "delete_object",
-            Key=self._manifest_key(copy_id),
+        self._store.delete(
+            self._manifest_key(copy_id), what=f"deleting the manifest of copy {copy_id}"
         )
 
     def put_marker(self, name: str, text: str) -> None:
         """PUT ``markers/<name>``."""
-        self._put(self._marker_key(name), text.encode(), f"writing the marker {name}")
+        self._store.put(self._marker_key(name), text.encode(), what=f"writing the marker {name}")
 
     def create_marker(self, name: str, text: str) -> bool:
         """PUT ``markers/<name>`` with ``If-None-Match: *``: False when it exists."""
-        return self._put(
-            self._marker_key(name), text.encode(), f"creating the marker {name}", if_absent=True
+        return self._store.put(
+            self._marker_key(name),
+            text.encode(),
+            if_absent=True,
+            what=f"creating the marker {name}",
         )
 
     def get_marker(self, name: str) -> str:
         """The text of ``markers/<name>``."""
-        return self._get(f"marker {name}", self._marker_key(name), MARKER_GONE_HINT).decode()
+        return self._store.get(
+            self._marker_key(name), what=f"marker {name}", missing_hint=MARKER_GONE_HINT
+        ).decode()
 
     def marker_names(self) -> tuple[str, ...]:
         """The names of the objects under ``markers/``."""
-        names = (k.rpartition("/")[2] for k in self._keys(f"{self._prefix}markers/"))
+        names = (o.key.rpartition("/")[2] for o in self._store.list("markers/"))
         return tuple(sorted(n for n in names if is_marker_name(n)))
 
     def delete_marker(self, name: str) -> None:
         """DELETE ``markers/<name>``."""
-        self._call(f"deleting the marker {name}", "delete_object", Key=self._marker_key(name))
+        self._store.delete(self._marker_key(name), what=f"deleting the marker {name}")

@@ -47,8 +47,8 @@ def server_cluster(
     :func:`~pgsnap.testing.btrfs.btrfs_cluster` and
     :func:`~pgsnap.testing.powerflex_sim.powerflex_cluster`: a
     :class:`~pgsnap.adapters.postgres.PostgresAdapter` for the server (through
-    ``host``, default this machine), its archive directory, a directory
-    catalog and a journal under its base directory. Extra keyword arguments
+    ``host``, default this machine), its archive directory (or ``archive=``), a
+    directory catalog and a journal under its base directory. Extra keyword arguments
     go to :class:`~pgsnap.cluster.Cluster` (``journal_dir`` among them).
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
@@ -66,10 +66,11 @@ def server_cluster(
         host=host or Host(),
     )
     options: dict[str, Any] = {"journal_dir": server.base_dir / "journal", **cluster_options}
+    archive = options.pop("archive", None) or DirectoryWalArchive(server.archive_dir)
     return Cluster(
         adapter=adapter,
         backend=backend,
-        archive=DirectoryWalArchive(server.archive_dir),
+        archive=archive,
         catalog=DirectoryCatalog(server.base_dir / "catalog"),
         layout=Layout(tuple(volumes)),
         **options,

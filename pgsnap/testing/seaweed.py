@@ -128,6 +128,8 @@ class SeaweedS3:
     reader: Keys
     https_endpoint: str | None = None
     """``https://localhost:PORT`` when started with ``tls``, else None."""
+    argv: tuple[str, ...] = ()
+    """The command it was started with (:meth:`restart` runs it again)."""
 
     @classmethod
     def start(
@@ -209,16 +211,10 @@ class SeaweedS3:
                 f"-s3.port.https={port}",
             ]
             https = f"https://localhost:{port}"
-        log_file = open(root / "weed.log", "wb")  # noqa: SIM115 - the server's, closed by stop()
-        proc = subprocess.Popen(
-            argv,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
+        proc = _spawn(argv, root)
+        server = cls(
+            proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader, https, tuple(argv)
         )
-        log_file.close()
-        server = cls(proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader, https)
         try:
             server._wait(timeout)
         except BaseException:
@@ -252,6 +248,13 @@ class SeaweedS3:
             f"the SeaweedFS S3 server did not answer within {timeout:g} s: {last}; "
             f"{self.log_tail()}"
         )
+
+    def restart(self, timeout: float = 60.0) -> None:
+        """Start the server again (after :meth:`stop`) at the same ports, with the same
+        data and keys; wait until S3 answers."""
+        self.stop()
+        self.process = _spawn(list(self.argv), self.base)
+        self._wait(timeout)
 
     def log_tail(self, size: int = 2000) -> str:
         """The end of the server's log."""
@@ -303,3 +306,15 @@ class SeaweedS3:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _spawn(argv: list[str], root: Path) -> subprocess.Popen[bytes]:
+    """``weed`` with its output appended to ``root/weed.log``, in a session of its own."""
+    with open(root / "weed.log", "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )

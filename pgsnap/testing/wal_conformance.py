@@ -244,6 +244,12 @@ class WalArchiveConformance:
     with a segment size counts)."""
     deletes: ClassVar[bool] = True
     """Whether the archive is a :class:`~pgsnap.protocols.WalArchiveDeletion`."""
+    plain_names_only: ClassVar[bool] = False
+    """The archive keeps each file under its own name only: it compresses inside its
+    objects (no ``.gz`` copies to list or find), and its writes are atomic (no
+    ``.tmp`` or ``.*`` files to leave out). Its ``put_file`` is given plain names
+    only, and replaces a file that is there (the test's way to rewrite one);
+    ``compressions`` and ``restorable_compressions`` are then empty."""
 
     # ------------------------------------------------------------------ fixtures
 
@@ -297,13 +303,17 @@ class WalArchiveConformance:
             segment_name(1, 3, SEGMENT_SIZE),
             "00000002.history",
             segment_name(1, 1, SEGMENT_SIZE),
-            f"{segment_name(1, 2, SEGMENT_SIZE)}.gz",
+            f"{segment_name(1, 2, SEGMENT_SIZE)}" + ("" if self.plain_names_only else ".gz"),
         ]
-        hidden = [
-            f".{segment_name(1, 4, SEGMENT_SIZE)}",
-            f"{segment_name(1, 5, SEGMENT_SIZE)}.tmp",
-            ".00000003.history.tmp",
-        ]
+        hidden = (
+            []
+            if self.plain_names_only
+            else [
+                f".{segment_name(1, 4, SEGMENT_SIZE)}",
+                f"{segment_name(1, 5, SEGMENT_SIZE)}.tmp",
+                ".00000003.history.tmp",
+            ]
+        )
         for name in [*visible, *hidden]:
             put_file(name, b"x")
         names = archive.list_names()
@@ -377,16 +387,23 @@ class WalArchiveConformance:
             located = find_segment(archive, plain)
             assert located is not None and located.name == f"{plain}.{comp}"
             assert _read_all(archive, f"{plain}.{comp}") == data
-        # A plain copy wins over a compressed one.
+        # A plain copy wins over a compressed one (an archive of plain names only
+        # has the plain one alone).
         both = segment_name(2, 1, SEGMENT_SIZE)
-        put_file(f"{both}.gz", gzip.compress(segment_bytes(2, 1)))
+        if not self.plain_names_only:
+            put_file(f"{both}.gz", gzip.compress(segment_bytes(2, 1)))
         put_file(both, segment_bytes(2, 1))
         located = find_segment(archive, both)
         assert located is not None and located.name == both
+        assert _read_all(archive, both) == segment_bytes(2, 1)
 
     def test_damaged_compressed_data(self, archive: WalArchive, put_file: PutFile) -> None:
         """A compressed file that does not decompress is an ArchiveError (from ``open``
-        or from reading the stream), never a codec's own exception."""
+        or from reading the stream), never a codec's own exception. (An archive of
+        plain names only checks its own objects: its tests damage them.)"""
+        if self.plain_names_only:
+            assert not self.compressions and not self.restorable_compressions
+            return
         name = f"{segment_name(1, 1, SEGMENT_SIZE)}.gz"
         put_file(name, gzip.compress(segment_bytes(1, 1))[:2000] + b"\0garbage" * 100)
         _raises(ArchiveError, _read_all, archive, name)
@@ -395,21 +412,21 @@ class WalArchiveConformance:
         """``.history`` and ``.backup`` files are read as text (a gzip-compressed history
         too), and ``histories`` parses them."""
         backup = "000000010000000000000002.00000028.backup"
+        third = "00000003.history" + ("" if self.plain_names_only else ".gz")
         put_file("00000002.history", _HISTORY.encode())
-        put_file(
-            "00000003.history.gz", gzip.compress(f"{_HISTORY}2\t0/5000000\tbefore x\n".encode())
-        )
+        text3 = f"{_HISTORY}2\t0/5000000\tbefore x\n".encode()
+        put_file(third, text3 if self.plain_names_only else gzip.compress(text3))
         put_file(backup, _BACKUP.encode())
         assert archive.read_text("00000002.history") == _HISTORY
         assert archive.read_text(backup) == _BACKUP
-        assert archive.read_text("00000003.history.gz").startswith(_HISTORY)
+        assert archive.read_text(third).startswith(_HISTORY)
         assert archive.exists("00000003.history")
         assert _read_all(archive, backup) == _BACKUP.encode()
         graph = archive.histories()
         assert graph.timelines() == (1, 2, 3)
         assert graph.history(3).parents == (1, 2)
         index = archive.index(SEGMENT_SIZE)
-        assert index.history_names == ("00000002.history", "00000003.history.gz")
+        assert index.history_names == ("00000002.history", third)
         assert index.backup_names == (backup,)
         assert archive.histories(index.history_names).timelines() == graph.timelines()
 
@@ -572,7 +589,9 @@ class WalArchiveConformance:
         assert isinstance(archive, WalArchiveDeletion)
         one, two = segment_name(1, 1, SEGMENT_SIZE), segment_name(1, 2, SEGMENT_SIZE)
         put_file(one, segment_bytes(1, 1))
-        put_file(f"{one}.gz", gzip.compress(segment_bytes(1, 1)))
+        if not self.plain_names_only:
+            put_file(f"{one}.gz", gzip.compress(segment_bytes(1, 1)))
         put_file(two, segment_bytes(1, 2))
-        assert archive.delete([one, segment_name(1, 9, SEGMENT_SIZE)]) == 2
+        removed = archive.delete([one, segment_name(1, 9, SEGMENT_SIZE)])
+        assert removed == (1 if self.plain_names_only else 2)
         assert archive.list_names() == (two,)

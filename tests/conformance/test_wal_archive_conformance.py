@@ -13,11 +13,15 @@ pytester) to prove that it fails them.
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pgsnap.archives.config import archive_settings, open_archive
+from pgsnap.archives.store import StoreWalArchive
 from pgsnap.testing.memory_wal import MemoryWalArchive
 from pgsnap.testing.wal_conformance import PutFile, WalArchiveConformance
 from pgsnap.wal.archive import DirectoryWalArchive
@@ -88,11 +92,61 @@ class TestMemoryWalArchive(WalArchiveConformance):
         return MemoryWalArchive(unreadable="connection refused")
 
 
+class TestStoreWalArchive(WalArchiveConformance):
+    """pgsnap's own archive (``wal-push``/``wal-get``) in a directory store: plain names
+    only, its restore_command is ``pgsnap wal-get`` (this checkout's, run as
+    PostgreSQL would run it)."""
+
+    compressions = frozenset()
+    restorable_compressions = frozenset()
+    plain_names_only = True
+
+    @pytest.fixture
+    def archive(self, tmp_path: Path) -> StoreWalArchive:
+        return store_archive(tmp_path / "store")
+
+    @pytest.fixture
+    def put_file(self, archive: StoreWalArchive) -> PutFile:
+        def put(name: str, data: bytes) -> None:
+            archive.delete([name])  # the test rewrites a file; wal-push never does
+            archive.push(name, data)
+
+        return put
+
+    @pytest.fixture
+    def unreadable_archive(self, tmp_path: Path) -> StoreWalArchive:
+        return store_archive(tmp_path / "no-such-store", make=False)
+
+
+def store_archive(root: Path, *, make: bool = True) -> StoreWalArchive:
+    """pgsnap's archive in the directory ``root``, with a configuration beside it whose
+    ``wal-get`` is this checkout's pgsnap."""
+    if make:
+        root.mkdir()
+    config = root.parent / f"{root.name}.toml"
+    config.write_text(f'[archive]\nformat = "pgsnap"\npath = "{root}"\nahead = 0\n')
+    repo = Path(__file__).resolve().parents[2]
+    command = (
+        f"env PYTHONPATH={shlex.quote(str(repo))} {shlex.quote(sys.executable)} -m pgsnap "
+        f"-c {shlex.quote(str(config))} wal-get '%f' '%p'"
+    )
+    settings = archive_settings(
+        {"format": "pgsnap", "path": str(root), "restore_command": command},
+        str,
+        config=str(config),
+    )
+    archive = open_archive(settings)
+    assert isinstance(archive, StoreWalArchive)
+    return archive
+
+
 # --------------------------------------------------------------------------- the suite has teeth
 
 _BROKEN = """
 import io
 import pytest
+from pgsnap.archives.config import archive_settings, open_archive
+from pgsnap.archives.store import StoreWalArchive
 from pgsnap.testing.memory_wal import MemoryWalArchive
 from pgsnap.testing.wal_conformance import WalArchiveConformance
 

@@ -245,6 +245,7 @@ def make_env(
     host: Any = None,
     deep_wal: bool = False,
     copy_target: Path | None = None,
+    archive: Any = None,
     **settings: Any,
 ) -> Env:
     """``deep_wal``: pg_wal lives in a subdirectory of the WAL volume (``initdb --waldir
@@ -261,6 +262,8 @@ def make_env(
         _move_pg_wal_deeper(server)
     server.start()
     options: dict[str, Any] = {} if copy_target is None else {"copy_target": copy_target}
+    if archive is not None:
+        options["archive"] = archive
     cluster = mock_cluster(server, block=block, host=host, **options)
     layout = cluster.layout
     archive = layout.by_role(VolumeRole.ARCHIVE)[0]

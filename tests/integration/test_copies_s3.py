@@ -27,8 +27,8 @@ from pgsnap.copies import (
 )
 from pgsnap.copies.markers import GC_MARKER, MIN_STALE_AFTER, Marker
 from pgsnap.copies.s3 import S3CopyTarget
-from pgsnap.copies.s3http import S3Http
 from pgsnap.errors import ConfigurationError, CopyBusy, CopyError, CopyNotFound, CopyTargetRefused
+from pgsnap.stores.s3http import S3Http
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
 
 from ..unit.test_copies import CHUNK, make_tree, snapshot
@@ -221,13 +221,13 @@ def test_the_s3_target_speaks_https_with_a_private_ca(s3: SeaweedS3, tmp_path: P
         assert snapshot(tmp_path / "restored") == snapshot(tree)
         untrusted = S3CopyTarget("tls", "c", endpoint_url=s3.https_endpoint, **keys)
         sent: list[str] = []
-        real = untrusted._client._request
+        real = untrusted.store._client._request
 
         def counted(operation: str, *args: Any, **kwargs: Any) -> Any:
             sent.append(operation)
             return real(operation, *args, **kwargs)
 
-        mp.setattr(untrusted._client, "_request", counted)
+        mp.setattr(untrusted.store._client, "_request", counted)
         with pytest.raises(CopyTargetRefused, match="SSL") as refused:  # certificate verify failed
             untrusted.get_manifest("c1")
         assert len(sent) == 1  # at once: no retry changes a certificate

@@ -776,7 +776,7 @@ def test_a_key_with_no_near_name_lists_the_valid_ones(run: Run, tmp_path: Path) 
     code, _, err = run("list", "-c", str(path))
     assert code == 2
     assert "[archive] has an unknown key 'zzz'" in err
-    assert "[archive] takes: path, gzip" in err
+    assert "[archive] takes: path, format, gzip" in err
 
 
 def test_archive_gzip_reads_compressed_segments(config: Path, tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ import attrs
 import pytest
 
 from pgsnap.copies.s3 import S3CopyTarget
-from pgsnap.copies.s3http import S3Http, S3HttpError
 from pgsnap.errors import ConfigurationError, CopyError, CopyNotFound
+from pgsnap.stores.s3http import S3Http, S3HttpError
 
 KEYS = ("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
 
@@ -133,7 +133,10 @@ def test_a_listing_is_read_with_or_without_the_namespace() -> None:
     assert [c["Key"] for c in first["Contents"]] == ["p/a", "p/b"]
     assert first["IsTruncated"] and first["NextContinuationToken"] == "t2"
     second = own.list_objects_v2(Bucket="b", Prefix="p/", ContinuationToken="t2")
-    assert second == {"Contents": [{"Key": "p/c", "Size": 5}], "IsTruncated": False}
+    assert second == {
+        "Contents": [{"Key": "p/c", "Size": 5, "ETag": "", "LastModified": ""}],
+        "IsTruncated": False,
+    }
     assert "continuation-token=t2" in own._pool.sent[1][1]
 
 
@@ -145,7 +148,7 @@ def test_a_completion_that_answers_200_with_an_error_is_an_error_and_tried_again
         Answer(200, b"<CompleteMultipartUploadResult/>"),
     )
     target = S3CopyTarget("b", client=own, attempts=2, sleep=lambda _s: None)
-    target._call(
+    target.store.call(
         "completing",
         "complete_multipart_upload",
         Key="k",

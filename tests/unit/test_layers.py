@@ -19,6 +19,8 @@ import pgsnap
 PACKAGE = pathlib.Path(pgsnap.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("pgsnap.__main__",),  # python -m pgsnap
+    ("pgsnap._entry",),  # the command: wal-push/wal-get lean, the rest to the CLI
     ("pgsnap.cli",),
     ("pgsnap._demo",),
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
@@ -27,7 +29,13 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.observe", "pgsnap.config", "pgsnap.clones"),
     ("pgsnap.planner", "pgsnap.executor"),
     ("pgsnap.plan",),
-    ("pgsnap.operations", "pgsnap.adapters", "pgsnap.backends", "pgsnap.catalog"),
+    (
+        "pgsnap.operations",
+        "pgsnap.adapters",
+        "pgsnap.backends",
+        "pgsnap.catalog",
+        "pgsnap.archives",  # WAL archives over object stores and other tools' repositories
+    ),
     ("pgsnap.protocols",),
     (
         "pgsnap.wal",
@@ -37,6 +45,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pgsnap.locks",
         "pgsnap._registry",
     ),
+    ("pgsnap.stores",),  # object stores: a directory, an S3 bucket
     ("pgsnap.model",),
     ("pgsnap.errors", "pgsnap._version", "pgsnap._moved"),
 )

@@ -35,6 +35,7 @@ MOVED = {
     "pgsnap.journal": "pgsnap._journal",
     "pgsnap.registry": "pgsnap._registry",
     "pgsnap.demo": "pgsnap._demo",
+    "pgsnap.copies.s3http": "pgsnap.stores.s3http",
 }
 
 SPLIT = {"pgsnap.checks": ("pgsnap.planner.checks", "pgsnap.observe")}

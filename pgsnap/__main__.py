@@ -1,0 +1,10 @@
+"""``python -m pgsnap``: the ``pgsnap`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from pgsnap._entry import main
+
+if __name__ == "__main__":
+    sys.exit(main())
