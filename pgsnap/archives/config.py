@@ -15,7 +15,10 @@
     parallel = 4                     # transfers at a time
 
 ``format = "pgsnap"`` with a directory ``path`` keeps pgsnap's archive in that
-directory (an NFS mount). The S3 keys are those of ``[copies]``
+directory (an NFS mount). ``format = "pgbackrest"`` (with ``stanza``), ``"walg"``
+and ``"barman"`` (with ``server``) read, never write, the archive those tools keep
+at ``path`` (a directory or ``s3://``), through ``pgsnap.archives.<format>``;
+``tool_config`` names the tool's own configuration for its restore command. The S3 keys are those of ``[copies]``
 (``endpoint_url``, ``region``, ``access_key_env``, ``secret_key_env``,
 ``credentials_file``, ``ca_bundle``); no key is a secret. ``restore_command``
 overrides the one pgsnap writes into recoveries (``pgsnap -c <this file>
@@ -29,6 +32,7 @@ This module builds archives and stores from a section alone (``wal-push`` and
 
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import sys
@@ -59,8 +63,10 @@ __all__ = [
     "open_store",
 ]
 
-ARCHIVE_FORMATS: Final = ("directory", "pgsnap")
-"""What ``[archive] format`` may say."""
+ARCHIVE_FORMATS: Final = ("directory", "pgsnap", "pgbackrest", "walg", "barman")
+"""What ``[archive] format`` may say: a directory, pgsnap's own archive, or (read only)
+the archive of a pgBackRest repository, of WAL-G, of barman-cloud."""
+_OTHER_TOOLS: Final = ("pgbackrest", "walg", "barman")
 S3_OPTIONS: Final = (
     "endpoint_url",
     "region",
@@ -80,6 +86,9 @@ ARCHIVE_KEYS: Final = (
     "ahead",
     "parallel",
     "restore_command",
+    "stanza",
+    "server",
+    "tool_config",
 )
 """The keys of ``[archive]``."""
 ERRORS: Final = StoreErrors(failed=ArchiveUnavailable, missing=ArchiveError, refused=ArchiveRefused)
@@ -102,6 +111,12 @@ class ArchiveSettings:
     parallel: int = 4
     restore_command: str = ""
     config: str = ""
+    stanza: str = ""
+    """pgBackRest: the stanza whose archive is read."""
+    server: str = ""
+    """barman-cloud: the server name (the folder below the destination)."""
+    tool_config: str = ""
+    """The other tool's configuration file (pgBackRest's), for its restore command."""
 
 
 def _text(section: Mapping[str, Any], key: str) -> str | None:
@@ -162,13 +177,26 @@ def archive_settings(
                     hint="remove it, or give an s3:// path",
                 )
             options[key] = rel(value) if key in ("ca_bundle", "credentials_file") else value
-    if fmt == "directory":
+    if fmt != "pgsnap":
         for key in ("key_file", "spool", "ahead", "parallel"):
             if key in section:
                 raise ConfigurationError(
                     f"[archive] {key} is for pgsnap's own archive (format = 'pgsnap')",
-                    hint="remove it: a directory archive is filled by your archive_command",
+                    hint="remove it: this archive is filled by your archive_command",
                 )
+    for key, only in (("stanza", "pgbackrest"), ("server", "barman")):
+        if key in section and fmt != only:
+            raise ConfigurationError(f"[archive] {key} is for format = {only!r}", hint="remove it")
+        if fmt == only and not _text(section, key):
+            raise ConfigurationError(
+                f"[archive] format = {only!r} needs {key}",
+                hint=f'e.g. {key} = "main"',
+            )
+    if "tool_config" in section and fmt not in _OTHER_TOOLS:
+        raise ConfigurationError(
+            "[archive] tool_config is the configuration of the tool that wrote the archive",
+            hint="remove it",
+        )
     key_file = _text(section, "key_file") or ""
     spool = _text(section, "spool") or ""
     return ArchiveSettings(
@@ -182,6 +210,9 @@ def archive_settings(
         parallel=max(1, _count(section, "parallel", 4)),
         restore_command=_text(section, "restore_command") or "",
         config=config,
+        stanza=_text(section, "stanza") or "",
+        server=_text(section, "server") or "",
+        tool_config=rel(_text(section, "tool_config") or "") if section.get("tool_config") else "",
     )
 
 
@@ -238,6 +269,17 @@ def open_archive(settings: ArchiveSettings) -> WalArchive:
         from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
         return DirectoryWalArchive(settings.location, gzip=settings.gzip)
+    if settings.format in _OTHER_TOOLS:
+        # pgsnap.archives.<format>.open_archive(store, settings): a read-only view.
+        module = importlib.import_module(f"pgsnap.archives.{settings.format}")
+        store = open_store(
+            settings.location,
+            settings.options,
+            name=f"the {settings.format} archive",
+            connections=8,
+        )
+        archive: WalArchive = module.open_archive(store, settings)
+        return archive
     from pgsnap.archives.store import StoreWalArchive  # noqa: PLC0415
 
     key = None
