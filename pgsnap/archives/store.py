@@ -20,6 +20,7 @@ refused (:class:`~pgsnap.errors.ArchiveError`), as PostgreSQL requires of an
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import io
@@ -47,6 +48,8 @@ __all__ = ["StoreWalArchive", "etag_version", "quoted_command", "wal_key"]
 log = logging.getLogger(__name__)
 
 _PREFIX: Final = "wal/"
+_HEADER_READS: Final = 16
+"""Headers read at a time when a listing checks the segments' sizes."""
 _TABLE_READ: Final = 4096
 """Bytes read to get an object's header and frame table (1,009 frames fit)."""
 
@@ -223,8 +226,15 @@ class StoreWalArchive:
                 names.append(name)
         names.sort()
         if segment_size is not None and check_sizes:
-            names = [n for n in names if self._fits(n, segment_size)]
+            names = self._fitting(names, segment_size)
         return tuple(names)
+
+    def _fitting(self, names: list[str], segment_size: int) -> list[str]:
+        """The names of ``names`` that are not segments of another size (the segments'
+        headers read :data:`_HEADER_READS` at a time)."""
+        with concurrent.futures.ThreadPoolExecutor(max_workers=_HEADER_READS) as pool:
+            fits = list(pool.map(lambda n: self._fits(n, segment_size), names))
+        return [n for n, ok in zip(names, fits, strict=True) if ok]
 
     def _fits(self, name: str, segment_size: int) -> bool:
         if parse_archive_name(name).kind is not WalFileKind.SEGMENT:
@@ -315,7 +325,7 @@ class StoreWalArchive:
         """An index of the archive's files (one listing; with ``check_sizes``, a
         segment of another size is among its ``unknown_names``)."""
         every = self.list_names()
-        usable = [n for n in every if self._fits(n, segment_size)] if check_sizes else every
+        usable = self._fitting(list(every), segment_size) if check_sizes else every
         index = ArchiveIndex.build(list(usable), segment_size)
         kept = set(usable)
         rejected = tuple(n for n in every if n not in kept)
