@@ -566,11 +566,7 @@ class ToolWalArchive:
         else:
             head = self._store.get_range(found.key, 0, min(size, SMALL_OBJECT))
             if len(head) >= size:
-                length = len(
-                    decompress_bytes(
-                        found.compression, head, name=found.name, where=self._where(found)
-                    )
-                )
+                length = len(self._decode_whole(found, head))
             else:
                 length = recorded_length(found.compression, head)
         if length is None and claim:
@@ -580,6 +576,14 @@ class ToolWalArchive:
             if len(self._lengths) > _LENGTH_CACHE:
                 self._lengths.popitem(last=False)
         return length, exact
+
+    def _decode_whole(self, found: StoredFile, data: bytes) -> bytes:
+        """``data``, the whole object, decompressed (errors: :meth:`undecodable`)."""
+        decoder = _decoder(found.compression, found.name, self._where(found))
+        try:
+            return decoder.feed(data) + decoder.finish()
+        except Exception as exc:
+            raise self.undecodable(found, exc) from exc
 
     def _claim(self, found: StoredFile) -> tuple[int, bool]:
         """The segment size the first page says, else the length counted."""
