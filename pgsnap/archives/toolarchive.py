@@ -39,11 +39,12 @@ are remembered by key and ETag. ``list_names(segment_size)`` with
 ``check_sizes`` judges what is known at that cost without claiming (one ranged
 read per compressed segment at most; a length not recorded is not judged).
 
-**Reading.** :meth:`~ToolWalArchive.open` streams the object in ranged reads of
-:data:`READ_CHUNK` bytes through the codec of its suffix (gzip, bzip2, xz and
-lzma with the standard library; lz4, zstd, brotli and snappy with the ``lz4``,
-``zstandard``, ``brotli`` and ``python-snappy`` modules when installed: without
-one, reading such an object is refused, saying which module to install).
+**Reading.** :meth:`~ToolWalArchive.open` streams the object in ranged reads
+(:data:`SMALL_OBJECT` bytes first, then :data:`READ_CHUNK`) through the codec of
+its suffix (gzip, bzip2, xz and lzma with the standard library; lz4, zstd,
+brotli and snappy with the ``lz4``, ``zstandard``, ``brotli`` and
+``python-snappy`` modules when installed: without one, reading such an object is
+refused, saying which module to install).
 Damaged data is an :class:`~pgsnap.errors.ArchiveError` from ``read``.
 """
 
@@ -232,8 +233,8 @@ def _decoder(compression: str, name: str, where: str) -> _Decoder:
     raise ArchiveError(
         f"cannot decompress {name} in {where}: "
         + _NO_CODEC.get(compression, f"pgsnap does not know the compression {compression!r}"),
-        hint="planning reads names only; the tool's own restore command reads the file "
-        "during recoveries",
+        hint="listing the archive needs no codec; the tool's own restore command reads the "
+        "file during recoveries",
         name=name,
         path=where,
         compression=compression,
@@ -558,6 +559,7 @@ class ToolWalArchive:
         size = found.object.size
         length: int | None = None
         exact = True
+        head = b""
         if found.compression == "":
             length = size
         elif found.compression == "gz" and size > SMALL_OBJECT:
@@ -570,7 +572,7 @@ class ToolWalArchive:
             else:
                 length = recorded_length(found.compression, head)
         if length is None and claim:
-            length, exact = self._claim(found)
+            length, exact = self._claim(found, head)
         if length is not None:
             self._lengths[cache_key] = (length, exact)
             if len(self._lengths) > _LENGTH_CACHE:
@@ -585,9 +587,10 @@ class ToolWalArchive:
         except Exception as exc:
             raise self.undecodable(found, exc) from exc
 
-    def _claim(self, found: StoredFile) -> tuple[int, bool]:
-        """The segment size the first page says, else the length counted."""
-        stream = self._open(found)
+    def _claim(self, found: StoredFile, head: bytes) -> tuple[int, bool]:
+        """The segment size the first page says, else the length counted (``head``:
+        the object's first bytes, read already)."""
+        stream = self._open(found, head)
         try:
             first = stream.read(_LONG_HEADER.size)
             if parse_archive_name(found.name).kind in (WalFileKind.SEGMENT, WalFileKind.PARTIAL):
@@ -619,14 +622,20 @@ class ToolWalArchive:
             path=self.location,
         )
 
-    def _open(self, found: StoredFile) -> _DecodedStream:
+    def _open(self, found: StoredFile, head: bytes = b"") -> _DecodedStream:
+        """The decoded stream of ``found`` (``head``: its first bytes, read already)."""
         where = self._where(found)
         decoder = _decoder(found.compression, found.name, where)
 
         def chunks() -> Iterator[bytes]:
-            offset, size = 0, found.object.size
+            # A small first read: a header check needs the first bytes only.
+            offset, size, chunk = len(head), found.object.size, SMALL_OBJECT
+            if head:
+                yield head
+                chunk = READ_CHUNK
             while offset < size:
-                data = self._store.get_range(found.key, offset, min(READ_CHUNK, size - offset))
+                data = self._store.get_range(found.key, offset, min(chunk, size - offset))
+                chunk = READ_CHUNK
                 if not data:
                     raise ArchiveError(
                         f"{found.name} in {where} ended at {offset} of its {size} bytes "

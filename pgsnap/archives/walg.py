@@ -38,8 +38,8 @@ against WAL-G itself. What it relies on, with where each was read:
   (Yandex Cloud KMS), ``WALG_LIBSODIUM_KEY``/``_PATH`` (libsodium's secretstream;
   ``internal/crypto/libsodium/writer.go``), the compressed stream is encrypted,
   and the key's name does not change. pgsnap cannot decrypt any of these: such an
-  object does not decompress, and reading it is refused saying so (planning reads
-  names only, and recoveries fetch with ``wal-g wal-fetch``, which decrypts). S3
+  object does not decompress, and reading it is refused saying so (the archive is
+  still listed, and recoveries fetch with ``wal-g wal-fetch``, which decrypts). S3
   server-side encryption (``WALG_S3_SSE``, ``WALG_S3_SSE_KMS_ID``) is undone by S3; SSE-C
   (``WALG_S3_SSE_C``) needs the key on every request, which pgsnap's S3 client
   does not send.
@@ -122,9 +122,9 @@ class WalgWalArchive(ToolWalArchive):
             f"name says ({exc}): WAL-G encrypts what it pushes, keeping the name, when "
             f"one of {', '.join(ENCRYPTION_SETTINGS)} is set, and pgsnap cannot decrypt "
             "it (else the object is damaged)",
-            hint="an encrypted archive is planned over by its names; recoveries fetch with "
-            "wal-g wal-fetch, which decrypts. If it is not encrypted, restore the object "
-            "from another copy",
+            hint="pgsnap lists an encrypted archive but cannot read its files (timeline "
+            "histories, segment checks); recoveries fetch with wal-g wal-fetch, which "
+            "decrypts. If it is not encrypted, restore the object from another copy",
             name=found.name,
             path=where,
             reason=str(exc),
