@@ -291,7 +291,9 @@ class SeaweedS3:
         if self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)
-                self.process.wait(timeout=5)
+                self.process.wait(
+                    timeout=1
+                )  # weed takes seconds to stop cleanly: a test need not wait
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=20)
