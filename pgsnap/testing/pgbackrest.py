@@ -192,11 +192,13 @@ def pgbackrest_config(
     work: str | os.PathLike[str],
     extra: Mapping[str, str] | None = None,
     stanza_options: Mapping[str, str] | None = None,
+    sections: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Path:
     """Write pgBackRest's configuration file ``path``: ``[global]`` with ``repo``'s
     ``repo1-*`` options, log and lock paths in ``work``, quiet console, ``extra``;
-    ``[<stanza>]`` with ``pg1-path`` and ``stanza_options``. Mode 0640 (it may hold
-    an S3 key: the tests' own)."""
+    ``[<stanza>]`` with ``pg1-path`` and ``stanza_options``; then ``sections``
+    (e.g. ``{"global:archive-get": {...}}``: one command's options). Mode 0640 (it
+    may hold an S3 key: the tests' own)."""
     work = Path(work)
     for sub in ("log", "lock", "spool"):
         (work / sub).mkdir(parents=True, exist_ok=True)
@@ -213,6 +215,8 @@ def pgbackrest_config(
     text = "[global]\n" + "".join(f"{k}={v}\n" for k, v in options.items())
     text += f"\n[{stanza}]\npg1-path={pg1_path}\n"
     text += "".join(f"{k}={v}\n" for k, v in (stanza_options or {}).items())
+    for name, values in (sections or {}).items():
+        text += f"\n[{name}]\n" + "".join(f"{k}={v}\n" for k, v in values.items())
     out = Path(path)
     out.write_text(text)
     out.chmod(0o640)
