@@ -125,6 +125,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ARCHIVE_INFO",
     "COMPRESSIONS",
+    "PG1_PATH_HERE",
     "REPOSITORY_FORMAT",
     "ArchiveInfo",
     "ArchiveInfoEntry",
@@ -965,17 +966,32 @@ class PgBackRestArchive:
 
     def restore_command(self) -> str:
         """``[archive] restore_command`` if given, else pgBackRest's own:
-        ``pgbackrest --stanza=<stanza> [--config=<tool_config>] archive-get %f "%p"``
-        (:func:`archive_get_command`)."""
+        ``pgbackrest --stanza=<stanza> [--config=<tool_config>] --pg1-path="$PWD"
+        archive-get %f "%p"`` (:func:`archive_get_command`)."""
         if self._restore_command:
             return self._restore_command
         return archive_get_command(self._stanza, self._tool_config)
 
 
+PG1_PATH_HERE: Final = '--pg1-path="$PWD"'
+"""What makes ``archive-get`` work in any data directory (see :func:`archive_get_command`)."""
+
+
 def archive_get_command(stanza: str, tool_config: str = "") -> str:
-    """``pgbackrest --stanza=STANZA [--config=CONFIG] archive-get %f "%p"``, as
-    pgBackRest's documentation writes it, each value shell-quoted and ``%`` in them
-    doubled (PostgreSQL substitutes ``%f``, ``%p`` and ``%%``)."""
+    """``pgbackrest --stanza=STANZA [--config=CONFIG] --pg1-path="$PWD" archive-get %f
+    "%p"``: pgBackRest's documented ``restore_command`` (``archive-get %f "%p"``),
+    each value shell-quoted and ``%`` in them doubled (PostgreSQL substitutes
+    ``%f``, ``%p`` and ``%%``), with ``pg1-path`` the directory PostgreSQL runs it
+    in, its data directory.
+
+    Why ``--pg1-path``: ``archive-get`` reads ``pg_control`` in ``pg1-path`` to
+    choose the archive ids of the cluster it restores into, and refuses to run
+    when PostgreSQL's working directory is not ``pg1-path`` (``%p`` is relative
+    to it: ``walPath``, ``src/command/archive/common.c``). pgsnap writes this
+    command into clones and drills in directories of their own, where the
+    configuration's ``pg1-path`` (the source cluster's) would make it fail; in
+    place, ``$PWD`` is that ``pg1-path``. (``/bin/sh`` sets ``$PWD`` to its working
+    directory when it starts.)"""
     for value in (stanza, tool_config):
         if "\n" in value or "\r" in value:
             raise ConfigurationError(
@@ -985,7 +1001,7 @@ def archive_get_command(stanza: str, tool_config: str = "") -> str:
     parts = ["pgbackrest", f"--stanza={shlex.quote(stanza)}"]
     if tool_config:
         parts.append(f"--config={shlex.quote(tool_config)}")
-    return " ".join(parts).replace("%", "%%") + ' archive-get %f "%p"'
+    return " ".join(parts).replace("%", "%%") + f' {PG1_PATH_HERE} archive-get %f "%p"'
 
 
 def open_archive(store: ObjectStore, settings: ArchiveSettings) -> PgBackRestArchive:

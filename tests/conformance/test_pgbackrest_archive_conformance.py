@@ -6,9 +6,10 @@ posix repository): ``put_file`` stores each file as ``archive-push`` does
 its content, compressed; ``.history`` and ``.backup`` files as they are), into a
 stanza whose ``archive.info`` is the one ``stanza-create`` writes for a real
 PostgreSQL 15 data directory (initdb'd once for the module). The restore_command
-is the one pgsnap writes, ``pgbackrest --stanza=main --config=... archive-get %f
-"%p"``: the real pgBackRest reads the files ``put_file`` wrote (it reads that data
-directory's ``pg_control`` to choose the archive id).
+is the one pgsnap writes, ``pgbackrest --stanza=main --config=... --pg1-path="$PWD"
+archive-get %f "%p"``, run where PostgreSQL runs it, in that data directory: the
+real pgBackRest reads the files ``put_file`` wrote (and the data directory's
+``pg_control``, to choose the archive id).
 
 Two classes: segments gzip-compressed (pgBackRest's default ``compress-type``) and
 not compressed. lz4, zstd and bzip2, which do not record their content's size,
@@ -90,8 +91,11 @@ class TestPgBackRestArchiveGzip(WalArchiveConformance):
     codec: ClassVar[str | None] = "gz"
 
     @pytest.fixture
-    def archive(self, tmp_path: Path, pg15_data: tuple[Path, int]) -> PgBackRestArchive:
+    def archive(
+        self, tmp_path: Path, pg15_data: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+    ) -> PgBackRestArchive:
         assert shutil.which("pgbackrest")
+        monkeypatch.chdir(pg15_data[0])  # PostgreSQL runs restore_command in its data directory
         return pgbackrest_archive(tmp_path, *pg15_data)
 
     @pytest.fixture

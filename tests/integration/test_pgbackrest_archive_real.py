@@ -11,6 +11,7 @@ makes both refuse it.
 from __future__ import annotations
 
 import re
+import shutil
 import struct
 import subprocess
 from collections.abc import Callable, Iterator
@@ -73,7 +74,9 @@ class Stanza:
         return target.read_bytes()
 
     def archive(self) -> PgBackRestArchive:
-        return PgBackRestArchive(DirectoryStore(self.repo.root, ERRORS), "main")
+        return PgBackRestArchive(
+            DirectoryStore(self.repo.root, ERRORS), "main", tool_config=str(self.config)
+        )
 
     def segment(self, tli: int, segno: int) -> bytes:
         return segment_bytes(tli, segno, system_identifier=self.system_identifier, major=15)
@@ -180,3 +183,38 @@ def test_a_segment_stored_twice_is_refused_as_archive_get_refuses_it(stanza: Sta
         archive.stat(name)
     pushed_again = stanza.pgbackrest("archive-push", str(stanza.work / "pg_wal" / name))
     assert pushed_again.returncode != 0  # pgBackRest never overwrites either
+
+
+def test_the_restore_command_works_in_a_clone_in_another_directory(
+    stanza: Stanza, pg15_data: tuple[Path, int], tmp_path: Path
+) -> None:
+    """pgsnap writes its restore_command into clones too: run there (another data
+    directory, the same cluster's pg_control, %p relative as PostgreSQL passes it) it
+    fetches, where the configuration's pg1-path (the source's) makes archive-get
+    refuse."""
+    name = segment_name(1, 2, SEGMENT_SIZE)
+    stanza.push(name, stanza.segment(1, 2))
+    clone = tmp_path / "clone"
+    (clone / "global").mkdir(parents=True)
+    (clone / "pg_wal").mkdir()
+    shutil.copy(pg15_data[0] / "global" / "pg_control", clone / "global" / "pg_control")
+    command = stanza.archive().restore_command()  # what pgsnap writes into the clone
+    assert f"--config={stanza.config}" in command
+
+    def run(restore_command: str) -> subprocess.CompletedProcess[str]:
+        line = restore_command.replace("%f", name).replace("%p", "pg_wal/RECOVERYXLOG")
+        return subprocess.run(
+            ["sh", "-c", line.replace("%%", "%")],
+            cwd=clone,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    done = run(command)
+    assert done.returncode == 0, done.stderr
+    assert (clone / "pg_wal" / "RECOVERYXLOG").read_bytes() == stanza.segment(1, 2)
+    refused = run(command.replace(' --pg1-path="$PWD"', ""))
+    assert refused.returncode != 0
+    assert "is not the same as option pg1-path" in refused.stderr + refused.stdout

@@ -255,9 +255,12 @@ def test_an_encrypted_repository_is_refused_with_what_to_do() -> None:
 
 
 def test_restore_command_is_pgbackrests_archive_get_quoted_for_postgresql() -> None:
-    assert archive_get_command("main") == 'pgbackrest --stanza=main archive-get %f "%p"'
+    assert archive_get_command("main") == (
+        'pgbackrest --stanza=main --pg1-path="$PWD" archive-get %f "%p"'
+    )
     assert archive_get_command("main", "/etc/pg br/100%.conf") == (
-        "pgbackrest --stanza=main --config='/etc/pg br/100%%.conf' archive-get %f \"%p\""
+        "pgbackrest --stanza=main --config='/etc/pg br/100%%.conf' --pg1-path=\"$PWD\" "
+        'archive-get %f "%p"'
     )
     with pytest.raises(ConfigurationError):
         archive_get_command("main", "/etc/a\nb.conf")
@@ -277,7 +280,8 @@ def test_configured_archive(tmp_path: Path) -> None:
     assert isinstance(archive, PgBackRestArchive)
     assert not isinstance(archive, WalArchiveDeletion)  # pgsnap never writes into it
     assert archive.restore_command() == (
-        'pgbackrest --stanza=db1 --config=/etc/pgbackrest/pgbackrest.conf archive-get %f "%p"'
+        "pgbackrest --stanza=db1 --config=/etc/pgbackrest/pgbackrest.conf "
+        '--pg1-path="$PWD" archive-get %f "%p"'
     )
     assert archive.location == f"{tmp_path}/archive/db1"
     given = archive_settings(
