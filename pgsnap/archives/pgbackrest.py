@@ -112,7 +112,7 @@ from pgsnap.errors import (
     ConfigurationError,
     DamagedSegmentError,
 )
-from pgsnap.stores import ObjectStore, StoredObject
+from pgsnap.stores import DirectoryStore, ObjectStore, StoredObject
 from pgsnap.wal.archive import read_histories
 from pgsnap.wal.continuity import ArchiveIndex
 from pgsnap.wal.files import ArchivedFile, ReadStream, check_file_name
@@ -634,6 +634,11 @@ class PgBackRestArchive:
     ``restore_command`` (``--config``); ``restore_command`` replaces the one
     written (:meth:`restore_command`). ``archive_id``: read that archive id's
     cluster instead of the current one.
+
+    A listing (:meth:`list_names`, :meth:`index`) reads ``archive.info`` again (a
+    ``stanza-upgrade`` may have come); one file (:meth:`stat`, :meth:`open`...) is
+    looked for in the archive ids of the last listing: a listing of its directory
+    (a segment's stored name holds its SHA-1) or a HEAD for each.
     """
 
     def __init__(
@@ -668,8 +673,17 @@ class PgBackRestArchive:
 
     @property
     def location(self) -> str:
-        """The repository's location and the stanza's archive in it."""
-        return f"{self._store.location.rstrip('/')}/{self._base.rstrip('/')}"
+        """The stanza's archive: ``<repo1-path>/archive/<stanza>`` for a directory,
+        ``s3://bucket/<prefix> (archive/<stanza>)`` for S3."""
+        if isinstance(self._store, DirectoryStore):
+            return str(self._store.root / "archive" / self._stanza)
+        return f"{self._store.location} ({self._base.rstrip('/')})"
+
+    def _where_key(self, key: str) -> str:
+        """Where the object ``key`` is, for messages."""
+        if isinstance(self._store, DirectoryStore):
+            return str(self._store.root / key)
+        return f"{self._store.location} ({key})"
 
     @property
     def store(self) -> ObjectStore:
@@ -689,7 +703,7 @@ class PgBackRestArchive:
         failure: ArchiveError | None = None
         for name in (ARCHIVE_INFO, f"{ARCHIVE_INFO}.copy"):
             key = self._base + name
-            where = f"{self.location}/{name}"
+            where = self._where_key(key)
             if self._store.head(key) is None:
                 continue
             try:
@@ -718,7 +732,8 @@ class PgBackRestArchive:
             which = info.entry(self._archive_id)
             if which is None:
                 raise ArchiveError(
-                    f"archive id {self._archive_id} is not in {self.location}/{ARCHIVE_INFO}",
+                    f"archive id {self._archive_id} is not in the {ARCHIVE_INFO} of "
+                    f"{self.location}",
                     hint="its archive ids are " + ", ".join(e.archive_id for e in info.history),
                     path=self.location,
                 )
@@ -872,7 +887,7 @@ class PgBackRestArchive:
         return bool(self._copies(name))
 
     def _where(self, stored: _Stored) -> str:
-        return f"{self._store.location} ({stored.key})"
+        return self._where_key(stored.key)
 
     def _content_size(self, stored: _Stored) -> tuple[int, bool]:
         """(the content's size, whether it is known rather than presumed): see the

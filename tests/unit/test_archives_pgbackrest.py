@@ -515,7 +515,7 @@ def test_codecs_without_a_content_size(
     found = archive.stat(seg(4))
     assert found is not None
     assert found.size == SEGMENT_SIZE and found.content_size is None
-    assert found.location.endswith(f".{codec})")
+    assert found.location.endswith(f".{codec}")
     stream = archive.open(seg(4))
     try:
         assert stream.read(100) + stream.read(-1) == data
