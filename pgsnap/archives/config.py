@@ -18,9 +18,10 @@
 directory (an NFS mount). ``format = "pgbackrest"`` (with ``stanza``), ``"walg"``
 and ``"barman"`` (with ``server``) read, never write, the archive those tools keep
 at ``path`` (a directory or ``s3://``), through ``pgsnap.archives.<format>``;
-``tool_config`` names the tool's own configuration for its restore command. The S3 keys are those of ``[copies]``
-(``endpoint_url``, ``region``, ``access_key_env``, ``secret_key_env``,
-``credentials_file``, ``ca_bundle``); no key is a secret. ``restore_command``
+``tool_config`` names the tool's own configuration for its restore command. The
+S3 keys are those of ``[copies]`` (``endpoint_url``, ``region``,
+``access_key_env``, ``secret_key_env``, ``credentials_file``, ``ca_bundle``); no
+key is a secret. ``restore_command``
 overrides the one pgsnap writes into recoveries (``pgsnap -c <this file>
 wal-get %f %p`` for pgsnap's archive). ``spool`` is where ``wal-get`` keeps
 what it fetched ahead (default: ``pgsnap-spool`` beside ``%p``, in
