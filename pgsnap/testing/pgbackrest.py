@@ -175,13 +175,6 @@ class RepoBuilder:
         os.replace(tmp, path)
         return path
 
-    def chown(self, user: str) -> None:
-        """Give the whole repository to OS user ``user`` (pgBackRest runs as it)."""
-        shutil.chown(self.root, user, user)
-        for directory, dirs, files in os.walk(self.root):
-            for entry in (*dirs, *files):
-                shutil.chown(os.path.join(directory, entry), user, user)
-
 
 def pgbackrest_config(
     path: str | os.PathLike[str],

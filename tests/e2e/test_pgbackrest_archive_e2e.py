@@ -244,6 +244,9 @@ def test_recover_to_a_time_then_to_the_latest_across_timelines_from_a_posix_repo
     env.switch_wal()  # timeline 2's segments and 00000002.history through archive-push
     assert archive.exists("00000002.history")
     assert archive.histories().timelines() == (1, 2)
+    report = env.cluster.wal_report()  # pgsnap wal, over pgBackRest's archive
+    assert [t.timeline for t in report.timelines] == [1, 2], report.explain()
+    assert report.complete, report.explain()
 
     # Latest on timeline 2, the WAL volume lost again: the planner follows the history
     # file it read from pgBackRest's archive, PostgreSQL fetches it with archive-get.
