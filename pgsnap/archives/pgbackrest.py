@@ -85,6 +85,7 @@ name does not match.
 from __future__ import annotations
 
 import bz2
+import concurrent.futures
 import contextlib
 import gzip
 import hashlib
@@ -116,7 +117,7 @@ from pgsnap.stores import DirectoryStore, ObjectStore, StoredObject
 from pgsnap.wal.archive import read_histories
 from pgsnap.wal.continuity import ArchiveIndex
 from pgsnap.wal.files import ArchivedFile, ReadStream, check_file_name
-from pgsnap.wal.names import VALID_SEGMENT_SIZES, WalFileKind, parse_archive_name
+from pgsnap.wal.names import VALID_SEGMENT_SIZES
 from pgsnap.wal.timelines import TimelineGraph
 
 if TYPE_CHECKING:
@@ -155,6 +156,9 @@ _FIRST_CHUNK: Final = 256 * 1024
 """The first ranged read of an object: its header's worth (and a small object whole)."""
 _CHUNK: Final = 8 * 1024 * 1024
 """Later ranged reads: the rest of a compressed segment, most often in one."""
+_SIZE_READS: Final = 16
+"""Segments whose size a listing reads at a time (a ranged read each) when it checks
+sizes."""
 _PREFERENCE: Final = {None: 0, "gz": 1, "zst": 2, "lz4": 3, "bz2": 4, "xz": 5}
 _LONG_HEADER: Final = 40
 _XLP_LONG_HEADER: Final = 0x0002
@@ -777,19 +781,11 @@ class PgBackRestArchive:
         same = [c for c in copies if c.archive_id == first]
         return min(same, key=lambda c: _PREFERENCE.get(c.compression, 9))
 
-    def _usable(self, stored: _Stored, segment_size: int | None, check_sizes: bool) -> bool:
-        if stored.compression not in _RESTORABLE:
-            return False
-        if segment_size is None or not check_sizes or stored.sha1 is None:
-            return True
-        if parse_archive_name(stored.name).kind is not WalFileKind.SEGMENT:
-            return True
-        return self._content_size(stored)[0] == segment_size
-
     def _names(self, segment_size: int | None, check_sizes: bool) -> tuple[list[str], list[str]]:
-        """(usable names, every name), sorted."""
+        """(usable names, every name), sorted; the sizes a check needs read
+        :data:`_SIZE_READS` at a time."""
         every = sorted(self._scan().items())
-        usable = []
+        candidates: list[tuple[str, _Stored]] = []
         for name, copies in every:
             chosen = self._chosen(copies)
             if chosen is None:
@@ -801,9 +797,30 @@ class PgBackRestArchive:
                     ", ".join(c.key for c in copies),
                 )
                 continue
-            if segment_size is None or self._usable(chosen, segment_size, check_sizes):
-                usable.append(name)
+            candidates.append((name, chosen))
+        if segment_size is None:
+            return [n for n, _ in candidates], [n for n, _ in every]
+        restorable = [(n, c) for n, c in candidates if c.compression in _RESTORABLE]
+        unread = [c for _, c in restorable if check_sizes and self._needs_read(c)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=_SIZE_READS) as pool:
+            sizes = dict(zip(unread, pool.map(self._content_size, unread), strict=True))
+        usable = [
+            n
+            for n, c in restorable
+            if not check_sizes
+            or not self._is_sized(c)
+            or (sizes[c][0] if c in sizes else c.found.size) == segment_size
+        ]
         return usable, [n for n, _ in every]
+
+    @staticmethod
+    def _is_sized(stored: _Stored) -> bool:
+        """A segment (not ``.partial``), whose size a listing checks."""
+        return stored.sha1 is not None and not stored.name.endswith(".partial")
+
+    def _needs_read(self, stored: _Stored) -> bool:
+        """Whether the size of ``stored`` takes a read (a compressed segment)."""
+        return self._is_sized(stored) and stored.compression is not None
 
     def list_names(
         self, segment_size: int | None = None, *, check_sizes: bool = True
