@@ -802,8 +802,10 @@ class PgBackRestArchive:
             return [n for n, _ in candidates], [n for n, _ in every]
         restorable = [(n, c) for n, c in candidates if c.compression in _RESTORABLE]
         unread = [c for _, c in restorable if check_sizes and self._needs_read(c)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=_SIZE_READS) as pool:
-            sizes = dict(zip(unread, pool.map(self._content_size, unread), strict=True))
+        sizes: dict[_Stored, tuple[int, bool]] = {}
+        if unread:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=_SIZE_READS) as pool:
+                sizes = dict(zip(unread, pool.map(self._content_size, unread), strict=True))
         usable = [
             n
             for n, c in restorable
