@@ -2,7 +2,8 @@
 
 pgBackRest's ``archive-push`` (an ``archive_command``) keeps WAL in its repository
 (a directory, ``repo1-type=posix``, or an S3 bucket whose key prefix is
-``repo1-path`` without its leading ``/``). :class:`PgBackRestArchive` is the
+``repo1-path`` without its leading ``/``: ``storageS3*``, ``src/storage/s3/storage.c``).
+:class:`PgBackRestArchive` is the
 :class:`~pgsnap.protocols.WalArchive` over that repository, so ``check``,
 ``pgsnap wal``, the recovery planner, the WAL reader and its index read it as
 they read a directory; recoveries fetch with pgBackRest's own ``archive-get``.
