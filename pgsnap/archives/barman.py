@@ -50,6 +50,7 @@ import logging
 import shlex
 from typing import TYPE_CHECKING, ClassVar, Final
 
+from pgsnap.archives.config import fatal_unless_missing
 from pgsnap.archives.toolarchive import ToolWalArchive
 from pgsnap.errors import ConfigurationError
 from pgsnap.stores import ObjectStore, check_key
@@ -167,7 +168,9 @@ def restore_command(settings: ArchiveSettings, *, program: str = RESTORE_PROGRAM
     if options.get("endpoint_url"):
         words += ["--endpoint-url", options["endpoint_url"]]
     words += [settings.location, settings.server]
-    return _quoted(words) + " '%f' '%p'"
+    # Exit 1: not in the archive; 2 for a network error, which PostgreSQL would take
+    # for the end of the archive: fatal instead (fatal_unless_missing).
+    return fatal_unless_missing(_quoted(words) + " '%f' '%p'", 1)
 
 
 def open_archive(store: ObjectStore, settings: ArchiveSettings) -> BarmanCloudWalArchive:

@@ -21,11 +21,10 @@ at ``path`` (a directory or ``s3://``), through ``pgsnap.archives.<format>``;
 ``tool_config`` names the tool's own configuration for its restore command. The
 S3 keys are those of ``[copies]`` (``endpoint_url``, ``region``,
 ``access_key_env``, ``secret_key_env``, ``credentials_file``, ``ca_bundle``); no
-key is a secret. ``restore_command``
-overrides the one pgsnap writes into recoveries (``pgsnap -c <this file>
-wal-get %f %p`` for pgsnap's archive). ``spool`` is where ``wal-get`` keeps
-what it fetched ahead (default: ``pgsnap-spool`` beside ``%p``, in
-``pg_wal``).
+key is a secret. ``restore_command`` overrides the one pgsnap writes into
+recoveries (``pgsnap -c <this file> wal-get %f %p`` for pgsnap's archive).
+``spool`` is where ``wal-get`` keeps what it fetched ahead (default:
+``pgsnap-spool`` beside ``%p``, in ``pg_wal``).
 
 This module builds archives and stores from a section alone (``wal-push`` and
 ``wal-get`` start with it, without the rest of pgsnap).
@@ -60,6 +59,7 @@ __all__ = [
     "S3_OPTIONS",
     "ArchiveSettings",
     "archive_settings",
+    "fatal_unless_missing",
     "open_archive",
     "open_store",
 ]
@@ -250,6 +250,16 @@ def open_store(
             ca_bundle=options.get("ca_bundle"),
         )
     return DirectoryStore(location, errors)
+
+
+def fatal_unless_missing(command: str, missing: int) -> str:
+    """``command`` (another tool's ``restore_command``) so that PostgreSQL ends a recovery
+    only when the file is missing: the tool's exit status ``missing`` (its "not in
+    the archive") becomes 1, any other failure 255, which PostgreSQL's startup
+    process takes as fatal. Tools exit with small numbers for their errors too (an
+    archive they cannot reach), which PostgreSQL would take for the end of the
+    archive, ending the recovery early at a point the plan did not choose."""
+    return f"{command}; rc=$?; [ $rc -eq 0 ] && exit 0; [ $rc -eq {missing} ] && exit 1; exit 255"
 
 
 def wal_get_command(settings: ArchiveSettings) -> str:

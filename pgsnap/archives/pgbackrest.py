@@ -106,6 +106,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 import attrs
 
+from pgsnap.archives.config import fatal_unless_missing
 from pgsnap.archives.store import etag_version
 from pgsnap.errors import (
     ArchiveError,
@@ -1005,7 +1006,10 @@ class PgBackRestArchive:
         archive-get %f "%p"`` (:func:`archive_get_command`)."""
         if self._restore_command:
             return self._restore_command
-        return archive_get_command(self._stanza, self._tool_config)
+        # archive-get exits 1 for a file it cannot find ("Set the result assuming the
+        # archive file will not be found", src/command/archive/get/get.c), other codes
+        # for its errors.
+        return fatal_unless_missing(archive_get_command(self._stanza, self._tool_config), 1)
 
 
 PG1_PATH_HERE: Final = '--pg1-path="$PWD"'

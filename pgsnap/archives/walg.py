@@ -62,6 +62,7 @@ import logging
 import shlex
 from typing import TYPE_CHECKING, ClassVar, Final
 
+from pgsnap.archives.config import fatal_unless_missing
 from pgsnap.archives.toolarchive import StoredFile, ToolWalArchive
 from pgsnap.errors import ArchiveError
 from pgsnap.stores import ObjectStore
@@ -163,7 +164,8 @@ def restore_command(settings: ArchiveSettings, *, program: str = RESTORE_PROGRAM
     words = ["env", *env, program]
     if settings.tool_config:
         words += ["--config", settings.tool_config]
-    return _quoted([*words, "wal-fetch"]) + " '%f' '%p'"
+    # Exit 74: not in the archive; any other failure is fatal (fatal_unless_missing).
+    return fatal_unless_missing(_quoted([*words, "wal-fetch"]) + " '%f' '%p'", 74)
 
 
 def open_archive(store: ObjectStore, settings: ArchiveSettings) -> WalgWalArchive:

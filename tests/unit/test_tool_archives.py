@@ -405,6 +405,24 @@ S3 = {
 }
 
 
+GUARD_1 = "; rc=$?; [ $rc -eq 0 ] && exit 0; [ $rc -eq 1 ] && exit 1; exit 255"
+GUARD_74 = "; rc=$?; [ $rc -eq 0 ] && exit 0; [ $rc -eq 74 ] && exit 1; exit 255"
+"""What follows each tool's restore command: its "missing" is PostgreSQL's, any other
+failure fatal (pgsnap.archives.config.fatal_unless_missing)."""
+
+
+@pytest.mark.parametrize(("exits", "postgresql_sees"), [(0, 0), (74, 1), (1, 255), (2, 255)])
+def test_only_the_tools_missing_ends_a_recovery(exits: int, postgresql_sees: int) -> None:
+    """Run by sh as PostgreSQL runs it: WAL-G's 74 ("not in the archive") becomes 1, the
+    end of the archive; its other failures 255, which stop the recovery instead."""
+    import subprocess
+
+    from pgsnap.archives.config import fatal_unless_missing
+
+    command = fatal_unless_missing(f"(exit {exits})", 74)
+    assert subprocess.run(["sh", "-c", command], check=False).returncode == postgresql_sees
+
+
 def test_barman_restore_command() -> None:
     """barman-cloud-wal-restore with the archive's URL and server, options as
     environment variables (paths, no keys), ``%`` doubled."""
@@ -414,10 +432,12 @@ def test_barman_restore_command() -> None:
         "env AWS_SHARED_CREDENTIALS_FILE=/etc/pgsnap/s3.credentials "
         "AWS_DEFAULT_REGION=eu-west-1 AWS_CA_BUNDLE=/etc/ssl/ca.pem "
         "barman-cloud-wal-restore --endpoint-url http://127.0.0.1:8333 "
-        "'s3://wal-bucket/pg 100%%' pg-main '%f' '%p'"
+        "'s3://wal-bucket/pg 100%%' pg-main '%f' '%p'" + GUARD_1
     )
     plain = archive_settings({"format": "barman", "server": "pg", "path": "s3://b/p"}, str)
-    assert barman.restore_command(plain) == "barman-cloud-wal-restore s3://b/p pg '%f' '%p'"
+    assert barman.restore_command(plain) == (
+        "barman-cloud-wal-restore s3://b/p pg '%f' '%p'" + GUARD_1
+    )
     mine = archive_settings(
         {"format": "barman", "server": "pg", "path": "s3://b", "restore_command": "x %f %p"}, str
     )
@@ -460,11 +480,11 @@ def test_walg_restore_command(tmp_path: Path) -> None:
         "AWS_S3_FORCE_PATH_STYLE=true AWS_REGION=eu-west-1 "
         "WALG_S3_CA_CERT_FILE=/etc/ssl/ca.pem "
         "AWS_SHARED_CREDENTIALS_FILE=/etc/pgsnap/s3.credentials "
-        "wal-g --config /etc/walg.json wal-fetch '%f' '%p'"
+        "wal-g --config /etc/walg.json wal-fetch '%f' '%p'" + GUARD_74
     )
     local = archive_settings({"format": "walg", "path": str(tmp_path)}, str)
     assert walg.restore_command(local) == (
-        f"env WALG_FILE_PREFIX={tmp_path} wal-g wal-fetch '%f' '%p'"
+        f"env WALG_FILE_PREFIX={tmp_path} wal-g wal-fetch '%f' '%p'" + GUARD_74
     )
     archive = open_archive(local)
     assert archive.restore_command() == walg.restore_command(local)
