@@ -22,17 +22,29 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from pgsnap.archives.config import (
     ArchiveSettings,
+    archive_identity,
     archive_settings,
     default_spool,
     open_archive,
 )
-from pgsnap.archives.store import StoreWalArchive
-from pgsnap.archives.transfer import get_wal, prefetch, push_wal
+from pgsnap.archives.transfer import (
+    get_wal,
+    is_segment,
+    note_wanted,
+    prefetch,
+    prefetching,
+    push_wal,
+    pushed_ahead,
+    take_from_spool,
+)
 from pgsnap.errors import ConfigurationError, PgsnapError
+
+if TYPE_CHECKING:
+    from pgsnap.archives.store import StoreWalArchive
 
 __all__ = ["FATAL", "WAL_COMMANDS", "main"]
 
@@ -64,6 +76,8 @@ def _settings(config: str) -> ArchiveSettings:
 
 
 def _store_archive(settings: ArchiveSettings, command: str) -> StoreWalArchive:
+    from pgsnap.archives.store import StoreWalArchive  # noqa: PLC0415 - only when needed
+
     archive = open_archive(settings)
     if not isinstance(archive, StoreWalArchive):
         raise ConfigurationError(
@@ -123,26 +137,37 @@ def main(argv: Sequence[str]) -> int:
     )
     try:
         settings = _settings(args.config)
-        archive = _store_archive(settings, args.command)
         if args.command == "wal-push":
             ahead = settings.ahead if args.ahead is None else args.ahead
             spool = default_spool(settings, args.path)
-            push_wal(archive, args.path, spool=spool, ahead=ahead, parallel=settings.parallel)
+            identity = archive_identity(settings)
+            if pushed_ahead(spool, args.path, identity):  # no archive opened
+                return 0
+            archive = _store_archive(settings, args.command)
+            push_wal(
+                archive,
+                args.path,
+                spool=spool,
+                ahead=ahead,
+                parallel=settings.parallel,
+                identity=identity,
+            )
             return 0
         if args.command == "wal-get":
             ahead = settings.ahead if args.ahead is None else args.ahead
             spool = default_spool(settings, args.destination)
-            found = get_wal(
-                archive,
-                args.name,
-                args.destination,
-                spool=spool,
-                ahead=ahead,
-                start_prefetcher=lambda: _start_prefetcher(settings.config, spool),
-            )
+            if ahead > 0 and is_segment(args.name):  # the spool first: no archive opened
+                note_wanted(spool, args.name)
+                if not prefetching(spool):
+                    _start_prefetcher(settings.config, spool)
+                if take_from_spool(spool, args.name, args.destination):
+                    return 0
+            archive = _store_archive(settings, args.command)
+            found = get_wal(archive, args.name, args.destination)
             if not found:
                 log.info("%s is not in the archive", args.name)
             return 0 if found else 1
+        archive = _store_archive(settings, args.command)
         prefetch(archive, args.spool, ahead=settings.ahead, parallel=settings.parallel)
         return 0
     except (PgsnapError, OSError) as exc:

@@ -58,6 +58,7 @@ __all__ = [
     "ARCHIVE_KEYS",
     "S3_OPTIONS",
     "ArchiveSettings",
+    "archive_identity",
     "archive_settings",
     "fatal_unless_missing",
     "open_archive",
@@ -262,16 +263,38 @@ def fatal_unless_missing(command: str, missing: int) -> str:
     return f"{command}; rc=$?; [ $rc -eq 0 ] && exit 0; [ $rc -eq {missing} ] && exit 1; exit 255"
 
 
-def wal_get_command(settings: ArchiveSettings) -> str:
-    """The ``restore_command`` of pgsnap's archive: ``pgsnap -c CONFIG wal-get %f %p``
-    (this Python, so that the command finds this pgsnap), or ``[archive]
-    restore_command``."""
+def archive_identity(settings: ArchiveSettings) -> str:
+    """The archive ``settings`` describe, as a string (its format, location and
+    endpoint): what notes of files pushed ahead are kept for."""
+    return " ".join(
+        (settings.format, settings.location, settings.options.get("endpoint_url", ""))
+    ).strip()
+
+
+def wal_get_command(settings: ArchiveSettings, *, pgsnap: str | None = None) -> str:
+    """The ``restore_command`` of pgsnap's archive, or ``[archive] restore_command``.
+
+    ``<pgsnap> wal-get '%f' '%p'``, where ``pgsnap`` is the command's start (default:
+    this Python, ``-m pgsnap -c CONFIG``, so that the command finds this pgsnap).
+    With prefetch (``ahead`` > 0), the command first takes a segment the prefetcher
+    put in the spool with a shell ``mv``, starting no Python::
+
+        s=pg_wal/pgsnap-spool/'%f'; if [ -f "$s" ]; then mv -f "$s" '%p'; else ...; fi
+
+    (the spool is relative to the data directory, where PostgreSQL runs the command,
+    unless ``[archive] spool`` names one)."""
     if settings.restore_command:
         return settings.restore_command
-    if not settings.config:
-        return ""
-    command = f"{shlex.quote(sys.executable)} -m pgsnap -c {shlex.quote(settings.config)}"
-    return command.replace("%", "%%") + " wal-get '%f' '%p'"
+    if pgsnap is None:
+        if not settings.config:
+            return ""
+        pgsnap = f"{shlex.quote(sys.executable)} -m pgsnap -c {shlex.quote(settings.config)}"
+        pgsnap = pgsnap.replace("%", "%%")
+    get = f"{pgsnap} wal-get '%f' '%p'"
+    if settings.ahead <= 0:
+        return get
+    spool = shlex.quote(settings.spool or "pg_wal/pgsnap-spool").replace("%", "%%")
+    return f"""s={spool}/'%f'; if [ -f "$s" ]; then mv -f "$s" '%p'; else {get}; fi"""
 
 
 def open_archive(settings: ArchiveSettings) -> WalArchive:

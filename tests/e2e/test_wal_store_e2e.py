@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import pytest
 
-from pgsnap.archives.config import archive_settings, open_archive
+from pgsnap.archives.config import archive_settings, open_archive, wal_get_command
 from pgsnap.archives.store import StoreWalArchive
 from pgsnap.errors import ArchiveError
 from pgsnap.executor import Event, EventKind
@@ -93,18 +93,19 @@ def wal_store(s3: SeaweedS3, *, ahead: int = 4, endpoint: str | None = None) -> 
         f"env PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} -m pgsnap "
         f"-c {shlex.quote(str(config))}"
     )
-    push, get = f"{prefix} wal-push %p", f"{prefix} wal-get %f %p"
-    settings = archive_settings(
-        {
-            "format": "pgsnap",
-            "path": where,
-            "endpoint_url": endpoint or s3.endpoint,
-            "credentials_file": str(credentials),
-            "restore_command": get,
-        },
-        str,
-        config=str(config),
-    )
+    options = {
+        "format": "pgsnap",
+        "path": where,
+        "endpoint_url": endpoint or s3.endpoint,
+        "credentials_file": str(credentials),
+        "ahead": ahead,
+        "parallel": 2,
+    }
+    push = f"{prefix} wal-push %p"
+    # The restore command pgsnap writes (the spool's shell fast path first), with this
+    # checkout's pgsnap.
+    get = wal_get_command(archive_settings(options, str), pgsnap=prefix)
+    settings = archive_settings({**options, "restore_command": get}, str, config=str(config))
     archive = open_archive(settings)
     assert isinstance(archive, StoreWalArchive)
     return WalStore(config, archive, push, get)

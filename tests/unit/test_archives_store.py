@@ -326,3 +326,58 @@ def test_wal_get_exits_255_for_what_is_not_the_end_of_the_archive(tmp_path: Path
     assert main(["-c", str(config), "wal-push", str(seg)]) == 0
     assert main(["-c", str(config), "wal-get", SEG, str(tmp_path / "x")]) == 0
     assert (tmp_path / "x").read_bytes() == segment_bytes(1, 3)
+
+
+def test_the_restore_command_takes_a_spooled_segment_without_starting_python(
+    tmp_path: Path,
+) -> None:
+    """The shell fast path: a segment in the spool is moved to %p by sh alone; else the
+    command runs pgsnap (here ``false``, which exits 1, so a miss shows)."""
+    import subprocess
+
+    from pgsnap.archives.config import archive_settings, wal_get_command
+
+    settings = archive_settings({"format": "pgsnap", "path": str(tmp_path), "ahead": 4}, str)
+    command = wal_get_command(settings, pgsnap="false")
+    data = tmp_path / "data"
+    spool = data / "pg_wal" / "pgsnap-spool"
+    spool.mkdir(parents=True)
+    (spool / SEG).write_bytes(b"segment")
+
+    def run(name: str) -> int:
+        line = command.replace("%f", name).replace("%p", "pg_wal/RECOVERYXLOG")
+        return subprocess.run(["sh", "-c", line], cwd=data, check=False).returncode
+
+    assert run(SEG) == 0
+    assert (data / "pg_wal" / "RECOVERYXLOG").read_bytes() == b"segment"
+    assert not (spool / SEG).exists()
+    assert run(SEG) == 1  # not spooled any more: pgsnap is asked (false)
+    assert run("00000002.history") == 1
+    no_prefetch = archive_settings({"format": "pgsnap", "path": str(tmp_path), "ahead": 0}, str)
+    assert wal_get_command(no_prefetch, pgsnap="p") == "p wal-get '%f' '%p'"
+
+
+def test_the_prefetcher_follows_segments_taken_by_the_shell(
+    archive: StoreWalArchive, tmp_path: Path
+) -> None:
+    from pgsnap.archives.transfer import note_wanted, prefetch
+
+    names = [segment_name(1, n, SEGMENT_SIZE) for n in range(1, 10)]
+    for n, name in enumerate(names, 1):
+        archive.push(name, segment_bytes(1, n))
+    spool = tmp_path / "spool"
+    note_wanted(spool, names[0])  # the first wal-get
+    worker = threading.Thread(
+        target=prefetch, args=(archive, spool), kwargs={"ahead": 2, "idle": 1.0}
+    )
+    worker.start()
+    for n, name in enumerate(names[1:7], 2):  # then sh takes each from the spool (a mv)
+        deadline = time.monotonic() + 10
+        while not (spool / name).exists():
+            assert time.monotonic() < deadline, (name, sorted(p.name for p in spool.iterdir()))
+            time.sleep(0.01)
+        os.replace(spool / name, tmp_path / "RECOVERYXLOG")
+        assert (tmp_path / "RECOVERYXLOG").read_bytes() == segment_bytes(1, n)
+    worker.join(timeout=15)
+    assert not worker.is_alive()
+    assert not [p for p in spool.iterdir() if len(p.name) == 24]
