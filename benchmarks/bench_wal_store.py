@@ -103,6 +103,7 @@ from _report import cpu_model, git_commit, memory_bytes, table, uncommitted
 from bench_backup import pg_env
 from bench_recovery import log_lines
 
+from pgsnap.errors import ConfigurationError
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
 
@@ -253,10 +254,16 @@ def end_processes_under(marker: str) -> list[str]:
     return [f"{pid} ({what})" for pid, what in found.items()]
 
 
-def run(argv: Sequence[str], *, env: dict[str, str] | None = None, timeout: float = 7200) -> str:
+def run(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 7200,
+    cwd: Path | None = None,
+) -> str:
     """Run ``argv``; its output. Raises with the output on failure."""
     proc = subprocess.run(
-        list(argv), capture_output=True, text=True, env=env, timeout=timeout, check=False
+        list(argv), capture_output=True, text=True, env=env, timeout=timeout, check=False, cwd=cwd
     )
     if proc.returncode != 0:
         raise RuntimeError(
@@ -302,6 +309,8 @@ class Bench:
         self.replay_rows: list[dict[str, Any]] = []
         self.call_rows: list[dict[str, Any]] = []
         self.left_over: list[str] = []
+        self.phases: dict[str, float] = {}
+        """Seconds each phase took (setup, push, lag, replay, calls)."""
         self.code: Path | None = None
         """Where the commands PostgreSQL runs import pgsnap from: a compiled copy of this
         checkout's ``pgsnap/``."""
@@ -337,15 +346,40 @@ class Bench:
         )
         if not compileall.compile_dir(self.code / "pgsnap", quiet=1):
             raise RuntimeError(f"compileall failed in {self.code}")
+        where = run(  # what PostgreSQL's commands will import (an editable install, a .pth?)
+            as_postgres(
+                [
+                    "env",
+                    f"PYTHONPATH={self.code}",
+                    sys.executable,
+                    "-c",
+                    "import pgsnap.archives.commands as c; print(c.__cached__)",
+                ]
+            ),
+            cwd=self.scratch,
+        ).strip()
+        if not where.startswith(f"{self.code}/"):
+            raise RuntimeError(f"PostgreSQL's commands would import pgsnap from {where}")
         say(
             f"pgsnap for PostgreSQL's commands: a copy of {REPO / 'pgsnap'} (commit "
             f"{git_commit()}) with its bytecode compiled, as an installed pgsnap has it "
             f"(PYTHONPATH={self.code}; the checkout is not written to)"
         )
         self.cert, key = self_signed_cert(self.scratch / "tls")
-        self.s3 = SeaweedS3.start(
-            self.scratch / "s3", tls=(self.cert, key), max_volumes=s3_volumes(args)
-        )
+        for attempt in range(1, 4):
+            try:
+                self.s3 = SeaweedS3.start(
+                    self.scratch / f"s3-{attempt}",
+                    tls=(self.cert, key),
+                    max_volumes=s3_volumes(args),
+                )
+                break
+            except ConfigurationError as exc:  # a port taken between its probe and weed's bind
+                if "address already in use" not in str(exc) or attempt == 3:
+                    raise
+                say(f"SeaweedFS did not start (a port was taken meanwhile): again ({attempt})")
+        if self.s3 is None:
+            raise RuntimeError("no S3 server")
         self.s3.create_bucket(BUCKET)
         self.lister = self.s3.client()
         self.credentials = self.scratch / "s3.credentials"
@@ -964,7 +998,9 @@ spool-path={base / "spool"}
                 with contextlib.suppress(FileNotFoundError):
                     dest.unlink()
                 t0 = time.perf_counter()
-                run(as_postgres([*argv, str(dest)] if get else argv), timeout=120)
+                # in a directory of its own: python -m and -c put the current directory
+                # first on sys.path, before PYTHONPATH (a checkout there would shadow it)
+                run(as_postgres([*argv, str(dest)] if get else argv), timeout=120, cwd=work)
                 times.append(time.perf_counter() - t0)
                 if get and dest.stat().st_size != SEGMENT:
                     raise RuntimeError(f"{label}: {dest} is not a whole segment")
@@ -980,7 +1016,7 @@ spool-path={base / "spool"}
                 config = self.pgsnap_config(tag, tag, ahead=0, spool=None)
                 argv = shlex.split(self.pgsnap_command(config, f"wal-push {source_file}"))
                 t0 = time.perf_counter()
-                run(as_postgres(argv), timeout=120)
+                run(as_postgres(argv), timeout=120, cwd=work)
                 times.append(time.perf_counter() - t0)
             self.call_rows.append({"label": "pgsnap wal-push (ahead 0)", "times": times})
         for r in self.call_rows:
@@ -990,28 +1026,60 @@ spool-path={base / "spool"}
 
     def main(self) -> None:
         say, args = self.say, self.args
+        t0 = time.perf_counter()
         self.setup()
+        self.phases["setup"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         for n in range(args.runs):
             order = rotated(self.methods, n)
             say(f"run {n + 1}: push, in the order {', '.join(order)}")
             for m in order:
                 self.push(m, n + 1)
+        self.phases["push"] = time.perf_counter() - t0
         if args.lag_seconds > 0:
+            t0 = time.perf_counter()
             for n in range(args.runs):
                 order = rotated(self.methods, n)
                 say(f"run {n + 1}: archiving under load, in the order {', '.join(order)}")
                 for m in order:
                     self.lag(m, n + 1)
+            self.phases["lag"] = time.perf_counter() - t0
         self.srv.stop(mode="fast", timeout=300)
         say("source server stopped")
+        t0 = time.perf_counter()
         for n in range(args.runs):
             order = rotated(self.methods, n)
             say(f"run {n + 1}: replay, in the order {', '.join(order)}")
             for m in order:
                 self.replay(m, n + 1)
+        self.phases["replay"] = time.perf_counter() - t0
         if args.calls > 0:
+            t0 = time.perf_counter()
             say(f"single calls, {args.calls} each (as postgres, one segment)")
             self.calls()
+            self.phases["calls"] = time.perf_counter() - t0
+
+    def estimate(self, wal_mb: int, runs: int, lag_seconds: int, calls: int) -> float | None:
+        """A rough run time for these settings, from this run's phases: loading and the
+        push and replay phases linear in the WAL and the runs, the runs under load in
+        their seconds, the single calls in their count."""
+        ph, a = self.phases, self.args
+        if not {"setup", "push", "replay"} <= ph.keys() or not self.facts.get("wal_rate"):
+            return None
+        load = float(self.facts["load_seconds"])
+        setup = ph["setup"] - load + wal_mb * MB / float(self.facts["wal_rate"])
+        done_mb, done_runs, done_lag = int(a.wal_mb), int(a.runs), int(a.lag_seconds)
+        scale = wal_mb / done_mb * runs / done_runs
+        lag = 0.0
+        if "lag" in ph and done_lag:
+            lag = ph["lag"] / done_runs * runs * (lag_seconds + 10) / (done_lag + 10)
+        return (
+            setup
+            + ph["push"] * scale
+            + ph["replay"] * scale
+            + lag
+            + ph.get("calls", 0.0) * calls / max(1, int(a.calls))
+        )
 
 
 # --------------------------------------------------------------------------- report
@@ -1128,6 +1196,9 @@ def report(say: Callable[[str], None], bench: Bench) -> None:
                     f"{facts['wal_bytes'] / MB / redo:.0f}" if redo else "-",
                     spread([r["wall"] for r in rs]),
                     spread([r["restored"] for r in rs], 0),
+                    spread(
+                        [r["redo"] / r["restored"] for r in rs if r["redo"] and r["restored"]], 3
+                    ),
                     "yes" if all(r["ok"] for r in rs) else "WRONG",
                 ]
             )
@@ -1141,6 +1212,7 @@ def report(say: Callable[[str], None], bench: Bench) -> None:
                     "WAL MB/s",
                     "pg_ctl start to promoted s",
                     "files restored",
+                    "redo s per file",
                     "rows as the source",
                 ],
             )
@@ -1390,6 +1462,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(say, bench)
     total = time.perf_counter() - t_start
     say("")
+    if bench.phases:
+        say("phases: " + ", ".join(f"{k} {v:.0f} s" for k, v in bench.phases.items()))
+    guess = bench.estimate(1024, 3, 30, 5)
+    if guess is not None and not (interrupted or failed):
+        say(
+            f"the defaults (1024 MB of WAL, 3 runs, 30 s under load, 5 calls), estimated "
+            f"from this run's phases: about {guess / 60:.0f} min (rough: the setup's load "
+            "from its WAL rate, push and replay linear in the WAL)"
+        )
     say(
         f"total run time {total:.0f} s"
         + (" (interrupted)" if interrupted else "")
