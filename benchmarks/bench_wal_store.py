@@ -17,10 +17,11 @@ The methods (``--methods``; each is measured pushing and fetching):
 
 - ``cp``: a local directory (``test ! -f DIR/%f && cp %p DIR/%f``; ``cp DIR/%f %p``),
   the reference (no fsync, no network, no compression);
-- ``pgsnap``: ``pgsnap -c CONFIG wal-push %p`` / ``wal-get %f %p`` (this checkout's
-  pgsnap, ``env PYTHONPATH=<checkout> <python> -m pgsnap``), ``[archive] ahead = 8``,
-  ``parallel = 4``: pushes the next ``.ready`` files ahead, prefetches the next
-  segments into its spool;
+- ``pgsnap``: ``pgsnap -c CONFIG wal-push %p`` / ``wal-get %f %p`` (``env
+  PYTHONPATH=<copy> <python> -m pgsnap``: a copy of this checkout's ``pgsnap/`` with
+  its bytecode compiled, as an installed pgsnap has it; the checkout is not written
+  to), ``[archive] ahead = 8``, ``parallel = 4``: pushes the next ``.ready`` files
+  ahead, prefetches the next segments into its spool;
 - ``pgsnap-ahead0``: the same with ``ahead = 0`` (one file per call, no prefetch);
 - ``pgbackrest``: pgBackRest 2.45 ``archive-push`` / ``archive-get``, synchronous;
 - ``pgbackrest-async``: the same with ``archive-async=y``, ``process-max=4``, a spool
@@ -62,9 +63,10 @@ What it does:
    = '%n [%p] '``): "starting PostgreSQL" to "ready to accept connections" after the
    promotion (the headline), and "redo starts" to "redo done"; the segments restored
    (its "restored log file" lines) and the rows checked against the source's;
-6. **single calls**: each command run by hand (as ``postgres``) on one segment,
-   ``--calls`` times: what one call of ``restore_command`` / ``archive_command`` costs
-   (the interpreter's start-up shown apart).
+6. **single calls**: each command run by hand (as ``postgres``, in a directory of its
+   own) on one segment, ``--calls`` times: what one call of ``restore_command`` /
+   ``archive_command`` costs (the interpreter's start-up, pgsnap's imports, and
+   ``wal-get`` from a copy without bytecode shown apart).
 
 Everything is removed at the end (servers stopped, S3 server stopped, processes our
 servers left behind ended by their id, scratch directory deleted), also on failure,
