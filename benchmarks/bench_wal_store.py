@@ -105,6 +105,7 @@ from _report import cpu_model, git_commit, memory_bytes, table, uncommitted
 from bench_backup import pg_env
 from bench_recovery import log_lines
 
+from pgsnap.archives.config import archive_settings, wal_get_command
 from pgsnap.errors import ConfigurationError
 from pgsnap.testing.pgserver import PgServer, find_postgres_bindir
 from pgsnap.testing.seaweed import SeaweedS3, seaweed_unavailable, self_signed_cert
@@ -852,7 +853,10 @@ spool-path={base / "spool"}
         if method.startswith("pgsnap"):
             ahead = 0 if method == "pgsnap-ahead0" else AHEAD
             config = self.pgsnap_config(tag, where, ahead=ahead, spool=None)
-            return self.pgsnap_command(config, "wal-get %f %p")
+            # The command pgsnap writes into a recovery (a spooled segment taken by the
+            # shell first), with this checkout's pgsnap.
+            settings = archive_settings({"format": "pgsnap", "path": where, "ahead": ahead}, str)
+            return wal_get_command(settings, pgsnap=self.pgsnap_command(config, "").rstrip())
         config = self.pgbackrest_config(
             tag, where, asynchronous=method == "pgbackrest-async", pg_path=restored.data_dir
         )
