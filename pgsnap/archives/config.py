@@ -266,9 +266,8 @@ def fatal_unless_missing(command: str, missing: int) -> str:
 def archive_identity(settings: ArchiveSettings) -> str:
     """The archive ``settings`` describe, as a string (its format, location and
     endpoint): what notes of files pushed ahead are kept for."""
-    return " ".join(
-        (settings.format, settings.location, settings.options.get("endpoint_url", ""))
-    ).strip()
+    endpoint = settings.options.get("endpoint_url", "")
+    return f"{settings.format} {settings.location} {endpoint}".strip()
 
 
 def wal_get_command(settings: ArchiveSettings, *, pgsnap: str | None = None) -> str:
