@@ -55,11 +55,13 @@ __all__ = [
     "RestoreProfile",
     "SafetySnapshot",
     "ServerFacts",
+    "ServerRole",
     "Severity",
     "Snapshot",
     "SnapshotAccess",
     "SnapshotGroup",
     "SnapshotPolicy",
+    "StandbyStatus",
     "StorageProblem",
     "StorageVolume",
     "Tablespace",
@@ -633,6 +635,44 @@ class Tablespace:
     location: str
 
 
+class ServerRole(enum.Enum):
+    """What a server is: a primary (read-write) or a standby (in recovery, replaying
+    its primary's WAL)."""
+
+    PRIMARY = "primary"
+    STANDBY = "standby"
+
+
+@attrs.frozen
+class StandbyStatus:
+    """What a standby reports about its replication (``describe()`` on a server in
+    recovery).
+
+    ``receiver`` is ``pg_stat_wal_receiver.status`` (``"streaming"``...), None when no
+    WAL receiver runs (a standby fed by ``restore_command`` alone, or between
+    connections), empty when one runs but the role may not see its state (it needs
+    ``pg_read_all_stats``); ``sender`` the primary it streams from (``host:port``).
+    ``receive_lsn`` / ``replay_lsn``: ``pg_last_wal_receive_lsn()`` /
+    ``pg_last_wal_replay_lsn()``; ``replay_time``: the commit time of the last
+    transaction replayed. ``full_page_writes`` is the primary's setting as the last
+    checkpoint record replayed carries it (``pg_control_checkpoint()``): PostgreSQL
+    refuses a backup on a standby whose primary runs without it.
+    """
+
+    receiver: str | None
+    sender: str = ""
+    receive_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
+    replay_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
+    replay_time: dt.datetime | None = attrs.field(default=None, converter=_opt_utc)
+    full_page_writes: bool = True
+    slot_name: str = ""
+
+    @property
+    def streaming(self) -> bool:
+        """True when the WAL receiver streams from the primary."""
+        return self.receiver == "streaming"
+
+
 @attrs.frozen
 class ServerFacts:
     """What the database adapter observed about a running server.
@@ -660,6 +700,13 @@ class ServerFacts:
     replay_lsn: LSN | None = attrs.field(default=None, converter=_opt_lsn)
     """``pg_last_wal_replay_lsn()``: the end of the last WAL record replayed by a
     recovery (it stays there after a promotion); None if the server never recovered."""
+    standby: StandbyStatus | None = None
+    """A server in recovery: its replication (None on a primary)."""
+
+    @property
+    def role(self) -> ServerRole:
+        """:attr:`ServerRole.STANDBY` while the server is in recovery."""
+        return ServerRole.STANDBY if self.in_recovery else ServerRole.PRIMARY
 
     @property
     def major(self) -> int:
@@ -831,6 +878,11 @@ class BackupRecord:
     """Kept by retention whatever the policy says (``pgsnap pin``)."""
     copies: tuple[CopyRecord, ...] = ()
     """Copies of the backup off the array (``pgsnap copy``), oldest first."""
+    taken_on: ServerRole = ServerRole.PRIMARY
+    """Where the backup was taken: on the primary, or on a standby (its snapshots are
+    then of the standby's volumes, and its label says ``BACKUP FROM: standby``)."""
+    taken_host: str = ""
+    """The database host it was taken on (the host's name; empty in older records)."""
 
     @property
     def is_usable(self) -> bool:
@@ -900,7 +952,9 @@ class CloneRecord:
     ``plan_id``, on host ``host``, below directory ``at``; its server runs on
     ``data_directory`` with ``port`` and the socket directory ``socket_directory``,
     and was promoted (``action`` ``"promote"``) or left paused at the target
-    (``"pause"``, read-only). ``purpose`` is ``"clone"`` or ``"drill"``.
+    (``"pause"``, read-only). ``purpose`` is ``"clone"``, ``"drill"`` or ``"standby"``
+    (a streaming standby seeded from the backup: it stays in recovery, read-only,
+    following the primary; its ``action`` is ``"pause"`` and its ``target`` latest).
     """
 
     name: str
@@ -919,6 +973,9 @@ class CloneRecord:
     volumes: tuple[CloneVolume, ...] = attrs.field(converter=_clone_volumes)
     ready_at: dt.datetime | None = attrs.field(default=None, converter=_opt_utc)
     purpose: str = "clone"
+    slot: str = ""
+    """A standby (``purpose`` ``"standby"``): its physical replication slot on the
+    primary (dropped when the standby is destroyed)."""
 
 
 @attrs.frozen

@@ -9,7 +9,8 @@ fits. Each method's docstring is its contract: what it guarantees and which
   where a host finds a volume, attach and detach, clones, snapshot policies;
   optionally :class:`StorageHealth`: problems the storage can see coming
   (a snapshot limit near, an invalid snapshot), reported by ``pgsnap check``.
-- :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server.
+- :class:`DatabaseAdapter` and :class:`BackupSession`: the PostgreSQL server;
+  :class:`PrimaryServer`: the primary of a standby pgsnap backs up.
 - :class:`WalArchive`: where archived WAL lives, used only through its
   methods (:mod:`pgsnap.testing.wal_conformance` is what implementing it
   means); optionally :class:`WalArchiveDeletion` (retention removes files)
@@ -65,6 +66,7 @@ __all__ = [
     "DeletableClones",
     "ExposableSnapshots",
     "LocalWalArchive",
+    "PrimaryServer",
     "ReadableSnapshots",
     "RecoveryOutcome",
     "Runner",
@@ -226,7 +228,11 @@ class StorageBackend(Protocol):
         ...
 
     def clone_snapshot(self, snapshot_id: str, name: str) -> StorageVolume:
-        """A new writable volume with the snapshot's content (needs ``CLONES``)."""
+        """A new writable volume with the snapshot's content (needs ``CLONES``).
+
+        The clone does not depend on the snapshot: deleting the snapshot later (the
+        backup expires) leaves the clone and its content intact, so a clone, or a
+        standby seeded from one, outlives its backup."""
         ...
 
     def list_policies(self) -> tuple[SnapshotPolicy, ...]:
@@ -484,8 +490,10 @@ class CloneServer(DatabaseAdapter, Protocol):
     :class:`DatabaseAdapter` on the clone's data directory, and what a clone needs
     beyond it."""
 
-    def query(self, sql: str, *, dbname: str | None = None) -> list[tuple[Any, ...]]:
-        """Run ``sql`` (autocommit) and return its rows."""
+    def query(
+        self, sql: str, params: Sequence[Any] = (), *, dbname: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit, ``params`` for its ``%s``) and return its rows."""
         ...
 
     def prepare_clone_directory(self, tablespaces: Mapping[str, str]) -> tuple[str, ...]:
@@ -496,6 +504,33 @@ class CloneServer(DatabaseAdapter, Protocol):
 
     def write_instance_settings(self, parameters: Mapping[str, str]) -> None:
         """Set ``parameters`` in ``postgresql.auto.conf``, after every other line."""
+        ...
+
+    def write_standby_settings(self, parameters: Mapping[str, str]) -> None:
+        """Set ``parameters`` as :meth:`write_instance_settings` does, and make the
+        instance start as a standby (``standby.signal``, no ``recovery.signal``)."""
+        ...
+
+
+@runtime_checkable
+class PrimaryServer(Protocol):
+    """The primary a standby streams from, as pgsnap reaches it for a backup taken on
+    the standby (``Cluster(primary=...)``, ``[primary]``): checked when planning, asked
+    to switch WAL so the backup's last segment is archived at once. A
+    :class:`~pgsnap.adapters.postgres.PostgresAdapter` on the primary fits."""
+
+    def describe(self) -> ServerFacts:
+        """As :meth:`DatabaseAdapter.describe`."""
+        ...
+
+    def archiver_status(self) -> ArchiverStatus:
+        """As :meth:`DatabaseAdapter.archiver_status`."""
+        ...
+
+    def query(
+        self, sql: str, params: Sequence[Any] = (), *, dbname: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit, ``params`` for its ``%s``) and return its rows."""
         ...
 
 

@@ -221,7 +221,11 @@ def clean_data_directory(
     :meth:`pgsnap.adapters.postgres.PostgresAdapter.prepare_data_directory`.
     """
     present = set(host.list_dir(data_dir))
-    doomed = [posixpath.join(data_dir, n) for n in ("postmaster.pid", "postmaster.opts")]
+    # standby.signal: a backup taken on a standby holds it; the recovery writes its own
+    # signal (a standby built from the backup gets a new one).
+    doomed = [
+        posixpath.join(data_dir, n) for n in ("postmaster.pid", "postmaster.opts", "standby.signal")
+    ]
     doomed = [p for p in doomed if posixpath.basename(p) in present]
     doomed += _entries(host, posixpath.join(data_dir, "pg_replslot"))
     for name in _TRANSIENT_DIRS:

@@ -47,12 +47,13 @@ from pgsnap.model import (
     BackupStop,
     RecoverySettings,
     ServerFacts,
+    StandbyStatus,
     Tablespace,
     TargetKind,
 )
 
 if TYPE_CHECKING:
-    from pgsnap.protocols import BackupSession, DatabaseAdapter, RecoveryOutcome
+    from pgsnap.protocols import BackupSession, DatabaseAdapter, PrimaryServer, RecoveryOutcome
 
 __all__ = ["PostgresAdapter", "PostgresBackupSession", "RecoveryResult", "RecoveryState"]
 
@@ -632,7 +633,9 @@ class PostgresAdapter:
     ) -> list[tuple[Any, ...]]:
         _log.debug("SQL: %s %r", sql, params)
         try:
-            cur = conn.execute(sql, params)
+            # No parameters: the text is sent as it is (a '%' in a user's check is no
+            # placeholder).
+            cur = conn.execute(sql, params or None)
             return cur.fetchall() if cur.description is not None else []
         except psycopg.Error as exc:
             hint = (
@@ -689,12 +692,15 @@ class PostgresAdapter:
             )
             current_lsn = None
             timeline = int(ckpt_tli)
+            standby = None
             if not in_recovery:
                 current_lsn, walfile = self._one(
                     conn,
                     "SELECT pg_current_wal_lsn()::text, pg_walfile_name(pg_current_wal_lsn())",
                 )
                 timeline = int(walfile[:8], 16)
+            else:
+                standby = self._standby_status(conn)
         self._check_data_directory(data_dir)
         self._learnt_data_directory = data_dir
         self._config_file = config_file
@@ -713,6 +719,30 @@ class PostgresAdapter:
             tablespaces=_tablespaces(spaces),
             settings={k: "" if v is None else str(v) for k, v in settings.items()},
             replay_lsn=None if replay_lsn is None else LSN.parse(replay_lsn),
+            standby=standby,
+        )
+
+    def _standby_status(self, conn: psycopg.Connection[Any]) -> StandbyStatus:
+        """A standby's replication, from ``pg_stat_wal_receiver`` and the control file."""
+        pid, receiver, sender_host, sender_port, slot, received, replayed, when, fpw = self._one(
+            conn,
+            "SELECT r.pid, r.status, r.sender_host, r.sender_port, r.slot_name, "
+            "pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
+            "pg_last_xact_replay_timestamp(), "
+            "(SELECT full_page_writes FROM pg_control_checkpoint()) "
+            "FROM (SELECT 1) one LEFT JOIN pg_stat_wal_receiver r ON true",
+        )
+        sender = "" if not sender_host else f"{sender_host}:{sender_port}"
+        if pid is not None and receiver is None:
+            receiver = ""  # it runs, but this role may not see its state
+        return StandbyStatus(
+            receiver=None if receiver is None else str(receiver),
+            sender=sender,
+            receive_lsn=None if received is None else LSN.parse(received),
+            replay_lsn=None if replayed is None else LSN.parse(replayed),
+            replay_time=when,
+            full_page_writes=fpw is not False,
+            slot_name=str(slot or ""),
         )
 
     def _check_data_directory(self, reported: str) -> None:
@@ -1414,7 +1444,8 @@ class PostgresAdapter:
     def prepare_data_directory(self, *, clear_wal: bool) -> tuple[str, ...]:
         """Clean a restored data directory before recovery; return the removed paths.
 
-        Removes ``postmaster.pid``, ``postmaster.opts``, ``pg_replslot/*`` and
+        Removes ``postmaster.pid``, ``postmaster.opts``, ``standby.signal`` (a
+        backup taken on a standby holds it), ``pg_replslot/*`` and
         the contents of ``pg_dynshmem``, ``pg_notify``, ``pg_serial``,
         ``pg_snapshots``, ``pg_stat_tmp``, ``pg_subtrans``. With ``clear_wal``
         also the files in ``pg_wal`` (the symlink followed), emptying
@@ -1547,12 +1578,14 @@ class PostgresAdapter:
         (value,) = self.query("SHOW listen_addresses")[0]
         return str(value)
 
-    def query(self, sql: str, *, dbname: str | None = None) -> list[tuple[Any, ...]]:
-        """Run ``sql`` (autocommit) in database ``dbname`` (default: the connection's)
-        and return its rows; ``DatabaseError`` if it fails."""
+    def query(
+        self, sql: str, params: Sequence[Any] = (), *, dbname: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (autocommit, with ``params`` for its ``%s``) in database ``dbname``
+        (default: the connection's) and return its rows; ``DatabaseError`` if it fails."""
         extra: dict[str, Any] = {} if dbname is None else {"dbname": dbname}
         with self._connect(**extra) as conn:
-            return self._rows(conn, sql)
+            return self._rows(conn, sql, params)
 
     def prepare_clone_directory(self, tablespaces: Mapping[str, str]) -> tuple[str, ...]:
         """Make a cloned data directory its own, before its server first starts.
@@ -1615,6 +1648,19 @@ class PostgresAdapter:
             raise ConfigurationError(str(exc), hint="settings cannot contain line breaks") from exc
         _write_text(self._host, auto, new, self._owner(dd))
 
+    def write_standby_settings(self, parameters: Mapping[str, str]) -> None:
+        """Make the data directory start as a standby: ``parameters`` (``primary_conninfo``,
+        ``primary_slot_name``, ``restore_command``...) as :meth:`write_instance_settings`
+        sets them, ``standby.signal`` created and ``recovery.signal`` removed.
+        ``ConfigurationError`` if the server runs."""
+        dd = self._require_data_directory()
+        self._refuse_running(dd, "write standby settings")
+        self.write_instance_settings(parameters)
+        owner = self._owner(dd)
+        self._host.remove([posixpath.join(dd, "recovery.signal")])
+        _pgctl.atomic_write(self._host, posixpath.join(dd, "standby.signal"), b"", owner=owner)
+        _log.info("standby settings written to %s", dd)
+
 
 def _read_text(host: Host, path: str) -> str:
     try:
@@ -1643,6 +1689,9 @@ if TYPE_CHECKING:  # static proof that the classes fit the protocols
 
     def _is_session(s: PostgresBackupSession) -> BackupSession:
         return s
+
+    def _is_primary(a: PostgresAdapter) -> PrimaryServer:
+        return a
 
     def _is_outcome(r: RecoveryResult) -> RecoveryOutcome:
         return r

@@ -345,7 +345,8 @@ class _ClonesTests:
         read_marker: ReadMarker,
     ) -> None:
         """A clone is a new volume with the snapshot's content; writes do not cross over;
-        a backend that can delete clones (``DeletableClones``) deletes it and only it.
+        it outlives the snapshot (deleted after the clone is made); a backend that can
+        delete clones (``DeletableClones``) deletes it and only it.
         A volume whose restore profile gives a ``clone_refusal`` has its clones refused
         with UnsupportedCapability instead, and no volume is added."""
         origin = make_volume("conformance-origin")
@@ -380,6 +381,14 @@ class _ClonesTests:
             assert origin in {v.id for v in backend.list_volumes()}
             assert snap.id in _snapshot_ids(backend, origin)
             backend.delete_clone(clone.id)  # idempotent
+            clone = backend.clone_snapshot(snap.id, "conformance-clone-2")
+            write_marker(clone.id, b"clone-write")
+        # The clone outlives its snapshot (a standby seeded from a backup that expires).
+        backend.delete_snapshot(snap.id)
+        assert snap.id not in _snapshot_ids(backend, origin)
+        assert read_marker(clone.id) == b"clone-write"
+        if isinstance(backend, DeletableClones):
+            backend.delete_clone(clone.id)
 
 
 class _NoClonesTests:

@@ -49,7 +49,7 @@ import subprocess
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self
@@ -667,6 +667,105 @@ class PgServer:
             server.cleanup()
             raise
         return server
+
+    @classmethod
+    def standby_of(
+        cls,
+        primary: PgServer,
+        *,
+        slot: str | None = None,
+        settings: Mapping[str, SettingValue] | None = None,
+        parent_dir: Path | None = None,
+        make_directories: Callable[[PgServer], None] | None = None,
+    ) -> Self:
+        """A streaming standby of the running ``primary``, not yet started.
+
+        A base backup with the low-level API (the npm builds of PostgreSQL carry no
+        ``pg_basebackup``): backup mode on the primary, its data directory copied
+        (:meth:`copy_data_from`), the label written; ``standby.signal``, the
+        ``restore_command`` of the shared archive (``archive_mode = on`` archives
+        nothing on a standby) and ``primary_conninfo`` (the primary's socket) set.
+        ``slot`` creates that physical replication slot on the primary and uses it.
+        New directories laid out as the primary's, below ``parent_dir``;
+        ``make_directories`` is called with the new server before the copy (to make
+        its empty data and WAL directories btrfs subvolumes, say). ``settings`` go
+        over the primary's in ``pgsnap.conf``.
+        """
+        server = cls.prepare(
+            primary.bindir,
+            separate_wal_dir=primary.separate_wal_dir,
+            archive=primary.archive,
+            archive_dir=primary.archive_dir,
+            settings={
+                **primary.settings,
+                "primary_conninfo": f"host={primary.socket_dir} port={primary.port} "
+                "user=postgres application_name=standby",
+                **({"primary_slot_name": slot} if slot else {}),
+                **(settings or {}),
+            },
+            os_user=primary.os_user,
+            parent_dir=parent_dir,
+        )
+        try:
+            if make_directories is not None:
+                make_directories(server)
+            if slot:
+                primary.sql("SELECT pg_create_physical_replication_slot(%s, true)", (slot,))
+            with primary.connect() as conn:
+                if primary.major >= 15:
+                    conn.execute("SELECT pg_backup_start('pgsnap test standby', true)")
+                    stop = "SELECT labelfile, spcmapfile FROM pg_backup_stop(false)"
+                else:
+                    conn.execute("SELECT pg_start_backup('pgsnap test standby', true, false)")
+                    stop = "SELECT labelfile, spcmapfile FROM pg_stop_backup(false, true)"
+                server.copy_data_from(primary.data_dir)
+                row = conn.execute(stop).fetchone()
+            assert row is not None
+            for stale in ("postgresql.auto.conf", "standby.signal", "recovery.signal"):
+                (server.data_dir / stale).unlink(missing_ok=True)
+            server.write_backup_label(row[0], row[1] or None)
+            server.enable_recovery(standby=True)
+        except BaseException:
+            server.cleanup()
+            raise
+        return server
+
+    def wait_for_streaming(self, timeout: float = 60) -> None:
+        """Wait until this standby's WAL receiver streams from its primary."""
+        deadline = time.monotonic() + timeout
+        status = None
+        while time.monotonic() < deadline:
+            rows = self.sql("SELECT status FROM pg_stat_wal_receiver")
+            status = rows[0][0] if rows else None
+            if status == "streaming":
+                return
+            time.sleep(0.05)
+        raise ServerCommandError(
+            f"standby {self!r} is not streaming after {timeout:g} s (WAL receiver: {status}); "
+            f"log:\n{self._log_tail()}",
+            argv=(),
+            returncode=-1,
+            output="",
+            log_tail=self._log_tail(),
+            sqlstate=None,
+        )
+
+    def wait_for_replay(self, lsn: str, timeout: float = 60) -> None:
+        """Wait until this standby has replayed WAL up to ``lsn`` (text, ``X/Y``)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (lsn,))[0][0]:
+                return
+            time.sleep(0.05)
+        raise ServerCommandError(
+            f"standby {self!r} has not replayed up to {lsn} after {timeout:g} s; "
+            f"log:\n{self._log_tail()}",
+            argv=(),
+            returncode=-1,
+            output="",
+            log_tail=self._log_tail(),
+            sqlstate=None,
+        )
 
     @staticmethod
     def _check_user_can_run(bindir: Path, os_user: str) -> None:

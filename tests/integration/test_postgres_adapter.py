@@ -63,6 +63,12 @@ def test_describe_and_archiver_status(pg_server):
     assert status.failed_count == 0
     assert status.archive_command == srv.archive_command()
     assert status.oldest_ready_age_seconds is None
+    assert facts.standby is None and facts.role.value == "primary"
+
+    # A query without parameters is sent as it is: a '%' in a drill's check is no
+    # placeholder; with parameters, %s takes them.
+    assert a.query("SELECT 'a%' LIKE 'a%%' OR 'b%' LIKE 'b%'") == [(True,)]
+    assert a.query("SELECT %s::int + 1", (41,)) == [(42,)]
 
 
 def test_tablespace_listed(pg_server):
