@@ -295,7 +295,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     lag: dict[str, float] = {}
     stopped_at = log.returned_at.get("session.stop")
     if stopped_at is not None and record.stop_lsn is not None:
-        for name in required_wal_files(record):
+        for name in filter(None, required_wal_files(record)):
             with contextlib.suppress(FileNotFoundError):
                 lag[name] = (Path(c["archive"]) / name).stat().st_mtime - stopped_at
     return {

@@ -255,7 +255,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
     cluster, timeouts = _load(args)
     if not args.dry_run:
         cluster.check_not_busy("backup")  # a recovery or an expiry runs: fail at once
-    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=timeouts.wal)
+    lag: dict[str, int] = {}
+    if args.max_standby_lag is not None:
+        from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415
+
+        lag["max_standby_lag"] = parse_size(args.max_standby_lag, "--max-standby-lag")
+    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=timeouts.wal, **lag)
     if args.dry_run:
         _out(plan.to_json() if args.json else plan.explain())
         return EXIT_OK
@@ -784,6 +789,65 @@ def cmd_clone_destroy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_standby_create(args: argparse.Namespace) -> int:
+    """Plan and seed a standby."""
+    cluster, timeouts = _load(args)
+    plan = cluster.plan_seed_standby(
+        args.name,
+        primary_conninfo=args.primary_conninfo,
+        slot=args.slot or "",
+        backup_id=args.backup,
+        host=args.host,
+        at=args.at,
+        port=args.port,
+        listen_addresses=args.listen,
+        server_timeout=timeouts.server,
+        catch_up_timeout=timeouts.recovery,
+    )
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    record = cluster.catalog.get_clone(args.name)
+    _out(
+        f"standby {record.name} streams from the primary through slot {record.slot}: "
+        f"port {record.port}, data directory {record.data_directory}; destroy it with "
+        f"pgsnap standby destroy {record.name}"
+    )
+    return EXIT_OK
+
+
+def cmd_standby_list(args: argparse.Namespace) -> int:
+    """List the standbys pgsnap seeded."""
+    from pgsnap.model import to_dict  # noqa: PLC0415
+
+    records = _load(args)[0].standbys()
+    if args.json:
+        _out(json.dumps([to_dict(r) for r in records], indent=2))
+        return EXIT_OK
+    if not records:
+        _out("no standbys")
+    for r in records:
+        _out(
+            f"{r.name:<20} {r.state.value:<9} from backup {r.backup_id}  slot {r.slot}  "
+            f"{r.data_directory} port {r.port}  since "
+            f"{r.created_at.isoformat(timespec='seconds')} by {r.created_by}"
+        )
+    return EXIT_OK
+
+
+def cmd_standby_destroy(args: argparse.Namespace) -> int:
+    """Destroy a seeded standby and its slot."""
+    cluster = _load(args)[0]
+    plan = cluster.plan_standby_destroy(args.name)
+    _out(plan.to_json() if args.json else plan.explain())
+    if args.dry_run:
+        return EXIT_OK
+    _execute(cluster, plan)
+    _out(f"standby {args.name} destroyed, its slot dropped")
+    return EXIT_OK
+
+
 def cmd_drill(args: argparse.Namespace) -> int:
     """Run restore drills."""
     from pgsnap.clones import drill_html, drill_table  # noqa: PLC0415
@@ -943,6 +1007,12 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--label", help="backup label (default: pgsnap <id>)")
     b.add_argument("--spread", action="store_true", help="spread checkpoint instead of fast")
     timeout(b, "wal", 60)
+    b.add_argument(
+        "--max-standby-lag",
+        metavar="SIZE",
+        help="on a standby: how far (WAL bytes, e.g. 64MB) its replay may be behind for a "
+        "backup (default 256MiB)",
+    )
     b.add_argument("--dry-run", action="store_true", help="print the plan only")
     b.set_defaults(func=cmd_backup)
 
@@ -1205,6 +1275,45 @@ def _parser() -> argparse.ArgumentParser:
     cld.add_argument("clone", help="its name (as `pgsnap clone list` shows)")
     cld.add_argument("--dry-run", action="store_true", help="print the plan only")
     cld.set_defaults(func=cmd_clone_destroy)
+
+    sb = sub.add_parser(
+        "standby",
+        parents=[common],
+        help="streaming standbys seeded from a backup's snapshots: create, list, destroy",
+        description="A seeded standby is made of writable copies of a backup's snapshots, "
+        "started as a standby of the primary with a replication slot made there first and "
+        "the archive's restore_command; it is ready once it streams and has caught up. "
+        "Backups are taken on a standby by `pgsnap backup` with the standby's "
+        "configuration (and [primary]).",
+    )
+    sb_sub = sb.add_subparsers(dest="standby_command", metavar="create|list|destroy", required=True)
+    sbc = sb_sub.add_parser("create", parents=[common], help="seed a standby")
+    with_config(sbc)
+    sbc.add_argument("name", help="its name (1-20 of a-z, 0-9 and -)")
+    sbc.add_argument(
+        "--primary-conninfo",
+        required=True,
+        help="how the standby connects to the primary, e.g. 'host=db1 user=replicator' "
+        "(no password: the standby's OS user keeps it in ~/.pgpass)",
+    )
+    sbc.add_argument("--slot", help="its replication slot on the primary (default pgsnap_NAME)")
+    sbc.add_argument("--backup", help="seed from this backup (default: the newest that can)")
+    sbc.add_argument("--host", help="the host it runs on (as for clone create --host)")
+    sbc.add_argument("--at", help="its directory (default: beside the data volume)")
+    sbc.add_argument("--port", type=int, help="its port (default: the first free from 55432)")
+    sbc.add_argument("--listen", default=None, help="listen_addresses (as for clone create)")
+    sbc.add_argument("--dry-run", action="store_true", help="print the plan only")
+    sbc.set_defaults(func=cmd_standby_create)
+    sbl = sb_sub.add_parser("list", parents=[common], help="the standbys pgsnap seeded")
+    with_config(sbl)
+    sbl.set_defaults(func=cmd_standby_list)
+    sbd = sb_sub.add_parser(
+        "destroy", parents=[common], help="destroy a seeded standby and drop its slot"
+    )
+    with_config(sbd)
+    sbd.add_argument("name", help="its name (as `pgsnap standby list` shows)")
+    sbd.add_argument("--dry-run", action="store_true", help="print the plan only")
+    sbd.set_defaults(func=cmd_standby_destroy)
 
     dr = sub.add_parser(
         "drill",

@@ -1,4 +1,5 @@
-"""Clones and restore drills, around the pure clone planner (:mod:`pgsnap.planner.clone`).
+"""Clones, restore drills and seeded standbys, around the pure planners
+(:mod:`pgsnap.planner.clone`, :mod:`pgsnap.planner.standby`).
 
 :class:`~pgsnap.cluster.Cluster` calls these: the I/O a clone request needs (a free
 port, the recorded clones) and a drill's run (clone, check, measure, destroy,
@@ -35,7 +36,8 @@ from pgsnap.model import (
 from pgsnap.operations.clone import clone_server
 from pgsnap.planner.backup import Finding
 from pgsnap.planner.clone import CloneRequest, plan_clone
-from pgsnap.protocols import ServerInstances
+from pgsnap.planner.standby import StandbyRequest, plan_seed_standby
+from pgsnap.protocols import PrimaryServer, ServerInstances
 
 if TYPE_CHECKING:
     from pgsnap.cluster import Cluster
@@ -52,8 +54,11 @@ __all__ = [
     "drill_table",
     "listening_ports",
     "plan_clone_for",
+    "plan_standby_for",
     "replan_clone",
+    "replan_standby",
     "run_drill",
+    "standby_request",
 ]
 
 log = logging.getLogger(__name__)
@@ -168,6 +173,78 @@ def replan_clone(cluster: Cluster, plan: Plan) -> Plan:
     if record is not None and request.backup_id is None:
         request = attrs.evolve(request, backup_id=str(record.params.get("backup_id")))
     return plan_clone_for(cluster, request)
+
+
+# --------------------------------------------------------------------------- standbys
+
+
+def standby_request(
+    cluster: Cluster, *, host: str | None, port: int | None, **fields: Any
+) -> StandbyRequest:
+    """The :class:`StandbyRequest` of :meth:`Cluster.plan_seed_standby`'s arguments, with
+    the defaults that need I/O (the first free port, where it listens)."""
+    on = "" if host is None or host == cluster.host.name else host
+    if on and on not in cluster.clone_hosts:
+        known = ", ".join(sorted(cluster.clone_hosts)) or "none"
+        raise ConfigurationError(
+            f"a standby on host {host!r}: pgsnap reaches no such host (the database host "
+            f"is {cluster.host.name!r}; other hosts: {known})",
+            hint=f"add a [clone_hosts.{host}] section (ssh = ...) to the configuration, "
+            "or leave host unset for the database host",
+        )
+    if fields.get("listen_addresses") is None:
+        fields["listen_addresses"] = _listen_addresses(cluster, on)
+    return StandbyRequest(
+        port=_free_port(cluster, cluster.clone_hosts.get(on) or cluster.host)
+        if port is None
+        else port,
+        host=on,
+        **fields,
+    )
+
+
+def _primary(cluster: Cluster) -> PrimaryServer:
+    """The primary a standby follows: ``[primary]`` when the cluster is a standby,
+    else the cluster's own server."""
+    if cluster.primary is not None:
+        return cluster.primary
+    adapter = cluster.adapter
+    if not isinstance(adapter, PrimaryServer):
+        raise ConfigurationError(
+            "the database adapter cannot be asked as a primary (no query())",
+            hint="standbys need pgsnap's PostgreSQL adapter",
+        )
+    return adapter
+
+
+_OLDEST_WAL: Final = (
+    "SELECT min(name) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$' AND substr(name, 1, 8) = %s"
+)
+
+
+def plan_standby_for(cluster: Cluster, request: StandbyRequest) -> Plan:
+    """Observe (the primary, the archive, the backups) and plan ``request``."""
+    primary = _primary(cluster)
+    facts_of_primary = primary.describe()
+    oldest: str | None = None
+    try:
+        rows = primary.query(_OLDEST_WAL, (f"{facts_of_primary.timeline:08X}",))
+        oldest = None if not rows or rows[0][0] is None else str(rows[0][0])
+    except PgsnapError as exc:  # pg_ls_waldir() needs pg_monitor: count the current only
+        log.info("the primary's pg_wal cannot be listed (%s): counting its current segment", exc)
+    facts = cluster.recovery_facts(request.recovery_request(facts_of_primary.timeline))
+    facts = attrs.evolve(facts, clone_hosts=frozenset(cluster.clone_hosts))
+    return plan_seed_standby(facts, request, facts_of_primary, oldest)
+
+
+def replan_standby(cluster: Cluster, plan: Plan) -> Plan:
+    """The standby plan made again now (the executor's freshness check), its backup
+    pinned."""
+    request = from_dict(StandbyRequest, plan.request)
+    record = next((s for s in plan.steps if s.action == "catalog.record_clone"), None)
+    if record is not None and request.backup_id is None:
+        request = attrs.evolve(request, backup_id=str(record.params.get("backup_id")))
+    return plan_standby_for(cluster, request)
 
 
 # --------------------------------------------------------------------------- drills

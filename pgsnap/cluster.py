@@ -84,7 +84,15 @@ from pgsnap.observe import EmptyArchive, Observer
 from pgsnap.operations.copy_retention import gc_report
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
-from pgsnap.planner.backup import BackupRequest, Finding, Severity, plan_backup, preflight
+from pgsnap.planner.backup import (
+    DEFAULT_MAX_STANDBY_LAG,
+    BackupRequest,
+    Finding,
+    Severity,
+    archiving_status,
+    plan_backup,
+    preflight,
+)
 from pgsnap.planner.checks import CheckFacts, check_findings
 from pgsnap.planner.copy import DEFAULT_MOUNT_ROOT, CopyRequest, plan_copy
 from pgsnap.planner.copy_expiry import (
@@ -112,7 +120,7 @@ from pgsnap.planner.reconcile import (
     rebuild_plan,
 )
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
-from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
+from pgsnap.protocols import Catalog, DatabaseAdapter, PrimaryServer, StorageBackend, WalArchive
 from pgsnap.wal import (
     ArchiveReport,
     ArchiverHealth,
@@ -303,6 +311,16 @@ def _seconds(name: str, value: object) -> float:
             argument=name,
         )
     return float(value)
+
+
+def _bytes(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(
+            f"{name} must be a number of bytes (an int, 0 or more), not {value!r}",
+            hint=f"e.g. {name}=256 * 1024 * 1024",
+            argument=name,
+        )
+    return value
 
 
 def _flag(name: str, value: object) -> bool:
@@ -555,6 +573,7 @@ class Cluster:
         copy_parallel: int = DEFAULT_PARALLEL,
         copy_bandwidth_limit: int | None = None,
         clone_hosts: Mapping[str, Host] | None = None,
+        primary: PrimaryServer | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -599,6 +618,10 @@ class Cluster:
         """Hosts other than the database host where clones may run (``[clone_hosts.NAME]``),
         by the storage's name for them: the clone's volumes are attached there, its
         server runs there with the cluster's binaries (at the same paths)."""
+        self.primary = primary
+        """When this cluster's server is a standby: its primary (``[primary]``), which a
+        backup taken on the standby checks and asks to switch WAL
+        (:class:`~pgsnap.protocols.PrimaryServer`; None: not reached)."""
 
     @classmethod
     def from_config(
@@ -653,6 +676,7 @@ class Cluster:
             journal_dir=None if self.journal_dir is None else Path(self.journal_dir),
             copy_options=self.copy_target_options,
             copy_key_file=self.copy_key_file or "",
+            primary=self.primary,
         )
 
     def backup_facts(self) -> BackupFacts:
@@ -704,12 +728,13 @@ class Cluster:
                     + (exc.hint or "fix the storage connection ([storage] options)"),
                 )
             )
+        archiver = None if facts is None else archiving_status(facts)
         if facts is not None:
             findings += preflight(facts)
         data = self.observer.check_facts(
             scan=scan,
             server_error=server_error,
-            archiver=None if facts is None else facts.archiver,
+            archiver=archiver,
             segment_size=None if facts is None else facts.server.wal_segment_size,
             server_refused=refused,
         )
@@ -759,7 +784,7 @@ class Cluster:
         )
         return CheckReport(
             findings=tuple(findings),
-            archiver=None if facts is None else archiver_health(facts.archiver),
+            archiver=None if archiver is None else archiver_health(archiver),
             wal=tuple(wal_lines),
             backups=backups,
             unreadable=data.unreadable,
@@ -864,13 +889,16 @@ class Cluster:
         fast: bool = True,
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
+        max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
     ) -> Plan:
         """Observe, run the preflight, and return the backup plan.
 
         ``label`` (default ``pgsnap <id>``) and ``backup_id`` (default: the
         time, e.g. ``20261130T120000123Z``) name the backup; ``fast`` asks for
         an immediate checkpoint; ``wal_timeout`` is how long (seconds) the
-        backup waits for its WAL to reach the archive. A bad argument is an
+        backup waits for its WAL to reach the archive. On a standby the backup
+        is taken there (see docs/reference/standbys.md); ``max_standby_lag`` is
+        how many bytes of WAL its replay may be behind. A bad argument is an
         :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
         before anything is observed.
         """
@@ -879,6 +907,7 @@ class Cluster:
         fast = _flag("fast", fast)
         wal_timeout = _seconds("wal_timeout", wal_timeout)
         secure_snapshots = _flag("secure_snapshots", secure_snapshots)
+        max_standby_lag = _bytes("max_standby_lag", max_standby_lag)
         now = self._now()
         backup_id = backup_id or now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
         request = BackupRequest(
@@ -887,6 +916,7 @@ class Cluster:
             fast_checkpoint=fast,
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
+            max_standby_lag=max_standby_lag,
         )
         return plan_backup(self.backup_facts(), request)
 
@@ -1038,14 +1068,103 @@ class Cluster:
         """The plan that destroys clone ``name`` (stop, delete its volumes, remove its
         directory, forget it), whatever state it was left in."""
         from pgsnap.planner.clone import plan_clone_destroy  # noqa: PLC0415
+        from pgsnap.planner.standby import plan_standby_destroy  # noqa: PLC0415
 
-        return plan_clone_destroy(self.catalog.get_clone(name))
+        record = self.catalog.get_clone(name)
+        if record.purpose == "standby":
+            return plan_standby_destroy(record)  # its slot is dropped too
+        return plan_clone_destroy(record)
 
     def destroy_clone(
         self, name: str, *, on_event: Callable[[Event], None] | None = None
     ) -> ExecutionResult:
         """Destroy clone ``name`` (``pgsnap clone destroy``); nothing of it is left."""
         return self.execute(self.plan_clone_destroy(name), on_event=on_event)
+
+    def plan_seed_standby(
+        self,
+        name: str,
+        *,
+        primary_conninfo: str,
+        slot: str = "",
+        backup_id: str | None = None,
+        host: str | None = None,
+        at: str | None = None,
+        port: int | None = None,
+        listen_addresses: str | None = None,
+        server_timeout: float = 120.0,
+        catch_up_timeout: float = 600.0,
+    ) -> Plan:
+        """Observe and return the plan that seeds a new streaming standby ``name`` from a
+        backup's snapshots (``pgsnap standby create``), or raise a PlanningError saying
+        why it cannot succeed.
+
+        The backup is the newest whose WAL, with the primary's ``pg_wal``, reaches the
+        primary's position on its timeline (or ``backup_id``). Writable copies of its
+        snapshots are made and mounted on ``host`` below ``at`` (as for a clone), a
+        physical replication slot (``slot``, default ``pgsnap_<name>``) is created on the
+        primary, and the copy starts as a standby on ``port`` with ``primary_conninfo``
+        (how it connects to the primary: no password, it belongs in the standby OS
+        user's ``~/.pgpass``) and the archive's ``restore_command``. The plan is done
+        once it streams and has caught up. The primary is this cluster's server, or its
+        ``[primary]`` when this cluster is a standby (see docs/reference/standbys.md).
+        """
+        from pgsnap.clones import plan_standby_for, standby_request  # noqa: PLC0415
+
+        request = standby_request(
+            self,
+            name=name,
+            primary_conninfo=primary_conninfo,
+            slot=slot,
+            backup_id=_backup_id(backup_id),
+            host=host,
+            at=at,
+            port=port,
+            listen_addresses=listen_addresses,
+            server_timeout=_seconds("server_timeout", server_timeout),
+            catch_up_timeout=_seconds("catch_up_timeout", catch_up_timeout),
+        )
+        return plan_standby_for(self, request)
+
+    def seed_standby(
+        self,
+        name: str,
+        *,
+        primary_conninfo: str,
+        on_event: Callable[[Event], None] | None = None,
+        **options: Any,
+    ) -> CloneRecord:
+        """Plan and execute a new standby (arguments as :meth:`plan_seed_standby`);
+        return its record, ready: streaming and caught up. A standby that fails is
+        undone (its volumes deleted, its slot dropped) before the error is raised."""
+        plan = self.plan_seed_standby(name, primary_conninfo=primary_conninfo, **options)
+        self.execute(plan, on_event=on_event)
+        return self.catalog.get_clone(name)
+
+    def standbys(self) -> tuple[CloneRecord, ...]:
+        """The standbys pgsnap seeded (``pgsnap standby list``), oldest first."""
+        return tuple(c for c in self.catalog.list_clones() if c.purpose == "standby")
+
+    def plan_standby_destroy(self, name: str) -> Plan:
+        """The plan that destroys seeded standby ``name``: stop it, drop its slot on the
+        primary, delete its volumes, remove its directory, forget it."""
+        from pgsnap.planner.standby import plan_standby_destroy  # noqa: PLC0415
+
+        record = self.catalog.get_clone(name)
+        if record.purpose != "standby":
+            raise InputError(
+                f"{name} is a {record.purpose}, not a standby pgsnap seeded",
+                hint=f"destroy it with pgsnap clone destroy {name}",
+                argument="name",
+            )
+        return plan_standby_destroy(record)
+
+    def destroy_standby(
+        self, name: str, *, on_event: Callable[[Event], None] | None = None
+    ) -> ExecutionResult:
+        """Destroy seeded standby ``name`` (``pgsnap standby destroy``): nothing of it is
+        left, its slot included."""
+        return self.execute(self.plan_standby_destroy(name), on_event=on_event)
 
     def drill(
         self,
@@ -1163,6 +1282,13 @@ class Cluster:
             from pgsnap.clones import replan_clone  # noqa: PLC0415
 
             _same_plan(plan, lambda: replan_clone(self, plan), "the backups changed")
+            return
+        if plan.kind == "standby":
+            from pgsnap.clones import replan_standby  # noqa: PLC0415
+
+            _same_plan(
+                plan, lambda: replan_standby(self, plan), "the backups or the primary changed"
+            )
             return
         if plan.kind != "recovery" or not plan.request:
             return
@@ -1485,6 +1611,7 @@ class Cluster:
             check_fresh=self._check_fresh,
             clock=self._now,
             hosts=self.clone_hosts,
+            primary=self.primary,
         )
 
     def execute(
@@ -1589,6 +1716,7 @@ class Cluster:
         fast: bool = True,
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
+        max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
         on_event: Callable[[Event], None] | None = None,
     ) -> BackupRecord:
         """Plan and execute a backup; return its DONE record (arguments as
@@ -1600,6 +1728,7 @@ class Cluster:
             fast=fast,
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
+            max_standby_lag=max_standby_lag,
         )
         self.execute(plan, on_event=on_event)
         return self.backup_of(plan)

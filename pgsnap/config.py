@@ -23,7 +23,7 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -34,6 +34,9 @@ from pgsnap.errors import ConfigurationError, check_keys
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
 from pgsnap.planner.copy_expiry import CopyRetentionPolicy
+
+if TYPE_CHECKING:
+    from pgsnap.adapters.postgres import PostgresAdapter
 
 __all__ = [
     "COPY_RETENTION_KEYS",
@@ -80,7 +83,7 @@ def _read_password(db: dict[str, Any], base: Path) -> str | None:
     return None
 
 
-def _conninfo_without_password(conninfo: str) -> str:
+def _conninfo_without_password(conninfo: str, where: str = "[database]") -> str:
     if not _may_hold_password(conninfo):
         return conninfo  # parsed (psycopg imported) only when the server is asked
     import psycopg  # noqa: PLC0415 - only the CLI's configuration loading needs it here
@@ -90,12 +93,12 @@ def _conninfo_without_password(conninfo: str) -> str:
     except psycopg.Error:
         # The driver's message quotes the string (and a password in it): never chain it.
         raise ConfigurationError(
-            "cannot parse [database] conninfo",
+            f"cannot parse {where} conninfo",
             hint="use 'host=... port=... user=... dbname=...' or a postgresql:// URI",
         ) from None
     if "password" in params:
         raise ConfigurationError(
-            "[database] conninfo must not hold a password",
+            f"{where} conninfo must not hold a password",
             hint="use password_env = 'NAME' or password_file = 'PATH'",
         )
     return conninfo
@@ -140,6 +143,7 @@ _SECTIONS = (
     "retention",
     "copies",
     "clone_hosts",
+    "primary",
     "volume",
 )
 RETENTION_KEYS: Final = (
@@ -163,6 +167,7 @@ _DATABASE_KEYS = (
     "control",
     "systemd_unit",
 )
+_PRIMARY_KEYS = ("conninfo", "password_env", "password_file")
 _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
 _CATALOG_KEYS = ("path", "journal", "wal_index")
@@ -595,7 +600,34 @@ def cluster_arguments(
         "copy_retention": _copy_retention(_table(conf, "copies") or {}),
         **_copy_settings(_table(conf, "copies") or {}),
         "clone_hosts": _clone_hosts(_table(conf, "clone_hosts") or {}, rel),
+        "primary": _primary(_table(conf, "primary"), base_dir, timeouts.connect),
     }
+
+
+def _primary(
+    section: dict[str, Any] | None, base: Path, connect_timeout: float
+) -> PostgresAdapter | None:
+    """``[primary]``: how pgsnap reaches the primary of the standby this configuration
+    describes (a backup taken on the standby checks it and switches WAL there)."""
+    if section is None:
+        return None
+    from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415 - psycopg on use
+
+    if "password" in section:
+        _read_password(section, base)  # refused with its own message
+    _check_keys(section, _PRIMARY_KEYS, "[primary]")
+    conninfo = _text(section, "conninfo", "[primary]")
+    if not conninfo:
+        raise ConfigurationError(
+            "[primary] lacks 'conninfo'",
+            hint="e.g. conninfo = 'host=db1 port=5432 user=pgsnap dbname=postgres' (the "
+            "primary the standby streams from)",
+        )
+    return PostgresAdapter(
+        _conninfo_without_password(conninfo, "[primary]"),
+        password=_read_password(section, base),
+        connect_timeout=connect_timeout,
+    )
 
 
 def _copy_host(section: dict[str, Any]) -> dict[str, str]:

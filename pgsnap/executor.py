@@ -99,6 +99,7 @@ from pgsnap.protocols import (
     Catalog,
     ClusterLockProvider,
     DatabaseAdapter,
+    PrimaryServer,
     StorageBackend,
     WalArchive,
 )
@@ -260,6 +261,8 @@ class Executor:
     one, where :func:`~pgsnap.operations.register_operation` adds).
     ``lock``: the cluster lock (default: the catalog's, when it keeps one, else
     one in the journal directory; with neither, runs are not locked).
+    ``hosts``: other hosts by name (clones); ``primary``: the primary of the standby
+    this cluster is (:class:`~pgsnap.protocols.PrimaryServer`), for its steps.
     """
 
     def __init__(
@@ -279,6 +282,7 @@ class Executor:
         operations: OperationRegistry | None = None,
         lock: ClusterLock | None = None,
         hosts: Mapping[str, Host] | None = None,
+        primary: PrimaryServer | None = None,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -294,6 +298,7 @@ class Executor:
         self.operations = operations or default_operations()
         self.lock = lock if lock is not None else _default_lock(catalog, self.journal_dir)
         self.hosts: Mapping[str, Host] = dict(hosts or {})
+        self.primary = primary
 
     def __repr__(self) -> str:
         return f"<Executor backend={self.backend.name} journal={self.journal_dir}>"
@@ -468,6 +473,7 @@ class Executor:
                 run_started=journal.started_at,
                 plan_id=plan.id,
                 hosts=self.hosts,
+                primary=self.primary,
             )
             run = _Run(plan, journal, ops, undos, ctx)
             for sid, rec in journal.steps.items():

@@ -68,6 +68,7 @@ from pgsnap.protocols import (
     DatabaseAdapter,
     ExposableSnapshots,
     LocalWalArchive,
+    PrimaryServer,
     ReadableSnapshots,
     StorageBackend,
     StorageHealth,
@@ -433,6 +434,8 @@ class Observer:
     copy_key_file: str = ""
     """The configured copy key file's path (``[copies] key_file``), passed on to the
     recovery planner; the observer never reads it."""
+    primary: PrimaryServer | None = None
+    """The primary, when the cluster is a standby and pgsnap reaches its primary."""
 
     def _now(self) -> dt.datetime:
         return self.clock()
@@ -449,10 +452,20 @@ class Observer:
         """
         server = self.adapter.describe()
         archiver = self.adapter.archiver_status()
+        primary, primary_archiver, primary_error = None, None, ""
+        if server.in_recovery and self.primary is not None:
+            try:
+                primary = self.primary.describe()
+                primary_archiver = self.primary.archiver_status()
+            except PgsnapError as exc:
+                log.warning("the primary cannot be asked: %s", exc)
+                primary, primary_error = None, exc.message
         last = archiver.last_archived_wal
-        if last is not None and len(last) == _SEGMENT_NAME_LEN and _is_hex(last):
-            sysid = self._segment_sysid(last)
-            timelines = self._timelines_from(server.timeline)
+        timeline = server.timeline if primary is None else max(server.timeline, primary.timeline)
+        probe = last or (None if primary_archiver is None else primary_archiver.last_archived_wal)
+        if probe is not None and len(probe) == _SEGMENT_NAME_LEN and _is_hex(probe):
+            sysid = self._segment_sysid(probe)
+            timelines = self._timelines_from(timeline)
         else:
             sysid, timelines = self._listed_sysid_and_timelines(server.wal_segment_size)
         present = None
@@ -476,6 +489,9 @@ class Observer:
             host=self.host.name,
             volume_facts=self._volume_facts(),
             paths=self._path_facts(server),
+            primary=primary,
+            primary_archiver=primary_archiver,
+            primary_error=primary_error,
         )
 
     def snapshot_access(

@@ -70,6 +70,7 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "db.backup_start": f"{_OPS}.db:StartBackup",
         "db.backup_abort": f"{_OPS}.db:AbortBackup",
         "db.backup_stop": f"{_OPS}.db:StopBackup",
+        "db.primary_switch_wal": f"{_OPS}.db:SwitchPrimaryWal",
         "db.stop_server": f"{_OPS}.db:StopServer",
         "db.start_server": f"{_OPS}.db:StartServer",
         "db.prepare_data_directory": f"{_OPS}.db:PrepareDataDirectory",
@@ -134,6 +135,10 @@ BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
         "db.wait_clone": f"{_OPS}.clone:WaitClone",
         "db.clear_clone_recovery": f"{_OPS}.clone:ClearCloneRecovery",
         "db.mask_clone": f"{_OPS}.clone:MaskClone",
+        "db.create_slot": f"{_OPS}.standby:CreateSlot",
+        "db.drop_slot": f"{_OPS}.standby:DropSlot",
+        "db.configure_standby": f"{_OPS}.standby:ConfigureStandby",
+        "db.wait_standby": f"{_OPS}.standby:WaitStandby",
     }
 )
 """Operations shipped with pgsnap: name → ``"module:Class"`` (imported on first use)."""

@@ -40,7 +40,13 @@ from pgsnap.model import decode_value, encode_value
 if TYPE_CHECKING:
     from pgsnap.host import Host
     from pgsnap.model import BackupRecord, Layout
-    from pgsnap.protocols import Catalog, DatabaseAdapter, StorageBackend, WalArchive
+    from pgsnap.protocols import (
+        Catalog,
+        DatabaseAdapter,
+        PrimaryServer,
+        StorageBackend,
+        WalArchive,
+    )
 
 __all__ = [
     "JSONValue",
@@ -211,6 +217,9 @@ class OperationContext:
     hosts: Mapping[str, Host] = attrs.field(factory=dict)
     """Other hosts pgsnap reaches, by the storage's name for them (clones made on
     a host other than the database host); :meth:`host_named` finds one."""
+
+    primary: PrimaryServer | None = None
+    """The primary of the standby pgsnap backs up (``[primary]``), when configured."""
 
     def host_named(self, name: str) -> Host | None:
         """The database host when ``name`` is its name (or empty), else the other host

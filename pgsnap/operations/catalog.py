@@ -25,7 +25,7 @@ from pgsnap.errors import (
     PgsnapError,
     UnsupportedCapability,
 )
-from pgsnap.model import LSN, BackupRecord, BackupState, Pin, SafetySnapshot
+from pgsnap.model import LSN, BackupRecord, BackupState, Pin, SafetySnapshot, ServerRole
 from pgsnap.operations.base import (
     JSONValue,
     Operation,
@@ -117,6 +117,8 @@ class RecordBackupStart(Operation):
             start_time=dt.datetime.fromisoformat(str(out["start_time"])),
             pgsnap_version=__version__,
             wal_directory=None if out.get("wal_directory") is None else str(out["wal_directory"]),
+            taken_on=ServerRole(str(out.get("role", ServerRole.PRIMARY.value))),
+            taken_host=str(out.get("host", "")),
         )
 
     def run(self, ctx: OperationContext) -> Outputs:
@@ -182,12 +184,13 @@ class RecordBackupStop(Operation):
         return {}
 
 
-def required_wal_files(record: BackupRecord) -> tuple[str, str]:
+def required_wal_files(record: BackupRecord) -> tuple[str, str | None]:
     """(the stop segment, the ``.backup`` history file) a backup waits for.
 
     The stop segment is the one holding the byte before the stop LSN (as
     PostgreSQL's ``pg_backup_stop`` computes it); the history file is named
-    by the start segment and the start offset.
+    by the start segment and the start offset. A backup taken on a standby has
+    no history file (PostgreSQL writes none in recovery): None.
     """
     assert record.stop_lsn is not None
     seg = record.wal_segment_size
@@ -197,6 +200,8 @@ def required_wal_files(record: BackupRecord) -> tuple[str, str]:
         seg,
         previous_at_boundary=True,
     )
+    if record.taken_on is ServerRole.STANDBY:
+        return stop_name, None
     start_name = walfile_name(record.start_lsn, record.start_timeline, seg)
     return stop_name, f"{start_name}.{record.start_lsn.value % seg:08X}.backup"
 
@@ -242,17 +247,24 @@ class WaitForWal(Operation):
         stop_name, backup_file = required_wal_files(record)
         deadline = time.monotonic() + self.timeout
         delay = 0.01
-        waited_for: list[str] = [stop_name, backup_file]
+        waited_for: list[str] = [stop_name] + ([backup_file] if backup_file else [])
         while True:
             waited_for = [n for n in waited_for if not ctx.archive.exists(n)]
             if not waited_for:
                 break
             if time.monotonic() >= deadline:
+                standby = record.taken_on is ServerRole.STANDBY
                 raise ArchiveError(
                     f"WAL of backup {record.id} did not reach the archive within "
                     f"{self.timeout:g} s: missing {', '.join(waited_for)}",
-                    hint="check the archiver (pgsnap check / pg_stat_archiver) and "
-                    "archive_command, or allow longer (--wal-timeout)",
+                    hint=(
+                        "a standby cannot switch WAL: the primary must complete and archive "
+                        "that segment (configure [primary] so pgsnap switches it, or set "
+                        "archive_timeout on the primary), or allow longer (--wal-timeout)"
+                        if standby
+                        else "check the archiver (pgsnap check / pg_stat_archiver) and "
+                        "archive_command, or allow longer (--wal-timeout)"
+                    ),
                     missing=tuple(waited_for),
                 )
             ctx.sleep(delay)
@@ -265,7 +277,7 @@ class WaitForWal(Operation):
                 hint="the archive lost segments; this backup cannot be restored",
                 missing=missing,
             )
-        return {"stop_segment": stop_name, "backup_file": backup_file}
+        return {"stop_segment": stop_name, "backup_file": backup_file or ""}
 
 
 @attrs.frozen

@@ -299,6 +299,7 @@ class RecordClone(_CloneStep):
     volumes: tuple[CloneVolume, ...]
     purpose: str = "clone"
     on: str = ""
+    slot: str = ""
 
     def precheck(self, ctx: OperationContext, plan: PlanView) -> None:
         self._check_base(ctx)
@@ -343,6 +344,7 @@ class RecordClone(_CloneStep):
                 plan_id=ctx.plan_id,
                 volumes=self.volumes,
                 purpose=self.purpose,
+                slot=self.slot,
             )
         )
         return {"clone": self.clone}

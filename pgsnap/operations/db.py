@@ -6,6 +6,7 @@ import hashlib
 import logging
 import time
 import typing
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
@@ -25,6 +26,7 @@ from pgsnap.operations.base import (
     OperationContext,
     Outputs,
     PlanView,
+    Ref,
     Resume,
     Target,
     renamed_operations,
@@ -39,6 +41,7 @@ __all__ = [
     "StartServer",
     "StopBackup",
     "StopServer",
+    "SwitchPrimaryWal",
     "VerifyRecovery",
     "WaitRecovery",
     "WriteBackupLabel",
@@ -92,6 +95,8 @@ class StartBackup(Operation):
             "server_version": facts.version_num,
             "wal_segment_size": facts.wal_segment_size,
             "wal_directory": facts.wal_directory,
+            "role": facts.role.value,
+            "host": ctx.host.name,
         }
 
 
@@ -132,6 +137,51 @@ class StopBackup(Operation):
             "spcmapfile": stop.spcmapfile,
             "backup_mode_seconds": seconds,
         }
+
+
+@attrs.frozen
+class SwitchPrimaryWal(Operation):
+    """Switch WAL on the primary of the standby a backup was taken on, so the segment
+    holding the backup's stop point is completed and archived now (a standby cannot
+    switch WAL itself). A primary that wrote nothing since its last switch has no
+    segment to complete: the call is then a no-op, as on PostgreSQL."""
+
+    name = "db.primary_switch_wal"
+    target = Target.DATABASE
+
+    stop: Ref
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        primary = ctx.primary
+        if primary is None:
+            raise ExecutionError(
+                f"step {ctx.step_id} switches WAL on the primary, but pgsnap has no "
+                "connection to it",
+                step_id=ctx.step_id,
+                hint="configure [primary] (Cluster(primary=...)) and make a new plan",
+            )
+        stop = ctx.resolve(self.stop)
+        stop_lsn = LSN.parse(str(stop["stop_lsn"])) if isinstance(stop, Mapping) else None
+        rows = primary.query(
+            "SELECT pg_is_in_recovery(), pg_current_wal_lsn()::text, "
+            "CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_switch_wal()::text END"
+        )
+        in_recovery, current, switched = rows[0]
+        if in_recovery:
+            raise ExecutionError(
+                "the configured primary is in recovery: it cannot switch WAL (was it "
+                "demoted, or is [primary] another standby?)",
+                step_id=ctx.step_id,
+                hint="point [primary] at the server the standby streams from",
+            )
+        if stop_lsn is not None and LSN.parse(str(current)) < stop_lsn:
+            raise ExecutionError(
+                f"the configured primary is at {current}, before the backup's stop point "
+                f"{stop_lsn}: it is not the primary this standby replays",
+                step_id=ctx.step_id,
+                hint="point [primary] at the server the standby streams from",
+            )
+        return {"switched_at": str(switched), "primary_lsn": str(current)}
 
 
 # --------------------------------------------------------------------------- server

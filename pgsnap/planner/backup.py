@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os.path
 from collections.abc import Sequence
+from typing import Final
 
 import attrs
 
 from pgsnap.errors import PreflightError
-from pgsnap.model import LocationKind, Severity, Volume, VolumeRole
+from pgsnap.model import ArchiverStatus, LocationKind, Severity, Volume, VolumeRole
 from pgsnap.operations import Ref
 from pgsnap.operations.catalog import (
     FailBackup,
@@ -22,14 +23,26 @@ from pgsnap.operations.catalog import (
     RecordBackupStop,
     WaitForWal,
 )
-from pgsnap.operations.db import AbortBackup, StartBackup, StopBackup
+from pgsnap.operations.db import AbortBackup, StartBackup, StopBackup, SwitchPrimaryWal
 from pgsnap.operations.storage import DeleteSnapshotGroup, TakeSnapshotGroup
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import BackupFacts, PathFacts, fingerprint
 from pgsnap.protocols import Capability
 from pgsnap.wal import archiver_health
 
-__all__ = ["BackupRequest", "Finding", "Severity", "plan_backup", "preflight"]
+__all__ = [
+    "DEFAULT_MAX_STANDBY_LAG",
+    "BackupRequest",
+    "Finding",
+    "Severity",
+    "archiving_status",
+    "plan_backup",
+    "preflight",
+]
+
+
+DEFAULT_MAX_STANDBY_LAG: Final = 256 * 1024 * 1024
+"""A standby more than this many bytes of WAL behind is not backed up (256 MiB)."""
 
 
 @attrs.frozen
@@ -54,6 +67,9 @@ class BackupRequest:
     wal_timeout: float = 60.0
     """Seconds to wait for the stop segment and ``.backup`` file in the archive."""
     secure_snapshots: bool = False
+    max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG
+    """On a standby: how many bytes of WAL its replay may be behind (its primary's
+    position when pgsnap reaches the primary, else what it received) for a backup."""
 
 
 def _under(path: str, mount_point: str) -> bool:
@@ -195,29 +211,177 @@ def _archive_mismatch(facts: BackupFacts) -> list[Finding]:
     ]
 
 
-def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
-    """Every finding about the cluster's readiness for a snapshot backup."""
+def _mib(n: int) -> str:
+    return f"{n / (1024 * 1024):.1f} MiB"
+
+
+def _standby(facts: BackupFacts, max_lag: int) -> list[Finding]:
+    """A standby's own findings: it streams, keeps up, its primary writes full pages,
+    and the primary pgsnap is told of is this standby's."""
+    out: list[Finding] = []
+    err, warn = Severity.ERROR, Severity.WARNING
+    s = facts.server
+    st = s.standby
+    if st is None:  # an adapter that does not report replication
+        return [
+            Finding(
+                "standby_streaming",
+                err,
+                "the server is in recovery but reports nothing of its replication: it "
+                "cannot be judged a healthy standby",
+            )
+        ]
+    if st.receiver == "":
+        out.append(
+            Finding(
+                "standby_streaming",
+                err,
+                "the standby's WAL receiver runs, but this role may not see its state: "
+                "GRANT pg_read_all_stats TO the role pgsnap connects as",
+            )
+        )
+    elif not st.streaming:
+        what = (
+            "no WAL receiver runs" if st.receiver is None else f"its WAL receiver is {st.receiver}"
+        )
+        out.append(
+            Finding(
+                "standby_streaming",
+                err,
+                f"the standby is not streaming from its primary ({what}): its data may be "
+                "far behind; fix replication (primary_conninfo, the primary's pg_hba.conf), "
+                "or back up the primary",
+            )
+        )
+    if not st.full_page_writes:
+        out.append(
+            Finding(
+                "full_page_writes",
+                err,
+                "the primary wrote its last checkpoint with full_page_writes off: "
+                "PostgreSQL refuses a backup on its standby; turn full_page_writes on "
+                "on the primary",
+            )
+        )
+    primary = facts.primary
+    if facts.primary_error:
+        out.append(
+            Finding(
+                "primary",
+                warn,
+                f"the configured primary cannot be reached ({facts.primary_error}): the "
+                "backup cannot switch WAL there, and waits until the primary completes "
+                "the segment holding its stop point",
+            )
+        )
+    if primary is not None:
+        if primary.system_identifier != s.system_identifier:
+            out.append(
+                Finding(
+                    "primary",
+                    err,
+                    f"the configured primary is another cluster (system identifier "
+                    f"{primary.system_identifier}; this standby is {s.system_identifier}): "
+                    "point [primary] at the server this standby replicates",
+                )
+            )
+        elif primary.in_recovery:
+            out.append(
+                Finding(
+                    "primary",
+                    err,
+                    "the configured primary is itself in recovery (another standby, or "
+                    "demoted): point [primary] at the read-write server, which can switch WAL",
+                )
+            )
+        elif primary.settings.get("full_page_writes", "on") != "on":
+            out.append(
+                Finding(
+                    "full_page_writes",
+                    err,
+                    "the primary runs with full_page_writes off: PostgreSQL refuses a "
+                    "backup on its standby; turn it on on the primary",
+                )
+            )
+    replayed = st.replay_lsn
+    ahead, of = (
+        (primary.current_lsn, "the primary's position")
+        if primary is not None and primary.current_lsn is not None
+        else (st.receive_lsn, "the WAL it received")
+    )
+    if replayed is not None and ahead is not None and ahead.value - replayed.value > max_lag:
+        out.append(
+            Finding(
+                "standby_lag",
+                err,
+                f"the standby's replay ({replayed}) is {_mib(ahead.value - replayed.value)} "
+                f"behind {of} ({ahead}), more than the {_mib(max_lag)} allowed: the backup "
+                "would hold old data; wait for it to catch up, or allow more "
+                "(--max-standby-lag)",
+            )
+        )
+    mode = s.settings.get("archive_mode", "")
+    if primary is None and mode != "always":
+        out.append(
+            Finding(
+                "standby_wal",
+                warn,
+                "a standby cannot switch WAL, and pgsnap has no connection to the primary: "
+                "the backup waits until the primary completes the segment holding its stop "
+                "point (its archive_timeout, or its own writes), at most the WAL timeout; "
+                "configure [primary] to switch it at once",
+            )
+        )
+    return out
+
+
+def archiving_status(facts: BackupFacts) -> ArchiverStatus | None:
+    """The archiver that archives this server's WAL: its own, or on a standby (unless it
+    archives itself, ``archive_mode = always``) its primary's; None when that is a
+    primary pgsnap does not reach."""
+    s = facts.server
+    if s.in_recovery and s.settings.get("archive_mode", "") != "always":
+        return facts.primary_archiver if facts.primary is not None else None
+    return facts.archiver
+
+
+def _archiving(facts: BackupFacts) -> tuple[list[Finding], bool]:
+    """The findings on WAL archiving, judged on :func:`archiving_status`; and whether
+    the server's own archiver was the one judged."""
+    status = archiving_status(facts)
+    if status is None:
+        return [], False
+    out: list[Finding] = []
+    health = archiver_health(status)
+    where = "the primary: " if status is not facts.archiver else ""
+    for reason in health.reasons:
+        out.append(Finding("archiving", Severity.ERROR, where + reason))
+    for w in health.warnings:
+        out.append(Finding("archiving", Severity.WARNING, where + w))
+    return out, True
+
+
+def preflight(
+    facts: BackupFacts, *, max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG
+) -> tuple[Finding, ...]:
+    """Every finding about the cluster's readiness for a snapshot backup.
+
+    On a standby (a server in recovery), also whether it can be backed up there:
+    streaming, at most ``max_standby_lag`` bytes behind, its primary writing full
+    pages; the archiving judged on the primary when pgsnap reaches it.
+    """
     out: list[Finding] = []
     err, warn = Severity.ERROR, Severity.WARNING
     s = facts.server
     layout = facts.layout
 
     if s.in_recovery:
-        out.append(
-            Finding(
-                "standby",
-                err,
-                "the server is in recovery (a standby); "
-                "pgsnap backs up primaries only for now: run it against the primary",
-            )
-        )
-    health = archiver_health(facts.archiver)
-    for reason in health.reasons:
-        out.append(Finding("archiving", err, reason))
-    for w in health.warnings:
-        out.append(Finding("archiving", warn, w))
-    out += _archive_mismatch(facts)
-    if s.settings.get("full_page_writes", "on") != "on":
+        out += _standby(facts, max_standby_lag)
+    archiving, own = _archiving(facts)
+    out += archiving
+    if own:
+        out += _archive_mismatch(facts)
+    if not s.in_recovery and s.settings.get("full_page_writes", "on") != "on":
         out.append(
             Finding(
                 "full_page_writes",
@@ -226,7 +390,8 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
                 "but torn pages are not protected the rest of the time",
             )
         )
-    if s.settings.get("archive_timeout", "0") in ("0", "0s", ""):
+    archives = facts.primary if s.in_recovery else s  # whose archive_timeout counts
+    if archives is not None and archives.settings.get("archive_timeout", "0") in ("0", "0s", ""):
         out.append(
             Finding(
                 "archive_timeout",
@@ -283,7 +448,10 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
                 f"{s.system_identifier}): use a separate archive per cluster",
             )
         )
-    ahead = [t for t in facts.archive_timelines if t > s.timeline]
+    # A standby's own timeline is its last restartpoint's: just after a failover its
+    # primary's (when known) is the one the archive is compared with.
+    current = facts.primary.timeline if s.in_recovery and facts.primary is not None else s.timeline
+    ahead = [t for t in facts.archive_timelines if t > current]
     if ahead:
         out.append(
             Finding(
@@ -321,7 +489,7 @@ def preflight(facts: BackupFacts) -> tuple[Finding, ...]:
 
 def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
     """The backup plan, or ``PreflightError`` listing every blocking finding."""
-    findings = preflight(facts)
+    findings = preflight(facts, max_standby_lag=request.max_standby_lag)
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if errors:
         raise PreflightError(
@@ -336,9 +504,18 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             "secure snapshots were requested but the backend cannot make them",
             hint="drop secure_snapshots or use a backend that supports them",
         )
-    vol_ids: Sequence[str] = [v.id for v in facts.layout.snapshotted]
     s = facts.server
+    standby = s.in_recovery
+    together = Capability.CONSISTENCY_GROUPS in facts.capabilities
+    vol_ids: Sequence[str] = [v.id for v in facts.layout.snapshotted]
+    if standby and not together:
+        # A standby's backup ends where its pg_control's minimum recovery point says,
+        # as the snapshot of the data volume holds it: taken last, it covers every page
+        # the other volumes' snapshots hold.
+        data = facts.layout.data.id
+        vol_ids = [v for v in vol_ids if v != data] + [data]
     bid = request.backup_id
+    switch = standby and facts.primary is not None and not facts.primary.in_recovery
     steps = (
         Step.of(
             "backup-start",
@@ -364,15 +541,22 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             ),
             description=(
                 f"snapshot {', '.join(vol_ids)} as one consistency group"
-                if Capability.CONSISTENCY_GROUPS in facts.capabilities
+                if together
                 else f"snapshot {', '.join(vol_ids)} one after another"
+                + (" (the data volume, which holds pg_control, last)" if standby else "")
             ),
             reason=(
                 "one snapshot of every data, WAL and tablespace volume, taken together"
-                if Capability.CONSISTENCY_GROUPS in facts.capabilities
+                if together
                 else "one snapshot of every data, WAL and tablespace volume; the storage "
                 "takes them one at a time, and backup mode makes the set consistent "
-                "(replay from the backup label past the stop point)"
+                "(replay from the backup label past the stop point"
+                + (
+                    ", which on a standby is pg_control's minimum recovery point: taken "
+                    "last, it is past every page the other snapshots hold)"
+                    if standby
+                    else ")"
+                )
             ),
             undo=DeleteSnapshotGroup(group_id=Ref("snapshot", "group_id")),
         ),
@@ -390,11 +574,36 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             reason="the label is not on the volumes and is needed to restore: it is stored "
             "the moment backup mode ends",
         ),
+        *(
+            (
+                Step.of(
+                    "primary-switch-wal",
+                    SwitchPrimaryWal(stop=Ref("backup-stop")),
+                    description="switch WAL on the primary, so the segment holding the "
+                    "stop point is completed and archived now",
+                    reason="a standby cannot switch WAL; without the switch the segment "
+                    "is archived only when the primary fills it or its archive_timeout ends",
+                ),
+            )
+            if switch
+            else ()
+        ),
         Step.of(
             "wait-wal",
             WaitForWal(backup_id=bid, timeout=request.wal_timeout),
-            description=f"wait (at most {request.wal_timeout:g} s) for the stop segment and "
-            "the .backup file in the archive",
+            description=(
+                f"wait (at most {request.wal_timeout:g} s) for the stop segment in the "
+                "archive (a standby writes no .backup file)"
+                + (
+                    ""
+                    if switch
+                    else "; the primary completes that segment in its own time: its "
+                    "archive_timeout, or its writes"
+                )
+                if standby
+                else f"wait (at most {request.wal_timeout:g} s) for the stop segment and "
+                "the .backup file in the archive"
+            ),
             reason="a backup is usable only once all WAL from its start to its stop is archived",
         ),
         Step.of(
@@ -414,8 +623,17 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             "volumes": sorted(v.id for v in facts.volumes),
             "settings": {k: s.settings.get(k) for k in ("wal_level", "archive_mode")},
             "request": attrs.asdict(request),
+            "standby": standby,
+            "switch": switch,
         }
     )
+    where = f"{'a standby' if standby else 'the primary'}" + (
+        f" on {facts.host}" if facts.host else ""
+    )
+    if standby and facts.primary is not None:
+        where += (
+            f" (its primary: PostgreSQL {facts.primary.major}, timeline {facts.primary.timeline})"
+        )
     return Plan(
         kind="backup",
         steps=steps,
@@ -425,9 +643,22 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
             "backup id": request.backup_id,
             "cluster": f"PostgreSQL {s.version_num // 10000} (system id {s.system_identifier})",
             "timeline": str(s.timeline),
+            "taken on": where,
             "volumes": ", ".join(f"{v.id} ({v.role.value})" for v in facts.layout.snapshotted),
             "archive": facts.archive_location,
         },
-        kept=("the running server is not stopped; writes continue during the backup",),
+        kept=(
+            "the running server is not stopped; writes continue during the backup",
+            *(
+                (
+                    "the primary is not touched but for a WAL switch: the backup's I/O is "
+                    "on the standby",
+                )
+                if switch
+                else ("the primary is not touched: the backup's I/O is on the standby",)
+                if standby
+                else ()
+            ),
+        ),
         warnings=warnings,
     )

@@ -21,6 +21,7 @@ import attrs
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import (
     LSN,
+    BackupRecord,
     CloneRecord,
     CloneVolume,
     LocationKind,
@@ -56,7 +57,7 @@ from pgsnap.operations.clone import (
 )
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import RecoveryFacts
-from pgsnap.planner.recovery import RecoveryRequest, resolve_recovery
+from pgsnap.planner.recovery import RecoveryRequest, Resolved, resolve_recovery
 from pgsnap.protocols import Capability
 
 __all__ = [
@@ -275,31 +276,59 @@ def _check_other_host(facts: RecoveryFacts, host: str, volumes: tuple[CloneVolum
         )
 
 
-def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
-    """The clone plan for ``request``, or a PlanningError saying why not."""
+@attrs.frozen
+class _Made:
+    """What a clone plan and a standby plan share: the backup, where the clone lives,
+    its volumes, and the steps that make them (verify the WAL, record, directory,
+    copies of the snapshots, attach and mount, prepare, label)."""
+
+    backup: BackupRecord
+    at: str
+    on: str
+    data_directory: str
+    volumes: tuple[CloneVolume, ...]
+    server: _Server
+    steps: tuple[Step, ...]
+
+
+def _made(
+    facts: RecoveryFacts,
+    resolved: Resolved,
+    *,
+    name: str,
+    port: int,
+    at: str | None,
+    host: str,
+    target: RecoveryTarget,
+    action: RecoveryAction,
+    purpose: str,
+    slot: str = "",
+    verify_end: LSN | None = None,
+) -> _Made:
+    """The checks every clone passes and the steps that make its volumes and data
+    directory (see :class:`_Made`); PlanningError when it cannot be made."""
     if Capability.CLONES not in facts.capabilities:
         raise PlanningError(
             "the storage backend cannot clone snapshots (no 'clones' capability)",
             hint="clones need writable copies of snapshots: btrfs, LVM thin, PowerFlex, "
             "or the mock with clones; restore to another host with a recovery instead",
         )
-    if facts.server is not None and facts.server.settings.get("port") == str(request.port):
+    if facts.server is not None and facts.server.settings.get("port") == str(port):
         raise PlanningError(
-            f"port {request.port} is the cluster's own port",
-            hint="give the clone another port",
+            f"port {port} is the cluster's own port",
+            hint=f"give the {purpose} another port",
         )
-    resolved = resolve_recovery(facts, request.recovery_request())
     backup = resolved.backup
     if resolved.copy is not None:
         raise PlanningError(
             f"backup {backup.id}'s snapshots are gone (only its copy {resolved.copy.copy_id} "
-            "is left): a clone is made from snapshots",
+            f"is left): a {purpose} is made from snapshots",
             hint="choose a backup whose snapshots are there (--backup), or restore the copy "
             "with pgsnap recover --from-copy",
             backup_id=backup.id,
         )
     assert backup.stop_lsn is not None and backup.labelfile is not None
-    at = request.at or default_clone_directory(facts, request.name)
+    at = at or default_clone_directory(facts, name)
     volumes = clone_volumes(facts, dict(backup.snapshots), at)
     data_dir = clone_data_directory(facts, at)
     block = [v.origin for v in volumes if v.kind is not LocationKind.DIRECTORY]
@@ -325,27 +354,14 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
             backup_id=backup.id,
         )
     for path, what in [
-        (at, "the clone's directory"),
-        *((v.path, f"the clone of {v.origin}") for v in volumes),
+        (at, f"the {purpose}'s directory"),
+        *((v.path, f"the {purpose}'s copy of {v.origin}") for v in volumes),
     ]:
         _check_apart(facts, path, what)
-    name = request.name
-    on = request.host or facts.host
-    if request.host and request.host != facts.host:
-        _check_other_host(facts, request.host, volumes)
-    server = _Server(clone=name, at=at, data_directory=data_dir, port=request.port, on=on)
-    planned = planned_replay_lsn(facts, request.target)
-    min_replay = backup.stop_lsn if planned is None else max(planned, backup.stop_lsn)
-    # The segments the clone may fetch end where its replay stops, when that is known
-    # (an immediate target at the consistency point): else up to the end of the archive.
-    verify_end: LSN | None = None
-    if request.target.kind is TargetKind.IMMEDIATE:
-        verify_end = backup.stop_lsn
-    elif request.target.kind is TargetKind.LSN:
-        assert isinstance(request.target.value, LSN)
-        verify_end = max(request.target.value, backup.stop_lsn)
-    elif request.target.kind is TargetKind.NAME and planned is not None:
-        verify_end = min_replay
+    on = host or facts.host
+    if host and host != facts.host:
+        _check_other_host(facts, host, volumes)
+    server = _Server(clone=name, at=at, data_directory=data_dir, port=port, on=on)
     steps: list[Step] = [
         Step.of(
             "verify-wal",
@@ -358,7 +374,7 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 major=backup.server_version // 10000,
                 end_lsn=verify_end,
             ),
-            description="verify the archived WAL segments the clone may fetch",
+            description=f"verify the archived WAL segments the {purpose} may fetch",
             reason="a truncated or foreign segment found now stops the plan before anything "
             "is made",
         ),
@@ -368,26 +384,27 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 clone=name,
                 at=at,
                 backup_id=backup.id,
-                recovery_target=request.target,
+                recovery_target=target,
                 host=on,
                 data_directory=data_dir,
-                port=request.port,
-                action=request.action,
+                port=port,
+                action=action,
                 volumes=volumes,
-                purpose=request.purpose,
+                purpose=purpose,
                 on=on,
+                slot=slot,
             ),
-            description=f"record clone {name} in the catalog (state creating)",
-            reason="a clone left half-made by a failure or an interruption is listed, and "
-            "destroyed by pgsnap clone destroy",
+            description=f"record {purpose} {name} in the catalog (state creating)",
+            reason=f"a {purpose} left half-made by a failure or an interruption is listed, and "
+            f"destroyed by pgsnap {'standby' if purpose == 'standby' else 'clone'} destroy",
             undo=ForgetClone(clone=name),
         ),
         Step.of(
             "make-clone-directory",
             MakeCloneDirectory(clone=name, at=at, owner_of=facts.layout.data.mount_point, on=on),
-            description=f"create the clone's directory {at}",
-            reason="the clone's volumes, socket and server log live there, apart from the "
-            "cluster's",
+            description=f"create the {purpose}'s directory {at}",
+            reason=f"the {purpose}'s volumes, socket and server log live there, apart from "
+            "the cluster's",
             undo=RemoveCloneDirectory(clone=name, at=at, on=on),
         ),
     ]
@@ -407,7 +424,7 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                 Step.of(
                     f"attach-clone-{vol.origin}",
                     AttachClone(clone=name, at=at, volume=vol, host=on, on=on),
-                    description=f"attach the clone's copy of {vol.origin} to {on}",
+                    description=f"attach the {purpose}'s copy of {vol.origin} to {on}",
                     reason=f"its file system is mounted on {on}",
                     undo=DetachClone(clone=name, at=at, volume=vol, host=on, on=on),
                 ),
@@ -420,8 +437,9 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
                         device=Ref(f"attach-clone-{vol.origin}", "device"),
                         on=on,
                     ),
-                    description=f"mount the clone's copy of {vol.origin} read-write at {vol.path}",
-                    reason="the clone's server finds its data there",
+                    description=f"mount the {purpose}'s copy of {vol.origin} read-write at "
+                    f"{vol.path}",
+                    reason=f"the {purpose}'s server finds its data there",
                     undo=UnmountClone(clone=name, at=at, volume=vol, on=on),
                 ),
             ]
@@ -429,11 +447,11 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
         Step.of(
             "prepare-clone",
             PrepareClone(**server, volumes=volumes, spcmapfile=backup.spcmapfile or ""),
-            description="make the cloned data directory the clone's own (a new empty pg_wal, "
-            "tablespace links to the clone's copies, postmaster.pid and temporary state "
-            "removed)",
+            description=f"make the cloned data directory the {purpose}'s own (a new empty "
+            "pg_wal, tablespace links to its copies; postmaster.pid, standby.signal and "
+            "temporary state removed)",
             reason="the snapshot's pg_wal and tablespace links point at the cluster's volumes: "
-            "the clone must never write there",
+            f"the {purpose} must never write there",
         ),
         Step.of(
             "write-clone-label",
@@ -449,6 +467,49 @@ def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
             ),
             reason="replay must start at the backup's checkpoint",
         ),
+    ]
+    return _Made(backup, at, on, data_dir, volumes, server, tuple(steps))
+
+
+def plan_clone(facts: RecoveryFacts, request: CloneRequest) -> Plan:
+    """The clone plan for ``request``, or a PlanningError saying why not."""
+    resolved = resolve_recovery(facts, request.recovery_request())
+    backup = resolved.backup
+    assert backup.stop_lsn is not None
+    planned = planned_replay_lsn(facts, request.target)
+    min_replay = backup.stop_lsn if planned is None else max(planned, backup.stop_lsn)
+    # The segments the clone may fetch end where its replay stops, when that is known
+    # (an immediate target at the consistency point): else up to the end of the archive.
+    verify_end: LSN | None = None
+    if request.target.kind is TargetKind.IMMEDIATE:
+        verify_end = backup.stop_lsn
+    elif request.target.kind is TargetKind.LSN:
+        assert isinstance(request.target.value, LSN)
+        verify_end = max(request.target.value, backup.stop_lsn)
+    elif request.target.kind is TargetKind.NAME and planned is not None:
+        verify_end = min_replay
+    made = _made(
+        facts,
+        resolved,
+        name=request.name,
+        port=request.port,
+        at=request.at,
+        host=request.host,
+        target=request.target,
+        action=request.action,
+        purpose=request.purpose,
+        verify_end=verify_end,
+    )
+    at, on, data_dir, volumes, server = (
+        made.at,
+        made.on,
+        made.data_directory,
+        made.volumes,
+        made.server,
+    )
+    name = request.name
+    steps: list[Step] = list(made.steps)
+    steps += [
         Step.of(
             "configure-clone",
             ConfigureClone(

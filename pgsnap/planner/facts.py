@@ -128,6 +128,13 @@ class BackupFacts:
     """Whether the archive holds the file ``pg_stat_archiver`` says was archived last
     (None: not asked, or nothing archived yet). False: ``archive_command`` writes
     somewhere else (or copies nothing), and a backup's WAL would never arrive."""
+    primary: ServerFacts | None = None
+    """The server is a standby and pgsnap reaches its primary (``[primary]``): what the
+    primary reported."""
+    primary_archiver: ArchiverStatus | None = None
+    """The primary's ``pg_stat_archiver`` (with :attr:`primary`)."""
+    primary_error: str = ""
+    """A primary is configured but could not be asked: why."""
 
     def volume(self, volume_id: str) -> VolumeFacts | None:
         """The facts of ``volume_id`` (None when not gathered)."""

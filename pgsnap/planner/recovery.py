@@ -42,6 +42,7 @@ from pgsnap.model import (
     LocationKind,
     RecoveryAction,
     RecoveryTarget,
+    ServerRole,
     TargetKind,
     Volume,
     VolumeRole,
@@ -364,6 +365,21 @@ def iter_candidates(
             yield Candidate(b, tli, copy)
             continue
         missing = _snapshots_present(present, b, volumes)
+        if missing and not any(v.id in b.snapshots for v in volumes):
+            # Another server's backup in a shared catalog (its standby's, say): snapshots
+            # restore only the volumes they were taken of; a copy off the array restores
+            # any volume of the same role.
+            if copy is not None:
+                yield Candidate(b, tli, copy)
+                continue
+            where = f"a {b.taken_on.value}" + (f" ({b.taken_host})" if b.taken_host else "")
+            passed.append(
+                f"{b.id}: taken on {where} whose volumes are not this layout's "
+                f"({', '.join(sorted(b.snapshots))}): its snapshots restore those volumes "
+                "only; recover there, clone it, or copy it off the array (a copy restores "
+                "here)"
+            )
+            continue
         if missing:
             if copy is not None:
                 yield Candidate(b, tli, copy)  # the array lost it: the copy off it has it
@@ -983,6 +999,16 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
     seg = backup.wal_segment_size
     assert backup.stop_lsn is not None and backup.labelfile is not None
 
+    if backup.taken_on is ServerRole.STANDBY:
+        warnings.append(
+            f"backup {backup.id} was taken on a standby"
+            + (f" ({backup.taken_host})" if backup.taken_host else "")
+            + ": the recovered server leaves recovery as a primary of its own, on a new "
+            "timeline it archives beside its former primary's; if that primary still "
+            "runs, keep only one of them (its next backup is refused while the archive "
+            "holds a newer timeline). To rebuild a standby instead, use `pgsnap standby "
+            "create` on the primary"
+        )
     restore = _volumes_to_restore(facts, request)
     restore_ids = {v.id for v in restore}
     observed = {v.volume_id for v in facts.volume_facts}

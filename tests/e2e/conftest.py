@@ -220,14 +220,19 @@ def pitr_setup(env: Env, kind: str) -> RecoveryTarget:
 
 def assert_not_in_backup_mode(env: Env) -> None:
     """No pgsnap backup session is left, and a new backup can start and stop."""
+    assert_server_not_in_backup_mode(env.server)
+
+
+def assert_server_not_in_backup_mode(server: PgServer) -> None:
+    """:func:`assert_not_in_backup_mode` of any server (a primary or a standby)."""
     deadline = time.monotonic() + 10
-    while env.server.sql(
+    while server.sql(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgsnap backup'"
     )[0][0]:
         assert time.monotonic() < deadline, "the backup session is still open"
         time.sleep(0.05)
-    with env.server.connect() as conn:
-        if env.server.major >= 15:
+    with server.connect() as conn:
+        if server.major >= 15:
             conn.execute("SELECT pg_backup_start('e2e check', true)")
             conn.execute("SELECT pg_backup_stop(false)")
         else:

@@ -199,3 +199,74 @@ def test_a_clone_on_btrfs_is_a_new_subvolume_beside_production(btrfs_env: Any) -
     assert drill.ok, [c for c in drill.checks if not c.ok]
     assert env.cluster.clones() == ()
     assert {v.id for v in env.backend.list_volumes()} == volumes
+
+
+def test_a_standby_on_btrfs_is_backed_up_there_recovered_and_a_new_one_seeded(
+    btrfs_env: Any, fs: LoopBtrfs, pg_server: Any
+) -> None:
+    """Issue 24 on real btrfs: the primary and its streaming standby on subvolumes of
+    their own; a second standby seeded from the primary's backup (a writable snapshot
+    of the read-only one) streams with the primary's rows; a backup taken on the
+    first standby; that standby loses both subvolumes and is recovered to a time from
+    the shared archive (rows checked). The recovery comes last: the recovered
+    standby is a primary of its own, archiving a new timeline."""
+    from pgsnap.adapters.postgres import PostgresAdapter
+    from pgsnap.model import BackupState, ServerRole
+    from pgsnap.testing.btrfs import make_subvolumes
+    from pgsnap.testing.pgserver import PgServer
+
+    env: Env = btrfs_env()
+    env.create_table()
+    env.write(1)
+    standby = PgServer.standby_of(
+        env.server,
+        parent_dir=fs.mount_point,
+        make_directories=lambda s: make_subvolumes(s.data_dir, s.wal_dir),
+    )
+    pg_server.servers.append(standby)
+    standby.start()
+    standby.wait_for_streaming()
+    on_standby = btrfs_cluster(
+        standby,
+        fs,
+        snapshot_dir=str(fs.mount_point / "standby-snapshots"),
+        primary=PostgresAdapter(env.server.conninfo()),
+    )
+    # A new standby of the primary, seeded from the primary's own backup.
+    env.cluster.backup("seed")
+    made = env.cluster.seed_standby(
+        "s1",
+        primary_conninfo=f"host={env.server.socket_dir} port={env.server.port} user=postgres",
+    )
+    server = env.cluster.adapter.instance(  # type: ignore[attr-defined]
+        data_directory=made.data_directory, port=made.port, socket_directory=made.at
+    )
+    env.write(5)
+    lsn = str(env.server.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    deadline = time.monotonic() + 30
+    while not server.query(f"SELECT pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn")[0][0]:
+        assert time.monotonic() < deadline, "the seeded standby does not keep up"
+        time.sleep(0.05)
+    query = "SELECT batch, n FROM t ORDER BY 1, 2"
+    assert server.query(query) == env.server.sql(query)
+    env.cluster.destroy_standby("s1")
+    assert env.server.sql("SELECT count(*) FROM pg_replication_slots")[0][0] == 0
+
+    env.write(2)
+    record = on_standby.backup("on the standby")
+    assert record.state is BackupState.DONE and record.taken_on is ServerRole.STANDBY
+    env.write(3)
+    lsn = str(env.server.sql("SELECT pg_current_wal_lsn()::text")[0][0])
+    standby.wait_for_replay(lsn)
+    target = RecoveryTarget.time(env.now())
+    env.write(4)
+    env.switch_wal()
+
+    standby.pg_ctl("stop", "-m", "immediate")
+    for d in (standby.data_dir, standby.wal_dir):
+        env.lose(d)
+    plan = on_standby.plan_recovery(target, lost=[DATA, WAL])
+    on_standby.execute(plan)
+    rows = standby.sql("SELECT batch, count(*) FROM t GROUP BY 1 ORDER BY 1")
+    assert rows == [(1, 3), (2, 3), (3, 3), (5, 3)], plan.explain()
+    standby.stop()

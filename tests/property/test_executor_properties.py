@@ -172,7 +172,7 @@ class ExecutorMachine(RuleBasedStateMachine):
         names: set[str] = {segment_name(1, 3, MB), segment_name(1, 4, MB)}
         for record in self.catalog.list():
             if record.stop_lsn is not None:
-                names |= set(required_wal_files(record))
+                names |= {n for n in required_wal_files(record) if n is not None}
         return names
 
     def events(self) -> list[dict[str, Any]]:

@@ -138,6 +138,7 @@ def test_the_other_sections_read_from_a_mapping_too(tmp_path: Path) -> None:
         "copy_target_options",
         "journal_dir",
         "layout",
+        "primary",
         "wal_index",
     ]
     assert (args["copy_parallel"], args["copy_bandwidth_limit"]) == (8, 50 * 2**20)
@@ -166,6 +167,30 @@ def test_clone_hosts_are_hosts_by_their_storage_name(tmp_path: Path) -> None:
         conf["clone_hosts"] = bad
         with pytest.raises(ConfigurationError, match=re.escape(message)):
             pgsnap.Cluster.from_config(conf)
+
+
+def test_the_primary_section_reaches_the_standbys_primary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: ``[primary]`` names the primary a standby streams from; its password
+    comes from the environment or a file, never from the configuration."""
+    conf = _mapping(write_config(tmp_path))
+    assert pgsnap.Cluster.from_config(conf).primary is None
+    monkeypatch.setenv("PG1", "hunter2")
+    conf["primary"] = {"conninfo": "host=db1 port=5432 user=pgsnap", "password_env": "PG1"}
+    primary = pgsnap.Cluster.from_config(conf).primary
+    assert primary is not None
+    assert "hunter2" not in repr(primary)
+    for bad, message in [
+        ({"password_env": "PG1"}, "[primary] lacks 'conninfo'"),
+        ({"conninfo": "host=db1", "password": "hunter2"}, "must not hold a password"),
+        ({"conninfo": "host=db1 password=hunter2"}, "password"),
+        ({"conninfo": "host=db1", "slot": "x"}, "[primary] has an unknown key 'slot'"),
+    ]:
+        conf["primary"] = bad
+        with pytest.raises(ConfigurationError, match=re.escape(message)) as info:
+            pgsnap.Cluster.from_config(conf)
+        assert "hunter2" not in str(info.value) + str(info.value.hint)
 
 
 def test_the_mocks_volumes_are_the_volume_tables(tmp_path: Path) -> None:

@@ -126,7 +126,7 @@ def test_healthy_cluster_has_no_blocking_findings():
 @pytest.mark.parametrize(
     ("change", "code"),
     [
-        ({"server": attrs.evolve(SERVER, in_recovery=True)}, "standby"),
+        ({"server": attrs.evolve(SERVER, in_recovery=True)}, "standby_streaming"),
         ({"archiver": attrs.evolve(ARCHIVER, wal_level="minimal")}, "archiving"),
         ({"archiver": attrs.evolve(ARCHIVER, archive_mode="off")}, "archiving"),
         (
