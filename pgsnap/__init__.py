@@ -123,6 +123,7 @@ __all__ = [
     "Layout",
     "LocalRunner",
     "Location",
+    "LockLostError",
     "Mount",
     "MountBusyError",
     "MountError",

@@ -789,6 +789,92 @@ def cmd_clone_destroy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _shared_catalog(args: argparse.Namespace) -> Any:
+    """The configuration's catalog, which must be in PostgreSQL."""
+    from pgsnap.catalog.postgres import PostgresCatalog  # noqa: PLC0415
+
+    catalog = _load(args)[0].catalog
+    if not isinstance(catalog, PostgresCatalog):
+        raise ConfigurationError(
+            f"the catalog of {args.config} is {catalog!r}, not a catalog in PostgreSQL",
+            hint="set [catalog] conninfo and cluster to keep the catalog in PostgreSQL "
+            "(docs/cli.md, 'A catalog shared by backup servers')",
+        )
+    return catalog
+
+
+def cmd_catalog_migrate(args: argparse.Namespace) -> int:
+    """Create or upgrade the catalog's schema in PostgreSQL."""
+    from pgsnap.catalog.postgres import SCHEMA_VERSION  # noqa: PLC0415
+
+    catalog = _shared_catalog(args)
+    applied = catalog.migrate(dry_run=args.dry_run)
+    verb = "to apply" if args.dry_run else "applied"
+    for version, what in applied:
+        _out(f"migration {version} {verb}: {what}")
+    if not applied:
+        _out(f"the catalog schema {catalog.schema} is at version {SCHEMA_VERSION}: nothing to do")
+    return EXIT_OK
+
+
+def cmd_catalog_import(args: argparse.Namespace) -> int:
+    """Copy a directory catalog's records into the configuration's catalog."""
+    from pgsnap.catalog import DirectoryCatalog, copy_records  # noqa: PLC0415
+
+    source_dir = Path(args.directory)
+    if not source_dir.is_dir():
+        raise ConfigurationError(
+            f"{source_dir} is not a directory",
+            hint="name the [catalog] path of the configuration whose records to import",
+        )
+    catalog = _shared_catalog(args)
+    counts = copy_records(DirectoryCatalog(source_dir), catalog)
+    _out(
+        f"imported into {catalog.where}: {counts['backups']} backups, {counts['safety']} "
+        f"safety snapshots, {counts['clones']} clones, {counts['drills']} drills"
+        + (f"; {counts['unreadable']} unreadable, not imported" if counts["unreadable"] else "")
+    )
+    return EXIT_FAILED if counts["unreadable"] else EXIT_OK
+
+
+def cmd_catalog_fleet(args: argparse.Namespace) -> int:
+    """Every cluster in the shared catalog: its newest backup and last drill."""
+    catalog = _shared_catalog(args)
+    if args.older_than is not None:
+        rows = catalog.stale(_duration(args.older_than), drills=args.drills)
+    else:
+        rows = catalog.fleet()
+    if args.json:
+        _out(
+            json.dumps(
+                [
+                    {
+                        "cluster": r.cluster,
+                        "newest_backup": None if r.newest is None else r.newest.id,
+                        "newest_backup_start": None
+                        if r.newest is None
+                        else r.newest.start_time.isoformat(),
+                        "last_drill": None if r.last_drill is None else r.last_drill.isoformat(),
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    if not rows:
+        _out("no clusters" if args.older_than is None else "every cluster is recent enough")
+    for r in rows:
+        newest = (
+            "no backup"
+            if r.newest is None
+            else (f"{r.newest.id} ({r.newest.start_time.isoformat(timespec='seconds')})")
+        )
+        drill = "never" if r.last_drill is None else r.last_drill.isoformat(timespec="seconds")
+        _out(f"{r.cluster:<24} newest {newest:<45} last drill {drill}")
+    return EXIT_OK
+
+
 def cmd_standby_create(args: argparse.Namespace) -> int:
     """Plan and seed a standby."""
     cluster, timeouts = _load(args)
@@ -1275,6 +1361,42 @@ def _parser() -> argparse.ArgumentParser:
     cld.add_argument("clone", help="its name (as `pgsnap clone list` shows)")
     cld.add_argument("--dry-run", action="store_true", help="print the plan only")
     cld.set_defaults(func=cmd_clone_destroy)
+
+    cat = sub.add_parser(
+        "catalog",
+        parents=[common],
+        help="a catalog in PostgreSQL shared by backup servers: migrate, import, fleet",
+        description="With [catalog] conninfo and cluster, the records and the cluster lock "
+        "live in PostgreSQL, shared by every backup server and cluster that uses the same "
+        "database. `migrate` creates or upgrades its schema (never done implicitly); "
+        "`import` copies a directory catalog's records into it; `fleet` lists every "
+        "cluster with its newest backup and last drill.",
+    )
+    cat_sub = cat.add_subparsers(
+        dest="catalog_command", metavar="migrate|import|fleet", required=True
+    )
+    cm = cat_sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
+    with_config(cm)
+    cm.add_argument("--dry-run", action="store_true", help="say what would be applied")
+    cm.set_defaults(func=cmd_catalog_migrate)
+    ci = cat_sub.add_parser(
+        "import", parents=[common], help="copy a directory catalog's records into it"
+    )
+    with_config(ci)
+    ci.add_argument("directory", help="the directory catalog (its [catalog] path)")
+    ci.set_defaults(func=cmd_catalog_import)
+    cf = cat_sub.add_parser(
+        "fleet", parents=[common], help="every cluster: newest backup, last drill"
+    )
+    with_config(cf)
+    cf.add_argument(
+        "--older-than",
+        metavar="DURATION",
+        help="only the clusters whose newest backup (or with --drills, last drill) is older "
+        "than this (e.g. 26h, 7d), or missing",
+    )
+    cf.add_argument("--drills", action="store_true", help="judge --older-than on drills")
+    cf.set_defaults(func=cmd_catalog_fleet)
 
     sb = sub.add_parser(
         "standby",

@@ -30,13 +30,14 @@ import attrs
 from pgsnap.archives.config import archive_settings, open_archive
 from pgsnap.catalog import DirectoryCatalog
 from pgsnap.copies.bandwidth import parse_size
-from pgsnap.errors import ConfigurationError, check_keys
+from pgsnap.errors import CatalogError, ConfigurationError, check_keys
 from pgsnap.host import Host, SshRunner
 from pgsnap.model import Layout, Volume, VolumeRole
 from pgsnap.planner.copy_expiry import CopyRetentionPolicy
 
 if TYPE_CHECKING:
     from pgsnap.adapters.postgres import PostgresAdapter
+    from pgsnap.protocols import Catalog
 
 __all__ = [
     "COPY_RETENTION_KEYS",
@@ -170,7 +171,16 @@ _DATABASE_KEYS = (
 _PRIMARY_KEYS = ("conninfo", "password_env", "password_file")
 _STORAGE_KEYS = ("backend", "options")
 _HOST_KEYS = ("ssh", "user", "port", "identity_file", "known_hosts_file", "name")
-_CATALOG_KEYS = ("path", "journal", "wal_index")
+_CATALOG_KEYS = (
+    "path",
+    "journal",
+    "wal_index",
+    "conninfo",
+    "cluster",
+    "schema",
+    "password_env",
+    "password_file",
+)
 _COPIES_KEYS = (
     "path",
     "endpoint_url",
@@ -585,11 +595,14 @@ def cluster_arguments(
             hint="give a directory for the WAL index, or false for none "
             "(default: wal-index in the catalog directory)",
         )
+    records = _catalog(catalog, catalog_path, base_dir, timeouts)
+    if wal_index is True and not isinstance(records, DirectoryCatalog):
+        wal_index = str(Path(catalog_path) / "wal-index")  # this backup server's own
     return {
         "adapter": adapter,
         "backend": backend,
         "archive": open_archive(archive_conf),
-        "catalog": DirectoryCatalog(catalog_path, lock_timeout=timeouts.catalog_lock),
+        "catalog": records,
         "layout": layout,
         "journal_dir": rel(journal),
         "wal_index": rel(wal_index) if isinstance(wal_index, str) else wal_index,
@@ -602,6 +615,41 @@ def cluster_arguments(
         "clone_hosts": _clone_hosts(_table(conf, "clone_hosts") or {}, rel),
         "primary": _primary(_table(conf, "primary"), base_dir, timeouts.connect),
     }
+
+
+def _catalog(section: dict[str, Any], path: str, base: Path, timeouts: Timeouts) -> Catalog:
+    """``[catalog]``: a directory catalog at ``path``, or with ``conninfo`` a catalog in
+    PostgreSQL shared by backup servers (records and the cluster lock there; ``path``
+    keeps this server's journals and WAL index)."""
+    conninfo = _text(section, "conninfo", "[catalog]")
+    if conninfo is None:
+        for key in ("cluster", "schema", "password_env", "password_file"):
+            if key in section:
+                raise ConfigurationError(
+                    f"[catalog] sets {key} but no conninfo",
+                    hint="conninfo = 'host=... dbname=...' keeps the catalog in PostgreSQL; "
+                    f"without it the catalog is the directory {path} and {key} means nothing",
+                )
+        return DirectoryCatalog(path, lock_timeout=timeouts.catalog_lock)
+    from pgsnap.catalog.postgres import PostgresCatalog  # noqa: PLC0415 - psycopg on use
+
+    cluster = _text(section, "cluster", "[catalog]")
+    if not cluster:
+        raise ConfigurationError(
+            "[catalog] conninfo needs cluster = 'NAME'",
+            hint="the name this cluster's records go under in the shared catalog (unique "
+            "among the clusters that share it), e.g. the database host's name",
+        )
+    try:
+        return PostgresCatalog(
+            _conninfo_without_password(conninfo, "[catalog]"),
+            cluster,
+            password=_read_password(section, base),
+            schema=_text(section, "schema", "[catalog]") or "pgsnap",
+            connect_timeout=timeouts.connect,
+        )
+    except CatalogError as exc:
+        raise ConfigurationError(f"[catalog]: {exc.message}", hint=exc.hint) from None
 
 
 def _primary(

@@ -31,6 +31,7 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     ├── ExecutionError                      a step of a plan failed (step_id, what was undone)
     │   ├── PlanLockedError                 another process is executing the plan
     │   ├── ClusterLockedError              another run holds the cluster (holders named)
+    │   ├── LockLostError                   the cluster lock was lost mid-run: stopped, resumable
     │   └── InvariantError                  what a step would act on is not what the plan says
     ├── BackendError                        the storage refused or failed (backend)
     │   ├── VolumeNotFound (LookupError)
@@ -109,6 +110,7 @@ __all__ = [
     "InvalidPlanError",
     "InvariantError",
     "LSNError",
+    "LockLostError",
     "MountBusyError",
     "MountError",
     "NoBackupForTarget",
@@ -371,6 +373,14 @@ class ClusterLockedError(ExecutionError):
         details.setdefault("holders", ())
         details.setdefault("interrupted", ())
         super().__init__(message, hint=hint, **details)
+
+
+class LockLostError(ExecutionError):
+    """The cluster lock was lost while a run held it (the catalog database that keeps
+    it went away): the run stopped at a step boundary, undid nothing (another backup
+    server may hold the cluster now), and its journal is kept for ``pgsnap resume``."""
+
+    retryable: ClassVar[bool] = True
 
 
 class InvariantError(ExecutionError):

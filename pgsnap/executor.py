@@ -78,6 +78,7 @@ from pgsnap.errors import (
     ClusterLockedError,
     ExecutionError,
     InvariantError,
+    LockLostError,
     PgsnapError,
     PlanAlreadyRunError,
 )
@@ -299,6 +300,7 @@ class Executor:
         self.lock = lock if lock is not None else _default_lock(catalog, self.journal_dir)
         self.hosts: Mapping[str, Host] = dict(hosts or {})
         self.primary = primary
+        self._lease: Lease | None = None
 
     def __repr__(self) -> str:
         return f"<Executor backend={self.backend.name} journal={self.journal_dir}>"
@@ -342,9 +344,11 @@ class Executor:
                 self._emit(EventKind.PLANNED, step, n, total)
             return ExecutionResult(plan, {}, {}, 0.0, dry_run=True)
         lease = self._acquire(plan)
+        self._lease = lease
         try:
             return self._run_journalled(plan, ops, undos)
         finally:
+            self._lease = None
             if lease is not None:
                 lease.release()
             if self.journal_dir is not None:
@@ -500,6 +504,14 @@ class Executor:
                     self._emit(EventKind.SKIPPED, step, n, run.total)
                     continue
                 self._step(run, step)
+        except LockLostError:
+            # Nothing is undone: another backup server may hold the cluster now.
+            log.warning(
+                "run of plan %s stopped: the cluster lock was lost; resume it once the lock "
+                "can be taken again",
+                run.plan.id[:12],
+            )
+            raise
         except Exception as exc:
             self._failed(run, exc)
         except BaseException as exc:  # KeyboardInterrupt, SystemExit
@@ -516,6 +528,8 @@ class Executor:
 
     def _step(self, run: _Run, step: Step) -> None:
         n = run.index(step)
+        if self._lease is not None:
+            self._lease.check(step.id)  # a lock kept in a database can be lost: stop here
         self._emit(EventKind.STARTED, step, n, run.total)
         run.journal.record_step(step.id, StepState.RUNNING)
         run.ctx.step_id = step.id

@@ -165,7 +165,8 @@ class Lease:
 
     ``broken``: the records of holders that died holding the lock, found and
     removed when it was taken (their runs may need resuming: each names its
-    journal).
+    journal). ``check``: what :meth:`check` asks of a lock that can be lost while
+    held (a lock held by a database session); None for locks that cannot.
     """
 
     def __init__(
@@ -173,10 +174,13 @@ class Lease:
         holder: LockHolder,
         release: Callable[[], None],
         broken: tuple[LockHolder, ...] = (),
+        *,
+        check: Callable[[str], None] | None = None,
     ) -> None:
         self.holder = holder
         self.broken = broken
         self._release: Callable[[], None] | None = release
+        self._check = check
 
     def __repr__(self) -> str:
         return f"<Lease {self.holder}{' released' if self._release is None else ''}>"
@@ -185,6 +189,19 @@ class Lease:
     def held(self) -> bool:
         """True until released."""
         return self._release is not None
+
+    def check(self, step: str) -> None:
+        """Raise :class:`~pgsnap.errors.ExecutionError` when the lock is no longer held
+        (the executor asks before every step, naming it: a lock kept in a catalog
+        database also records there which step the run is at)."""
+        if self._release is None:
+            raise ExecutionError(
+                "the cluster lock was released while the run went on",
+                step_id=step,
+                hint="this is a bug in the caller: a run holds its lease to the end",
+            )
+        if self._check is not None:
+            self._check(step)
 
     def release(self) -> None:
         """Give the lock back (idempotent)."""

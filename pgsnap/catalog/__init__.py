@@ -72,6 +72,7 @@ __all__ = [
     "MemoryCatalog",
     "UnreadableEntry",
     "catalog_system_identifiers",
+    "copy_records",
     "is_valid_backup_id",
     "scan_catalog",
 ]
@@ -1079,3 +1080,36 @@ class MemoryCatalog:
         with self._lock:
             if self._records.pop(backup_id, None) is None:
                 raise BackupNotFound(f"no backup {backup_id!r} in the catalog", backup_id=backup_id)
+
+
+def copy_records(
+    source: Catalog, target: Catalog, *, on_record: Callable[[str, str], None] | None = None
+) -> dict[str, int]:
+    """Copy every record of the catalog ``source`` into ``target`` (another catalog):
+    backups (with their pins), safety snapshots, clones and drills. Records already in
+    ``target`` are replaced by ``source``'s. Returns the counts by kind, and
+    ``unreadable`` (rows or files of ``source`` that could not be read: they are
+    named in the log and not copied). ``on_record(kind, name)`` is called for each."""
+    counts = dict.fromkeys(("backups", "safety", "clones", "drills", "unreadable"), 0)
+    scan = scan_catalog(source)
+    for bad in scan.unreadable:
+        log.warning("not imported, unreadable: %s", bad)
+        counts["unreadable"] += 1
+    step = on_record or (lambda _k, _n: None)
+    for record in scan.records:
+        target.put(record)
+        counts["backups"] += 1
+        step("backup", record.id)
+    for safety in source.list_safety():
+        target.put_safety(safety)
+        counts["safety"] += 1
+        step("safety", safety.name)
+    for clone in source.list_clones():
+        target.put_clone(clone)
+        counts["clones"] += 1
+        step("clone", clone.name)
+    for drill in source.list_drills():
+        target.put_drill(drill)
+        counts["drills"] += 1
+        step("drill", drill.id)
+    return counts

@@ -1,0 +1,126 @@
+"""The catalog conformance suite on every catalog pgsnap ships (issue 25):
+MemoryCatalog, DirectoryCatalog, and PostgresCatalog on a real PostgreSQL server
+(one server per test module, a fresh schema per test, migrated as a user would)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
+from pgsnap.catalog.postgres import PostgresCatalog, migrate
+from pgsnap.protocols import Catalog
+from pgsnap.testing.catalog_conformance import CatalogConformance
+from pgsnap.testing.pgserver import PgServer
+
+
+class TestMemoryCatalog(CatalogConformance):
+    damageable = False  # nothing in memory is unreadable
+
+    @pytest.fixture
+    def catalog(self) -> MemoryCatalog:
+        return MemoryCatalog()
+
+    @pytest.fixture
+    def reopen(self, catalog: MemoryCatalog) -> Callable[[], Catalog]:
+        return lambda: catalog  # one process's memory: the same object
+
+
+class TestDirectoryCatalog(CatalogConformance):
+    @pytest.fixture
+    def catalog(self, tmp_path: Path) -> DirectoryCatalog:
+        return DirectoryCatalog(tmp_path / "catalog")
+
+    @pytest.fixture
+    def reopen(self, tmp_path: Path) -> Callable[[], Catalog]:
+        return lambda: DirectoryCatalog(tmp_path / "catalog")
+
+    @pytest.fixture
+    def damage(self, tmp_path: Path) -> Callable[[str], None]:
+        def damage(backup_id: str) -> None:
+            path = tmp_path / "catalog" / f"{backup_id}.json"
+            data = json.loads(path.read_text())
+            data["start_lsn"] = "not an LSN"
+            path.write_text(json.dumps(data))
+
+        return damage
+
+
+_schemas = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def catalog_server(pg_bindir: Path) -> Iterator[PgServer]:
+    server = PgServer.create(pg_bindir, archive=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.postgres
+class TestPostgresCatalog(CatalogConformance):
+    @pytest.fixture
+    def schema(self, catalog_server: PgServer) -> str:
+        name = f"cat{next(_schemas)}"
+        applied = migrate(catalog_server.conninfo(), schema=name)
+        assert [v for v, _what in applied] == [1]
+        return name
+
+    @pytest.fixture
+    def catalog(self, catalog_server: PgServer, schema: str) -> Iterator[PostgresCatalog]:
+        made = PostgresCatalog(catalog_server.conninfo(), "db1", schema=schema)
+        yield made
+        made.close()
+
+    @pytest.fixture
+    def reopen(self, catalog_server: PgServer, schema: str) -> Iterator[Callable[[], Catalog]]:
+        made: list[PostgresCatalog] = []
+
+        def reopen() -> Catalog:
+            made.append(PostgresCatalog(catalog_server.conninfo(), "db1", schema=schema))
+            return made[-1]
+
+        yield reopen
+        for c in made:
+            c.close()
+
+    @pytest.fixture
+    def damage(self, catalog_server: PgServer, schema: str) -> Callable[[str], None]:
+        def damage(backup_id: str) -> None:
+            catalog_server.sql(
+                f"UPDATE {schema}.backups SET record = jsonb_set(record, '{{start_lsn}}', "
+                "'\"not an LSN\"') WHERE id = %s",
+                (backup_id,),
+            )
+
+        return damage
+
+    def test_clusters_share_the_tables_not_the_records(
+        self, catalog: PostgresCatalog, reopen: Any, catalog_server: PgServer, schema: str
+    ) -> None:
+        """Two clusters in one catalog database: each sees its own records, and their
+        locks are independent."""
+        from pgsnap.locks import LockHolder
+        from pgsnap.testing.catalog_conformance import backup_record
+
+        other = PostgresCatalog(catalog_server.conninfo(), "db2", schema=schema)
+        try:
+            catalog.put(backup_record("b-1"))
+            other.put(backup_record("b-1", system_identifier="7300000000000000009"))
+            assert catalog.get("b-1").system_identifier == "7300000000000000001"
+            assert other.get("b-1").system_identifier == "7300000000000000009"
+            other.delete("b-1")
+            assert [r.id for r in catalog.list()] == ["b-1"]
+            mine = LockHolder.for_run("recovery", "r" * 64)
+            with catalog.cluster_lock().acquire(mine), other.cluster_lock().acquire(mine):
+                assert [h.kind for h in other.cluster_lock().holders()] == ["recovery"]
+            assert [row.cluster for row in catalog.fleet()] == ["db1", "db2"]
+        finally:
+            other.close()
