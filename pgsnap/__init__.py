@@ -85,6 +85,7 @@ __all__ = [
     "BackendUnavailable",
     "BackupFileError",
     "BackupModeError",
+    "BackupNotDue",
     "BackupNotFound",
     "BackupRecord",
     "BackupRequest",

@@ -52,6 +52,7 @@ from pgsnap.config import (
     load_timeouts,
 )
 from pgsnap.errors import (
+    BackupNotDue,
     ClusterLockedError,
     ConfigurationError,
     CopyBusy,
@@ -159,14 +160,25 @@ def _execute(cluster: Any, plan: Any) -> Any:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
     """The cluster of ``--config`` and the waits: the file's ``[timeouts]``, flags winning."""
-    timeouts = load_timeouts(args.config)
+    from pgsnap.cluster import Cluster  # noqa: PLC0415 - psycopg and the backends on use
+
+    source = _source(args)
+    timeouts = load_timeouts(source)
     flags = {
         key: value
         for key in TIMEOUT_KEYS
         if (value := getattr(args, f"{key}_timeout", None)) is not None
     }
     timeouts = attrs.evolve(timeouts, **flags)
-    return load_cluster(args.config, timeouts=timeouts), timeouts
+    return Cluster.from_config(
+        source, timeouts=timeouts, base=getattr(args, "base", None)
+    ), timeouts
+
+
+def _source(args: argparse.Namespace) -> Any:
+    """The configuration of the command's cluster: the file, or with ``--cluster`` that
+    cluster's configuration in the fleet (resolved by :func:`_dispatch`)."""
+    return getattr(args, "source", None) or args.config
 
 
 def _warn_unreadable(cluster: Any) -> None:
@@ -253,18 +265,28 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup."""
     cluster, timeouts = _load(args)
+    due: dict[str, float] = {}
+    if args.if_older_than is not None:
+        due["due_after"] = _duration(args.if_older_than).total_seconds()
     if not args.dry_run:
-        cluster.check_not_busy("backup")  # a recovery or an expiry runs: fail at once
+        # A recovery or an expiry runs (with --alone: any run): fail at once.
+        cluster.check_not_busy("backup", alone=args.alone)
     lag: dict[str, int] = {}
     if args.max_standby_lag is not None:
         from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415
 
         lag["max_standby_lag"] = parse_size(args.max_standby_lag, "--max-standby-lag")
-    plan = cluster.plan_backup(args.label, fast=not args.spread, wal_timeout=timeouts.wal, **lag)
-    if args.dry_run:
-        _out(plan.to_json() if args.json else plan.explain())
+    try:
+        plan = cluster.plan_backup(
+            args.label, fast=not args.spread, wal_timeout=timeouts.wal, **lag, **due
+        )
+        if args.dry_run:
+            _out(plan.to_json() if args.json else plan.explain())
+            return EXIT_OK
+        cluster.execute(plan, on_event=_progress, alone=args.alone)
+    except BackupNotDue as exc:
+        _out(json.dumps({"taken": False, "reason": exc.message}) if args.json else exc.message)
         return EXIT_OK
-    _execute(cluster, plan)
     record = cluster.backup_of(plan)
     if args.json:
         from pgsnap.model import to_json  # noqa: PLC0415
@@ -382,7 +404,7 @@ def _policy(args: argparse.Namespace) -> Any:
     """The retention policy: the flags, else the configuration's ``[retention]``."""
     from pgsnap.planner.expiry import RetentionPolicy  # noqa: PLC0415
 
-    conf = load_retention(args.config)
+    conf = load_retention(_source(args))
     redundancy = args.redundancy if args.redundancy is not None else conf.get("redundancy")
     window = args.window if args.window is not None else conf.get("window")
     levels = {
@@ -405,7 +427,7 @@ def _policy(args: argparse.Namespace) -> Any:
 def _has_policy(args: argparse.Namespace) -> bool:
     """True when the flags or the configuration's ``[retention]`` set any rule
     (``orphans_after`` alone keeps no backup: it is no policy)."""
-    conf = load_retention(args.config)
+    conf = load_retention(_source(args))
     return any(
         getattr(args, k, None) is not None or conf.get(k)
         for k in RETENTION_KEYS
@@ -1036,8 +1058,32 @@ def _parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     def with_config(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("-c", "--config", required=True, help="TOML configuration file")
+        sp.add_argument(
+            "-c", "--config", required=True, help="TOML configuration file (or a fleet's)"
+        )
         sp.add_argument("--json", action="store_true", help="JSON output for scripts")
+        fleet = sp.add_argument_group("fleets (a configuration of many clusters)")
+        fleet.add_argument("--cluster", metavar="NAME", help="the fleet's cluster to act on")
+        fleet.add_argument(
+            "--all",
+            action="store_true",
+            help="every cluster of the fleet, each in a process of its own; a summary line "
+            "each; exit 1 if any failed (a cluster another run holds is skipped)",
+        )
+        fleet.add_argument(
+            "--parallel", type=int, metavar="N", help="with --all: clusters at once ([fleet])"
+        )
+        fleet.add_argument(
+            "--per-storage",
+            type=int,
+            metavar="K",
+            help="with --all: at most K at once on one storage system ([fleet])",
+        )
+        fleet.add_argument(
+            "--cluster-timeout",
+            metavar="DURATION",
+            help="with --all: stop a cluster's run after this (e.g. 30min)",
+        )
         waits = sp.add_argument_group("waits (seconds; default: the [timeouts] section)")
         timeout(waits, "connect", 10)
         timeout(waits, "catalog_lock", 10)
@@ -1098,6 +1144,18 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="on a standby: how far (WAL bytes, e.g. 64MB) its replay may be behind for a "
         "backup (default 256MiB)",
+    )
+    b.add_argument(
+        "--if-older-than",
+        metavar="DURATION",
+        help="take a backup only if the newest DONE one started longer ago than this "
+        "(e.g. 23h): a scheduled run that comes twice takes one backup",
+    )
+    b.add_argument(
+        "--alone",
+        action="store_true",
+        help="refuse at once if any run holds the cluster, another backup included, and "
+        "hold it alone (scheduled runs: no pile-up; implied by --all)",
     )
     b.add_argument("--dry-run", action="store_true", help="print the plan only")
     b.set_defaults(func=cmd_backup)
@@ -1543,6 +1601,101 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the command: for one cluster, for the cluster ``--cluster`` names in a fleet,
+    or (``--all``) for every cluster of the fleet, each in a process of its own."""
+    config = getattr(args, "config", None)
+    if config is None:
+        return int(args.func(args))
+    from pgsnap.fleet import is_fleet, load_fleet  # noqa: PLC0415
+
+    if is_fleet(config):
+        fleet = load_fleet(config)
+        if args.all:
+            return _run_all(args, fleet, argv)
+        if not args.cluster:
+            raise ConfigurationError(
+                f"{config} is a fleet of {len(fleet.members)} clusters: name one",
+                hint=f"pass --cluster NAME (one of {', '.join(fleet.names)}) or --all",
+            )
+        member = fleet.member(args.cluster)
+        args.source, args.base = member.conf, member.base
+    elif args.all or args.cluster:
+        raise ConfigurationError(
+            f"--all and --cluster need a fleet configuration; {config} is one cluster's",
+            hint="a fleet is a file with [clusters.NAME] tables, or a directory of NAME.toml "
+            "files (docs/reference/fleets.md)",
+        )
+    return int(args.func(args))
+
+
+_FLEET_FLAGS: Final = {"--all": 0, "--parallel": 1, "--per-storage": 1, "--cluster-timeout": 1}
+"""The fleet run's own flags (and how many values each takes): not passed to a cluster's."""
+
+
+def _cluster_argv(argv: Sequence[str], name: str, command: str) -> list[str]:
+    """The command line of one cluster's run: ``argv`` without the fleet's flags, with
+    ``--cluster NAME`` (and ``--alone`` for a backup: scheduled runs never overlap)."""
+    out: list[str] = []
+    skip = 0
+    for token in argv:
+        if skip:
+            skip -= 1
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in _FLEET_FLAGS:
+            skip = 0 if "=" in token else _FLEET_FLAGS[flag]
+            continue
+        out.append(token)
+    out += ["--cluster", name]
+    if command == "backup" and "--alone" not in out:
+        out.append("--alone")
+    return out
+
+
+def _run_all(args: argparse.Namespace, fleet: Any, argv: list[str]) -> int:
+    """``--all``: the command for every cluster of the fleet; one line each, a summary."""
+    from pgsnap.fleet import RunStatus, own_command, run_fleet  # noqa: PLC0415
+
+    def report(result: Any) -> None:
+        _err(
+            f"{result.cluster}: {result.status.value} in {result.seconds:.1f} s"
+            + (f": {result.error}" if result.error else "")
+        )
+
+    timeout = None
+    if args.cluster_timeout is not None:
+        timeout = _duration(args.cluster_timeout).total_seconds()
+    results = run_fleet(
+        fleet,
+        lambda name: [*own_command(), *_cluster_argv(argv, name, args.command)],
+        parallel=args.parallel,
+        per_storage=args.per_storage,
+        cluster_timeout=timeout,
+        on_result=None if args.json else report,
+    )
+    failed = [r for r in results if r.status in (RunStatus.FAILED, RunStatus.TIMED_OUT)]
+    if args.json:
+        lines = []
+        for r in results:
+            line = r.to_dict()
+            with contextlib.suppress(ValueError):  # text output stays text
+                line["output"] = json.loads(r.output) if r.output else None
+            lines.append(line)
+        _out(json.dumps({"ok": not failed, "clusters": lines}, indent=2))
+    else:
+        width = max(len(r.cluster) for r in results)
+        for r in results:
+            said = r.error or (r.output.splitlines() or [""])[-1]
+            _out(f"{r.cluster:<{width}}  {r.status.value:<9} {r.seconds:7.1f} s  {said}")
+        counts = {s: sum(r.status is s for r in results) for s in RunStatus}
+        _out(
+            f"{len(results)} clusters: "
+            + ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+        )
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def _main(argv: Sequence[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
@@ -1552,7 +1705,7 @@ def _main(argv: Sequence[str] | None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         with _signals_interrupt():
-            code: int = args.func(args)
+            code: int = _dispatch(args, list(sys.argv[1:] if argv is None else argv))
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
         _err(f"interrupted ({signal.Signals(signum).name})")

@@ -49,6 +49,7 @@ from pgsnap.copies.markers import DEFAULT_STALE_AFTER
 from pgsnap.errors import (
     ArchiveError,
     BackendError,
+    BackupNotDue,
     BackupNotFound,
     ConfigurationError,
     CopyBusy,
@@ -890,6 +891,7 @@ class Cluster:
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
         max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
+        due_after: float | None = None,
     ) -> Plan:
         """Observe, run the preflight, and return the backup plan.
 
@@ -898,7 +900,10 @@ class Cluster:
         an immediate checkpoint; ``wal_timeout`` is how long (seconds) the
         backup waits for its WAL to reach the archive. On a standby the backup
         is taken there (see docs/reference/standbys.md); ``max_standby_lag`` is
-        how many bytes of WAL its replay may be behind. A bad argument is an
+        how many bytes of WAL its replay may be behind. ``due_after`` (seconds):
+        raise :class:`~pgsnap.errors.BackupNotDue` instead when a DONE backup started
+        within that long, now and again when the run holds the cluster lock (a
+        scheduled run that comes twice takes one backup). A bad argument is an
         :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
         before anything is observed.
         """
@@ -908,6 +913,9 @@ class Cluster:
         wal_timeout = _seconds("wal_timeout", wal_timeout)
         secure_snapshots = _flag("secure_snapshots", secure_snapshots)
         max_standby_lag = _bytes("max_standby_lag", max_standby_lag)
+        if due_after is not None:
+            due_after = _seconds("due_after", due_after)
+            self._refuse_if_not_due(due_after)
         now = self._now()
         backup_id = backup_id or now.strftime("%Y%m%dT%H%M%S") + f"{now.microsecond // 1000:03d}Z"
         request = BackupRequest(
@@ -917,8 +925,28 @@ class Cluster:
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
             max_standby_lag=max_standby_lag,
+            due_after=due_after,
         )
         return plan_backup(self.backup_facts(), request)
+
+    def _refuse_if_not_due(self, due_after: float) -> None:
+        """Raise BackupNotDue when a DONE backup started within ``due_after`` seconds."""
+        newest = getattr(self.catalog, "newest", None)
+        if callable(newest):
+            record = newest()
+        else:
+            done = [b for b in self.catalog.list() if b.is_usable]
+            record = done[-1] if done else None
+        if record is None:
+            return
+        age = (self._now() - record.start_time).total_seconds()
+        if age < due_after:
+            raise BackupNotDue(
+                f"no backup taken: backup {record.id} started {age:.0f} s ago, within "
+                f"{due_after:g} s",
+                hint="a scheduled run that comes again within its interval takes no backup",
+                backup_id=record.id,
+            )
 
     def plan_recovery(
         self,
@@ -1275,6 +1303,11 @@ class Cluster:
         if plan.kind == "copy":
             self._check_fresh_copy(plan)
             return
+        if plan.kind == "backup":
+            due = plan.request.get("due_after")
+            if isinstance(due, int | float):
+                self._refuse_if_not_due(float(due))  # another server's run may have ended
+            return
         if plan.kind == "copy-expiry":
             self._check_fresh_copy_expiry(plan)
             return
@@ -1597,8 +1630,11 @@ class Cluster:
             )
         return report
 
-    def executor(self, on_event: Callable[[Event], None] | None = None) -> Executor:
-        """An :class:`~pgsnap.executor.Executor` wired to this cluster."""
+    def executor(
+        self, on_event: Callable[[Event], None] | None = None, *, alone: bool = False
+    ) -> Executor:
+        """An :class:`~pgsnap.executor.Executor` wired to this cluster (``alone``: its
+        runs hold the cluster lock exclusively, whatever their kind)."""
         return Executor(
             adapter=self.adapter,
             backend=self.backend,
@@ -1612,6 +1648,7 @@ class Cluster:
             clock=self._now,
             hosts=self.clone_hosts,
             primary=self.primary,
+            alone=alone,
         )
 
     def execute(
@@ -1620,9 +1657,12 @@ class Cluster:
         *,
         dry_run: bool = False,
         on_event: Callable[[Event], None] | None = None,
+        alone: bool = False,
     ) -> ExecutionResult:
-        """Run a plan (checking first that its facts still hold)."""
-        return self.executor(on_event).run(plan, dry_run=dry_run)
+        """Run a plan (checking first that its facts still hold). ``alone``: hold the
+        cluster lock exclusively, so that no other run overlaps this one, not even a
+        backup beside a backup (what a scheduled run wants: no pile-up)."""
+        return self.executor(on_event, alone=alone).run(plan, dry_run=dry_run)
 
     def resume(
         self, *, on_event: Callable[[Event], None] | None = None
@@ -1642,11 +1682,12 @@ class Cluster:
         lock = self.executor().lock
         return () if lock is None else lock.holders()
 
-    def check_not_busy(self, kind: str = "recovery") -> None:
+    def check_not_busy(self, kind: str = "recovery", *, alone: bool = False) -> None:
         """Raise :class:`~pgsnap.errors.ClusterLockedError` now when a new ``kind`` plan
         would be refused: another run holds the cluster, or an interrupted run must
-        be finished first. Ask before planning (the CLI does), to fail at once."""
-        self.executor().check_not_busy(kind)
+        be finished first (``alone``: any other run at all). Ask before planning (the
+        CLI does), to fail at once."""
+        self.executor(alone=alone).check_not_busy(kind)
 
     # ------------------------------------------------------------------ reconciliation
 
@@ -1717,11 +1758,12 @@ class Cluster:
         wal_timeout: float = 60.0,
         secure_snapshots: bool = False,
         max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
+        due_after: float | None = None,
+        alone: bool = False,
         on_event: Callable[[Event], None] | None = None,
     ) -> BackupRecord:
         """Plan and execute a backup; return its DONE record (arguments as
-        :meth:`plan_backup`; ``on_event`` receives the run's events, as for
-        :meth:`execute`)."""
+        :meth:`plan_backup`; ``alone`` and ``on_event`` as for :meth:`execute`)."""
         plan = self.plan_backup(
             label,
             backup_id=backup_id,
@@ -1729,8 +1771,9 @@ class Cluster:
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
             max_standby_lag=max_standby_lag,
+            due_after=due_after,
         )
-        self.execute(plan, on_event=on_event)
+        self.execute(plan, on_event=on_event, alone=alone)
         return self.backup_of(plan)
 
     def backup_of(self, plan: Plan) -> BackupRecord:

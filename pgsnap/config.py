@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "COPY_RETENTION_KEYS",
     "RETENTION_KEYS",
+    "SECTIONS",
     "TIMEOUT_KEYS",
     "Source",
     "Timeouts",
@@ -134,7 +135,7 @@ def _text(section: dict[str, Any], key: str, where: str) -> str | None:
     )
 
 
-_SECTIONS = (
+SECTIONS: Final = (
     "database",
     "storage",
     "host",
@@ -308,11 +309,11 @@ def _read(source: Source) -> dict[str, Any]:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigurationError(f"configuration {source} is not valid TOML: {exc}") from None
     for name in conf:
-        if name in _SECTIONS:
+        if name in SECTIONS:
             continue
-        shown = [f"[[{s}]]" if s == "volume" else f"[{s}]" for s in _SECTIONS]
-        near = difflib.get_close_matches(name, _SECTIONS, n=1)
-        suggestion = f"did you mean {shown[_SECTIONS.index(near[0])]}? " if near else ""
+        shown = [f"[[{s}]]" if s == "volume" else f"[{s}]" for s in SECTIONS]
+        near = difflib.get_close_matches(name, SECTIONS, n=1)
+        suggestion = f"did you mean {shown[SECTIONS.index(near[0])]}? " if near else ""
         raise ConfigurationError(
             f"configuration {where} has an unknown section [{name}]",
             hint=f"{suggestion}the sections are: {', '.join(shown)}",

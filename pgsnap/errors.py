@@ -27,7 +27,8 @@ processes). Errors caused by bad input also subclass the matching built-in, so
     │   ├── TimelineError                   target timeline does not contain the backup
     │   └── PreflightError                  a backup preflight check failed
     ├── StalePlanError                      the facts changed since the plan was made
-    │   └── PlanAlreadyRunError             this plan has run already: plan again
+    │   ├── PlanAlreadyRunError             this plan has run already: plan again
+    │   └── BackupNotDue                    a backup started within the interval asked for
     ├── ExecutionError                      a step of a plan failed (step_id, what was undone)
     │   ├── PlanLockedError                 another process is executing the plan
     │   ├── ClusterLockedError              another run holds the cluster (holders named)
@@ -84,6 +85,7 @@ __all__ = [
     "BackendUnavailable",
     "BackupFileError",
     "BackupModeError",
+    "BackupNotDue",
     "BackupNotFound",
     "CatalogError",
     "CatalogLockedError",
@@ -294,6 +296,12 @@ class PlanAlreadyRunError(StalePlanError):
         self, message: str, *, plan_id: str, state: str, hint: str | None = None, **details: Any
     ) -> None:
         super().__init__(message, hint=hint, plan_id=plan_id, state=state, **details)
+
+
+class BackupNotDue(StalePlanError):
+    """No backup is taken: a DONE backup started within the interval the caller asked
+    for (``due_after``, ``pgsnap backup --if-older-than``). Not a failure: a scheduled
+    run that comes twice takes one backup. ``backup_id`` names the recent backup."""
 
 
 class ExecutionError(PgsnapError):

@@ -264,6 +264,7 @@ class Executor:
     one in the journal directory; with neither, runs are not locked).
     ``hosts``: other hosts by name (clones); ``primary``: the primary of the standby
     this cluster is (:class:`~pgsnap.protocols.PrimaryServer`), for its steps.
+    ``alone``: runs hold the cluster lock exclusively whatever their kind.
     """
 
     def __init__(
@@ -284,6 +285,7 @@ class Executor:
         lock: ClusterLock | None = None,
         hosts: Mapping[str, Host] | None = None,
         primary: PrimaryServer | None = None,
+        alone: bool = False,
     ) -> None:
         self.adapter = adapter
         self.backend = backend
@@ -300,6 +302,7 @@ class Executor:
         self.lock = lock if lock is not None else _default_lock(catalog, self.journal_dir)
         self.hosts: Mapping[str, Host] = dict(hosts or {})
         self.primary = primary
+        self.alone = alone
         self._lease: Lease | None = None
 
     def __repr__(self) -> str:
@@ -367,7 +370,9 @@ class Executor:
             else str(journal_path(self.journal_dir, plan.kind, plan.id))
         )
         return self.lock.acquire(
-            LockHolder.for_run(plan.kind, plan.id, journal=journal, clock=self.clock)
+            LockHolder.for_run(
+                plan.kind, plan.id, journal=journal, clock=self.clock, alone=self.alone
+            )
         )
 
     def check_not_busy(self, kind: str) -> None:
@@ -377,7 +382,7 @@ class Executor:
         before planning, so a second ``pgsnap recover`` fails at once; the run
         itself takes the lock."""
         if self.lock is not None:
-            mine = lock_mode(kind)
+            mine = LockMode.EXCLUSIVE if self.alone else lock_mode(kind)
             holders = self.lock.holders()
             blocking = [
                 h for h in holders if not (mine is LockMode.SHARED and h.mode is LockMode.SHARED)

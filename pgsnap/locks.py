@@ -112,15 +112,19 @@ class LockHolder:
     since: dt.datetime
     journal: str | None = None
     """The run's journal file (None: journals are kept in memory)."""
+    alone: bool = False
+    """Held exclusively whatever the kind (a scheduled run: ``backup --alone``, ``--all``),
+    so that no run of any kind overlaps it."""
 
     @property
     def mode(self) -> LockMode:
         """How this holder holds the lock."""
-        return lock_mode(self.kind)
+        return LockMode.EXCLUSIVE if self.alone else lock_mode(self.kind)
 
     def __str__(self) -> str:
         return (
-            f"{self.kind} plan {self.plan_id[:12]} (pid {self.pid} on {self.host}, since "
+            f"{self.kind} plan {self.plan_id[:12]}{' (alone)' if self.alone else ''} (pid "
+            f"{self.pid} on {self.host}, since "
             f"{self.since.astimezone(dt.UTC).isoformat(timespec='seconds')})"
         )
 
@@ -133,6 +137,7 @@ class LockHolder:
             "host": self.host,
             "since": self.since.isoformat(),
             "journal": self.journal,
+            "alone": self.alone,
         }
 
     @classmethod
@@ -145,6 +150,7 @@ class LockHolder:
             host=str(data["host"]),
             since=dt.datetime.fromisoformat(str(data["since"])),
             journal=None if data.get("journal") is None else str(data["journal"]),
+            alone=bool(data.get("alone", False)),
         )
 
     @classmethod
@@ -155,9 +161,11 @@ class LockHolder:
         *,
         journal: str | None = None,
         clock: Callable[[], dt.datetime] = _utcnow,
+        alone: bool = False,
     ) -> LockHolder:
-        """This process, about to run the plan ``plan_id`` of ``kind``."""
-        return cls(kind, plan_id, os.getpid(), socket.gethostname(), clock(), journal)
+        """This process, about to run the plan ``plan_id`` of ``kind`` (``alone``:
+        exclusively, whatever the kind)."""
+        return cls(kind, plan_id, os.getpid(), socket.gethostname(), clock(), journal, alone)
 
 
 class Lease:

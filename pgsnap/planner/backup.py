@@ -70,6 +70,9 @@ class BackupRequest:
     max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG
     """On a standby: how many bytes of WAL its replay may be behind (its primary's
     position when pgsnap reaches the primary, else what it received) for a backup."""
+    due_after: float | None = None
+    """Seconds: take the backup only if no DONE backup started within this long before
+    the run (checked when planning and again once the run holds the cluster lock)."""
 
 
 def _under(path: str, mount_point: str) -> bool:

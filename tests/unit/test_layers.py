@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap._demo",),
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
     ("pgsnap",),  # the lazy face: its imports of the layers below are type-only
-    ("pgsnap.cluster",),  # Cluster: observe, plan, execute
+    ("pgsnap.cluster", "pgsnap.fleet"),  # Cluster: observe, plan, execute; many of them
     ("pgsnap.observe", "pgsnap.config", "pgsnap.clones"),
     ("pgsnap.planner", "pgsnap.executor"),
     ("pgsnap.plan",),
