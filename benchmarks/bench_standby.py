@@ -5,18 +5,19 @@ Run (as root: loop devices, mount, and the servers run as the ``postgres`` OS us
 
     python benchmarks/bench_standby.py                  # scale 100 (1.5 GB), 2 rounds
     python benchmarks/bench_standby.py --rounds 3 --seconds 90 --at 30
-    python benchmarks/bench_standby.py --smoke          # scale 1, 1 round of 18 s runs (about 2 min)
+    python benchmarks/bench_standby.py --smoke          # scale 1, 1 round of 18 s runs (2 min)
 
 Target (issue 24): a backup taken on the standby is invisible to the primary's
 workload: TPS on the primary while it runs (and the 10 s after it) within 5 % of
 TPS before it. Prints the figures and "met" / "NOT met"; never asserts.
 
-Set-up: one throwaway btrfs on a loop device (:class:`~pgsnap.testing.btrfs.LoopBtrfs`)
+Set-up: a throwaway btrfs on a loop device (:class:`~pgsnap.testing.btrfs.LoopBtrfs`)
 holds a primary (data directory and ``pg_wal`` on two subvolumes, 16 MB segments,
-``cp`` archiving, fsync on, ``max_wal_size = 4GB``, ``log_checkpoints``) and its
-streaming standby (two subvolumes of its own, made from the primary by
+``cp`` archiving, fsync on, ``max_wal_size = 4GB``, ``log_checkpoints``); a second one
+holds its streaming standby (two subvolumes of its own, made from the primary by
 :meth:`PgServer.standby_of <pgsnap.testing.pgserver.PgServer.standby_of>`, the
-archive shared), filled by ``pgbench -i -s SCALE``.
+archive shared), as a standby host has its own file system: a btrfs snapshot commits
+its whole file system's transaction. Filled by ``pgbench -i -s SCALE``.
 
 Each run is ``pgbench -n -c CLIENTS -j 2 -T SECONDS -P 1`` against the primary; at
 second ``--at`` one method runs in this process, timed:
@@ -39,10 +40,10 @@ From pgbench's per-second progress: TPS **before** (seconds 3 to ``--at``), **du
 (the seconds the method overlaps), **after** (the 10 s after it ended), the slowest
 second from the start of the method to 10 s after, each as a share of "before".
 
-Caveat, printed with the figures: both servers share this machine's CPUs and disk, so
-a standby's work (its restartpoint, the snapshot, WAL replay) competes with the
-primary here as it would not on a standby host of its own; the standby figures are an
-upper bound on what the primary feels.
+Caveat, printed with the figures: both servers share this machine's 2 CPUs and its one
+disk, so a standby's work (the restartpoint's writes above all, then the snapshot and
+WAL replay) competes with the primary here as it would not on a standby host of its
+own; the standby figures are an upper bound on what the primary feels.
 
 Everything is removed at the end (servers stopped, file system unmounted, loop
 device detached, image deleted), also on failure, Ctrl-C or SIGTERM.
@@ -115,6 +116,7 @@ class Bench:
         self.bindir = bindir
         self.say = say
         self.fs: LoopBtrfs | None = None
+        self.standby_fs: LoopBtrfs | None = None
         self.primary: PgServer | None = None
         self.standby: PgServer | None = None
         self.out: Path | None = None
@@ -153,17 +155,22 @@ class Bench:
         primary.switch_wal_and_wait_archived(timeout=900)
         db = int(primary.sql("SELECT pg_database_size('postgres')")[0][0])
         t1 = time.perf_counter()
+        # The standby on a btrfs of its own, as on a host of its own: a snapshot commits
+        # its file system's transaction, which on one shared btrfs would flush the
+        # primary's writes too.
+        self.standby_fs = LoopBtrfs.create(size=size, parent=args.dir)
         self.standby = standby = PgServer.standby_of(
             primary,
-            parent_dir=fs.mount_point,
+            parent_dir=self.standby_fs.mount_point,
             make_directories=lambda s: make_subvolumes(s.data_dir, s.wal_dir),
         )
         standby.start()
         standby.wait_for_streaming()
         say(
-            f"btrfs on {fs.device} ({size / GB:.0f} GB sparse image in {fs.base}); PostgreSQL "
-            f"{primary.version_num}: primary and streaming standby, each with data and pg_wal "
-            f"on two subvolumes, 16 MB segments, fsync=on, archive by cp (shared)\n"
+            f"btrfs on {fs.device} (the primary) and {self.standby_fs.device} (the standby), "
+            f"{size / GB:.0f} GB sparse images in {args.dir}; PostgreSQL {primary.version_num}: "
+            "primary and streaming standby, each with data and pg_wal on two subvolumes, 16 MB "
+            "segments, fsync=on, archive by cp (shared, on the primary's btrfs)\n"
             f"pgbench -i -q -s {args.scale}: {took:.1f} s, database {db / MB:.0f} MB; standby "
             f"made in {time.perf_counter() - t1:.1f} s; set up in {time.perf_counter() - t0:.1f} s"
         )
@@ -177,11 +184,12 @@ class Bench:
         return btrfs_cluster(self.primary, self.fs)
 
     def on_standby(self) -> Cluster:
-        assert self.primary is not None and self.standby is not None and self.fs is not None
+        assert self.primary is not None and self.standby is not None
+        assert self.standby_fs is not None
         return btrfs_cluster(
             self.standby,
-            self.fs,
-            snapshot_dir=str(self.fs.mount_point / "standby-snapshots"),
+            self.standby_fs,
+            snapshot_dir=str(self.standby_fs.mount_point / "snapshots"),
             primary=PostgresAdapter(self.primary.conninfo()),
         )
 
@@ -195,9 +203,10 @@ class Bench:
                     server.stop(mode="immediate", timeout=60)
             server._cleaned = True  # its directories live on the btrfs: gone with the image
         self.standby = self.primary = None
-        if self.fs is not None:
-            self.fs.close()
-            self.fs = None
+        for fs in (self.standby_fs, self.fs):
+            if fs is not None:
+                fs.close()
+        self.standby_fs = self.fs = None
         if self.out is not None:
             shutil.rmtree(self.out, ignore_errors=True)
             self.out = None
