@@ -113,13 +113,18 @@ def _err(text: str) -> None:
 # --------------------------------------------------------------------------- configuration
 
 
-def load_cluster(source: Source, *, timeouts: Timeouts | None = None) -> Cluster:
+def load_cluster(
+    source: Source,
+    *,
+    timeouts: Timeouts | None = None,
+    base: str | os.PathLike[str] | None = None,
+) -> Cluster:
     """The :class:`~pgsnap.cluster.Cluster` of a configuration: the same as
     :meth:`pgsnap.Cluster.from_config <pgsnap.cluster.Cluster.from_config>`
     (kept for scripts that import it from here)."""
     from pgsnap.cluster import Cluster  # noqa: PLC0415 - psycopg and the backends on use
 
-    return Cluster.from_config(source, timeouts=timeouts)
+    return Cluster.from_config(source, timeouts=timeouts, base=base)
 
 
 # --------------------------------------------------------------------------- commands
@@ -160,8 +165,6 @@ def _execute(cluster: Any, plan: Any) -> Any:
 
 def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
     """The cluster of ``--config`` and the waits: the file's ``[timeouts]``, flags winning."""
-    from pgsnap.cluster import Cluster  # noqa: PLC0415 - psycopg and the backends on use
-
     source = _source(args)
     timeouts = load_timeouts(source)
     flags = {
@@ -170,9 +173,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
         if (value := getattr(args, f"{key}_timeout", None)) is not None
     }
     timeouts = attrs.evolve(timeouts, **flags)
-    return Cluster.from_config(
-        source, timeouts=timeouts, base=getattr(args, "base", None)
-    ), timeouts
+    base = getattr(args, "base", None)
+    return load_cluster(source, timeouts=timeouts, base=base), timeouts
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -262,6 +264,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_CHECK
 
 
+def _alone(args: argparse.Namespace) -> dict[str, bool]:
+    """``alone=True`` for a backup run with ``--alone`` (nothing otherwise)."""
+    return {"alone": True} if args.alone else {}
+
+
 def cmd_backup(args: argparse.Namespace) -> int:
     """Take a backup."""
     cluster, timeouts = _load(args)
@@ -270,7 +277,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         due["due_after"] = _duration(args.if_older_than).total_seconds()
     if not args.dry_run:
         # A recovery or an expiry runs (with --alone: any run): fail at once.
-        cluster.check_not_busy("backup", alone=args.alone)
+        cluster.check_not_busy("backup", **_alone(args))
     lag: dict[str, int] = {}
     if args.max_standby_lag is not None:
         from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415
@@ -283,7 +290,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         if args.dry_run:
             _out(plan.to_json() if args.json else plan.explain())
             return EXIT_OK
-        cluster.execute(plan, on_event=_progress, alone=args.alone)
+        cluster.execute(plan, on_event=_progress, **_alone(args))
     except BackupNotDue as exc:
         _out(json.dumps({"taken": False, "reason": exc.message}) if args.json else exc.message)
         return EXIT_OK

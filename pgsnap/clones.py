@@ -71,6 +71,9 @@ _STARTUP_NOISE: Final = (
     "the database system is not yet accepting connections",
     "the database system is shutting down",
     "terminating connection due to administrator command",
+    # pgsnap's own look at the pause state (pg_get_wal_replay_pause_state()) racing the
+    # promotion it waits for: PostgreSQL logs the refusal, pgsnap asks again.
+    "recovery is not in progress",
 )
 
 
