@@ -870,9 +870,9 @@ def cmd_catalog_fleet(args: argparse.Namespace) -> int:
     """Every cluster in the shared catalog: its newest backup and last drill."""
     catalog = _shared_catalog(args)
     if args.older_than is not None:
-        rows = catalog.stale(_duration(args.older_than), drills=args.drills)
+        rows = catalog.stale(_duration(args.older_than), drills=args.drills, timeline=args.timeline)
     else:
-        rows = catalog.fleet()
+        rows = catalog.fleet(args.timeline)
     if args.json:
         _out(
             json.dumps(
@@ -1461,6 +1461,7 @@ def _parser() -> argparse.ArgumentParser:
         "than this (e.g. 26h, 7d), or missing",
     )
     cf.add_argument("--drills", action="store_true", help="judge --older-than on drills")
+    cf.add_argument("--timeline", type=int, help="the newest backup on this timeline only")
     cf.set_defaults(func=cmd_catalog_fleet)
 
     sb = sub.add_parser(

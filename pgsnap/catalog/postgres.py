@@ -685,15 +685,17 @@ class PostgresCatalog:
 
     # ------------------------------------------------------------------ the fleet
 
-    def fleet(self) -> tuple[FleetBackup, ...]:
-        """Every cluster in this catalog database: its newest DONE backup and when its
-        last drill finished, by name (two indexed queries, whatever the number of
-        backups)."""
+    def fleet(self, timeline: int | None = None) -> tuple[FleetBackup, ...]:
+        """Every cluster in this catalog database: its newest DONE backup (on
+        ``timeline``, or any) and when its last drill started, by name (two indexed
+        queries, whatever the number of backups)."""
         with self._session() as conn:
             newest = conn.execute(
                 "SELECT c.name, b.id, b.record FROM clusters c LEFT JOIN LATERAL"
                 " (SELECT id, record FROM backups WHERE cluster_id = c.id AND state = 'done'"
-                " ORDER BY start_time DESC, id DESC LIMIT 1) b ON true ORDER BY c.name"
+                " AND (%s::integer IS NULL OR timeline = %s)"
+                " ORDER BY start_time DESC, id DESC LIMIT 1) b ON true ORDER BY c.name",
+                (timeline, timeline),
             ).fetchall()
             drills = dict(
                 conn.execute(
@@ -714,13 +716,18 @@ class PostgresCatalog:
         return tuple(out)
 
     def stale(
-        self, max_age: dt.timedelta, *, now: dt.datetime | None = None, drills: bool = False
+        self,
+        max_age: dt.timedelta,
+        *,
+        now: dt.datetime | None = None,
+        drills: bool = False,
+        timeline: int | None = None,
     ) -> tuple[FleetBackup, ...]:
-        """The clusters whose newest DONE backup (or, with ``drills``, last drill) is
-        older than ``max_age`` or missing, by name."""
+        """The clusters whose newest DONE backup (on ``timeline``, or any; with
+        ``drills``, last drill) is older than ``max_age`` or missing, by name."""
         moment = now or dt.datetime.now(dt.UTC)
         out = []
-        for row in self.fleet():
+        for row in self.fleet(timeline):
             when = row.last_drill if drills else (row.newest.start_time if row.newest else None)
             if when is None or moment - when > max_age:
                 out.append(row)

@@ -122,6 +122,12 @@ class TestPostgresCatalog(CatalogConformance):
             with catalog.cluster_lock().acquire(mine), other.cluster_lock().acquire(mine):
                 assert [h.kind for h in other.cluster_lock().holders()] == ["recovery"]
             assert [row.cluster for row in catalog.fleet()] == ["db1", "db2"]
+            catalog.put(backup_record("b-2", minutes=5, stop_timeline=2))
+            newest = {row.cluster: row.newest for row in catalog.fleet()}
+            assert newest["db1"] is not None and newest["db1"].id == "b-2"
+            assert newest["db2"] is None  # its only backup was deleted
+            on_1 = {row.cluster: row.newest for row in catalog.fleet(timeline=1)}
+            assert on_1["db1"] is not None and on_1["db1"].id == "b-1"
         finally:
             other.close()
 
