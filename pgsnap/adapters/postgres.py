@@ -1255,6 +1255,10 @@ class PostgresAdapter:
         state, replay, timeline = found
         if state == "promoted":
             summary = self._settle_log(("archive recovery complete", "ready to accept"))
+        elif state == "paused" and summary.stop_line is None:
+            # The server logs "recovery stopping ..." before it pauses, but the line
+            # may reach the file after the pause is seen (a loaded machine): wait for it.
+            summary = self._settle_log(("recovery stopping ",), wait=5.0)
         lsn = (
             LSN.parse(replay)
             if replay
