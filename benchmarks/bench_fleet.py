@@ -5,6 +5,14 @@ Run (as root, like the tests: the backup-planning server runs as the ``postgres`
     python benchmarks/bench_fleet.py                          # 1,000,000 segments, 10,000 backups
     python benchmarks/bench_fleet.py --keep                   # keep the data for the next run
     python benchmarks/bench_fleet.py --segments 20000 --backups 200 --runs 1   # smoke run
+    python benchmarks/bench_fleet.py --catalog postgres       # the catalog in PostgreSQL
+
+With ``--catalog postgres`` (issue 25) the same records are imported (``copy_records``,
+one write per record, as ``pgsnap catalog import`` does) into a ``PostgresCatalog`` on
+a throwaway PostgreSQL 15 server (fsync on, below ``--dir``), and every measurement that
+reads the catalog (planning, expiry, listing) reads it there; the WAL index stays in
+``catalog/wal-index``, as a backup server keeps it in its ``[catalog] path``. The
+measurements that read no catalog are left out. The targets are the same.
 
 Targets (issue 9): recovery planning over 1,000,000 archived segments on 3
 timelines with 10,000 backups under 1 s warm and under 200 MB, for ``latest``
@@ -141,7 +149,7 @@ METHODS: dict[str, str] = {
     "rec-time-cold": "plan_recovery(time), index cold",
     "rec-time-warm": "plan_recovery(time), index warm",
     "backup-plan": "plan_backup() (real server)",
-    "catalog-list": "DirectoryCatalog.list()",
+    "catalog-list": "Catalog.list() (the --catalog)",
     "expiry-steady": "plan_expiry(redundancy backups-10)",
     "expiry-first": "plan_expiry(redundancy 100, window 30d)",
     "archive-index": "DirectoryWalArchive.index(names)",
@@ -151,6 +159,10 @@ METHODS: dict[str, str] = {
     "baseline": "baseline: imports + Cluster",
 }
 
+
+CATALOG_NAMES = {"directory": "DirectoryCatalog", "postgres": "PostgresCatalog"}
+DIRECTORY_ONLY = frozenset({"archive-index", "index-build", "listdir", "read-tail"})
+"""Measurements that read no catalog: not repeated with ``--catalog postgres``."""
 
 # --------------------------------------------------------------------------- the fleet's shape
 
@@ -461,11 +473,22 @@ class _Counts:
         logging.getLogger("pgsnap.observe").setLevel(logging.DEBUG)
 
 
-def _recovery_cluster(root: Path, shape: Shape) -> Any:
+def _catalog(root: Path, conninfo: str | None) -> Any:
+    """The fleet's catalog: the directory, or (``--catalog postgres``) the same records
+    in a PostgreSQL catalog database."""
+    if conninfo is None:
+        from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+
+        return DirectoryCatalog(root / "catalog")
+    from pgsnap.catalog.postgres import PostgresCatalog  # noqa: PLC0415
+
+    return PostgresCatalog(conninfo, PG_CLUSTER)
+
+
+def _recovery_cluster(root: Path, shape: Shape, conninfo: str | None) -> Any:
     """The Cluster a user builds for this fleet (no server running)."""
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
     from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
     from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
@@ -490,8 +513,9 @@ def _recovery_cluster(root: Path, shape: Shape) -> Any:
         adapter=adapter,
         backend=backend,
         archive=DirectoryWalArchive(root / "archive"),
-        catalog=DirectoryCatalog(root / "catalog"),
+        catalog=_catalog(root, conninfo),
         layout=layout,
+        wal_index=root / "catalog" / "wal-index",
     )
 
 
@@ -518,11 +542,11 @@ class Stopwatch:
         }
 
 
-def _measure_recovery(root: Path, shape: Shape, which: str) -> dict[str, Any]:
+def _measure_recovery(root: Path, shape: Shape, which: str, conninfo: str | None) -> dict[str, Any]:
     from pgsnap.model import RecoveryTarget  # noqa: PLC0415
 
     counts = _Counts()
-    cluster = _recovery_cluster(root, shape)
+    cluster = _recovery_cluster(root, shape, conninfo)
     target = (
         RecoveryTarget.latest() if which == "latest" else RecoveryTarget.time(target_time(shape))
     )
@@ -566,8 +590,9 @@ def _become_the_fleets_cluster(server: Any, shape: Shape) -> None:
     )
 
 
-def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[str, Any]:
-    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
+def _measure_backup_plan(
+    root: Path, shape: Shape, bindir: str | None, conninfo: str | None
+) -> dict[str, Any]:
     from pgsnap.cluster import Cluster  # noqa: PLC0415
     from pgsnap.testing.pgserver import PgServer, find_postgres_bindir  # noqa: PLC0415
     from pgsnap.testing.sandbox import mock_cluster  # noqa: PLC0415
@@ -605,8 +630,9 @@ def _measure_backup_plan(root: Path, shape: Shape, bindir: str | None) -> dict[s
             adapter=sandbox.adapter,
             backend=sandbox.backend,
             archive=DirectoryWalArchive(root / "archive"),
-            catalog=DirectoryCatalog(root / "catalog"),
+            catalog=_catalog(root, conninfo),
             layout=sandbox.layout,
+            wal_index=root / "catalog" / "wal-index",
             journal_dir=server.base_dir / "journal",
         )
         server.sql("SELECT 1")  # a first connection has been made before the timed one
@@ -656,23 +682,24 @@ def _read_tail(root: Path, shape: Shape) -> dict[str, Any]:
     return {**times, "items": found.read, "commits": len(found.events.commits)}
 
 
-def _measure(method: str, root: Path, shape: Shape, bindir: str | None) -> dict[str, Any]:
+def _measure(
+    method: str, root: Path, shape: Shape, bindir: str | None, conninfo: str | None
+) -> dict[str, Any]:
     """One measurement in this (fresh) process."""
     if method.startswith(("rec-", "prime-")):
-        return _measure_recovery(root, shape, "latest" if "latest" in method else "time")
+        which = "latest" if "latest" in method else "time"
+        return _measure_recovery(root, shape, which, conninfo)
     if method == "backup-plan":
-        return _measure_backup_plan(root, shape, bindir)
+        return _measure_backup_plan(root, shape, bindir, conninfo)
     if method == "catalog-list":
-        from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
-
-        catalog = DirectoryCatalog(root / "catalog")
+        catalog = _catalog(root, conninfo)
         sw = Stopwatch()
         records = catalog.list()
         return {**sw.stop(), "items": len(records)}
     if method.startswith("expiry-"):
         from pgsnap.planner.expiry import RetentionPolicy  # noqa: PLC0415
 
-        cluster = _recovery_cluster(root, shape)
+        cluster = _recovery_cluster(root, shape, conninfo)
         last_stop = backup_times(shape, shape.backups - 1)[1]
         cluster.clock = lambda: last_stop + dt.timedelta(hours=1)
         policy = (
@@ -705,9 +732,62 @@ def _measure(method: str, root: Path, shape: Shape, bindir: str | None) -> dict[
         return _read_tail(root, shape)
     if method == "baseline":
         sw = Stopwatch()
-        _recovery_cluster(root, shape)
+        _recovery_cluster(root, shape, conninfo)
         return sw.stop()
     raise ValueError(method)
+
+
+PG_CLUSTER = "fleet"
+"""The cluster's name in the PostgreSQL catalog (``--catalog postgres``)."""
+
+
+def _start_catalog_db(root: Path, bindir: str | None) -> dict[str, Any]:
+    """A throwaway PostgreSQL 15 server (fsync on) below ``root``, left running, with the
+    catalog schema migrated and the directory catalog's records imported as a user
+    would (``copy_records``: one write per record)."""
+    from pgsnap.catalog import DirectoryCatalog, copy_records  # noqa: PLC0415
+    from pgsnap.catalog.postgres import PostgresCatalog, migrate  # noqa: PLC0415
+    from pgsnap.testing.pgserver import PgServer, find_postgres_bindir  # noqa: PLC0415
+
+    root.chmod(root.stat().st_mode | 0o001)  # the server's OS user goes through it
+    t0 = time.perf_counter()
+    server = PgServer.create(
+        Path(bindir) if bindir else find_postgres_bindir(15),
+        archive=False,
+        parent_dir=root,
+        settings={"fsync": True, "shared_buffers": "256MB"},
+    )
+    try:
+        server.start()
+        conninfo = server.conninfo()
+        migrate(conninfo)
+        target = PostgresCatalog(conninfo, PG_CLUSTER)
+        counts = copy_records(DirectoryCatalog(root / "catalog"), target)
+        target.close()
+        server.sql("VACUUM ANALYZE")
+    except BaseException:
+        server.cleanup()
+        raise
+    return {
+        "conninfo": conninfo,
+        "bindir": str(server.bindir),
+        "data_dir": str(server.data_dir),
+        "base_dir": str(server.base_dir),
+        "os_user": server.os_user,
+        "version": server.version_num,
+        "imported": counts["backups"],
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _stop_catalog_db(db: dict[str, Any]) -> None:
+    """Stop the catalog server and remove its directories (no pgsnap import here)."""
+    subprocess.run(
+        ["runuser", "-u", db["os_user"], "--", str(Path(db["bindir"]) / "pg_ctl"), "stop",
+         "-D", db["data_dir"], "-m", "fast", "-w"],
+        capture_output=True, check=False, timeout=120,
+    )  # fmt: skip
+    shutil.rmtree(db["base_dir"], ignore_errors=True)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -717,9 +797,12 @@ def worker(args: argparse.Namespace) -> int:
     if args.worker == "generate":
         generate(root, shape)
         return 0
+    if args.worker == "catalog-db":
+        print("RESULT " + json.dumps(_start_catalog_db(root, args.bindir)), flush=True)
+        return 0
     t0 = time.perf_counter()
     try:
-        result = _measure(args.worker, root, shape, args.bindir)
+        result = _measure(args.worker, root, shape, args.bindir, args.catalog_conninfo)
     except Exception as exc:  # reported by the launcher, with the traceback on stderr
         import traceback  # noqa: PLC0415
 
@@ -1014,6 +1097,23 @@ def launcher(args: argparse.Namespace) -> int:
     methods = list(METHODS)
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     index_after_cold: dict[str, tuple[int, int]] = {}
+    catalog_db: dict[str, Any] | None = None
+    if args.catalog == "postgres":
+        methods = [m for m in methods if m not in DIRECTORY_ONLY]
+        t = time.perf_counter()
+        db = measure("catalog-db", common)
+        if "error" in db or "conninfo" not in db:
+            say(f"the catalog database did not start: {db.get('error')}\n{db.get('stderr', '')}")
+            return 1
+        catalog_db = db
+        common += ["--catalog-conninfo", db["conninfo"]]
+        say(
+            f"catalog: PostgresCatalog, PostgreSQL {db['version']} (fsync on) in "
+            f"{db['base_dir']}; {db['imported']:,} records imported in "
+            f"{time.perf_counter() - t:.1f} s"
+        )
+    else:
+        say("catalog: DirectoryCatalog")
     try:
         for n in range(args.runs):
             k = n % len(methods)
@@ -1033,6 +1133,8 @@ def launcher(args: argparse.Namespace) -> int:
     finally:
         if not args.keep:
             remove_index(root)
+        if catalog_db is not None:
+            _stop_catalog_db(catalog_db)
     say("")
     say(report(results, index_after_cold, args))
     if not args.keep:
@@ -1061,6 +1163,8 @@ def report(
     ]
     for method, label in METHODS.items():
         rs = results[method]
+        if not rs:  # not measured with this --catalog
+            continue
         ok = [r for r in rs if "error" not in r]
         lo, med, hi = fmt_range([r["seconds"] for r in ok])
         cpu = fmt_range([r["cpu_seconds"] for r in ok])[1]
@@ -1132,7 +1236,7 @@ def report(
         )
     out.append("")
 
-    n = f"{args.segments:,} segments, {args.backups:,} backups"
+    n = f"{args.segments:,} segments, {args.backups:,} backups, {CATALOG_NAMES[args.catalog]}"
     out.append(
         target_line(
             f"recovery planning, latest, index warm ({n})",
@@ -1177,7 +1281,7 @@ def report(
     )
     out.append(
         target_line(
-            f"catalog, DirectoryCatalog.list() of {args.backups:,} records",
+            f"catalog, {CATALOG_NAMES[args.catalog]}.list() of {args.backups:,} records",
             results["catalog-list"],
             TARGET_CATALOG_SECONDS,
             None,
@@ -1210,7 +1314,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--keep", action="store_true", help="keep the data for the next run")
     parser.add_argument("--bindir", help="PostgreSQL 15 binaries (default: as the tests find them)")
+    parser.add_argument(
+        "--catalog",
+        choices=("directory", "postgres"),
+        default="directory",
+        help="the catalog planning reads: the directory catalog (default), or the same "
+        "records imported into a PostgresCatalog on a throwaway PostgreSQL 15 server",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--catalog-conninfo", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error("--runs must be at least 1")

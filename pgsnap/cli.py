@@ -904,6 +904,46 @@ def cmd_catalog_fleet(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_catalog_expirable(args: argparse.Namespace) -> int:
+    """What a retention policy would expire in every cluster of the shared catalog."""
+    catalog = _shared_catalog(args)
+    policy = _policy(args)
+    rows = catalog.expirable(policy, every_cluster=not args.this_cluster)
+    if args.json:
+        _out(
+            json.dumps(
+                [
+                    {
+                        "cluster": r.cluster,
+                        "backup": r.backup_id,
+                        "state": r.state.value,
+                        "consistent_at": r.consistent_at.isoformat(),
+                        "action": r.action,
+                        "reason": r.reason,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    for r in rows:
+        what = "snapshots only (its copies keep it)" if r.action == "snapshots" else "backup"
+        _out(
+            f"{r.cluster:<24} {r.backup_id:<24} {r.state.value:<7} "
+            f"{r.consistent_at.isoformat(timespec='seconds'):<26} {what}"
+        )
+    clusters = len({r.cluster for r in rows})
+    snapshots = sum(r.action == "snapshots" for r in rows)
+    _out(
+        f"{policy.describe()}: {len(rows) - snapshots} backups and the snapshots of "
+        f"{snapshots} more would go, in {clusters} clusters"
+        if rows
+        else f"{policy.describe()}: nothing would go"
+    )
+    return EXIT_OK
+
+
 def cmd_standby_create(args: argparse.Namespace) -> int:
     """Plan and seed a standby."""
     cluster, timeouts = _load(args)
@@ -1105,13 +1145,16 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--exclusive", action="store_true", help="stop just before the target")
         sp.add_argument("--timeline", default="latest", help="latest (default), current or N")
 
-    def retention_flags(sp: argparse.ArgumentParser) -> None:
+    def retention_rules(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--redundancy", type=int, help="keep the newest N DONE backups")
         sp.add_argument("--window", help="keep every point of the last D recoverable: 7d, 12h")
         for level in ("hourly", "daily", "weekly", "monthly"):
             sp.add_argument(
                 f"--{level}", type=int, help=f"keep the newest backup of each of N {level} periods"
             )
+
+    def retention_flags(sp: argparse.ArgumentParser) -> None:
+        retention_rules(sp)
         sp.add_argument(
             "--orphans-after",
             metavar="D",
@@ -1430,15 +1473,16 @@ def _parser() -> argparse.ArgumentParser:
     cat = sub.add_parser(
         "catalog",
         parents=[common],
-        help="a catalog in PostgreSQL shared by backup servers: migrate, import, fleet",
+        help="a catalog in PostgreSQL shared by backup servers: migrate, import, fleet, expirable",
         description="With [catalog] conninfo and cluster, the records and the cluster lock "
         "live in PostgreSQL, shared by every backup server and cluster that uses the same "
         "database. `migrate` creates or upgrades its schema (never done implicitly); "
         "`import` copies a directory catalog's records into it; `fleet` lists every "
-        "cluster with its newest backup and last drill.",
+        "cluster with its newest backup and last drill; `expirable` what a retention "
+        "policy would expire in every cluster.",
     )
     cat_sub = cat.add_subparsers(
-        dest="catalog_command", metavar="migrate|import|fleet", required=True
+        dest="catalog_command", metavar="migrate|import|fleet|expirable", required=True
     )
     cm = cat_sub.add_parser("migrate", parents=[common], help="create or upgrade the schema")
     with_config(cm)
@@ -1463,6 +1507,22 @@ def _parser() -> argparse.ArgumentParser:
     cf.add_argument("--drills", action="store_true", help="judge --older-than on drills")
     cf.add_argument("--timeline", type=int, help="the newest backup on this timeline only")
     cf.set_defaults(func=cmd_catalog_fleet)
+    cx = cat_sub.add_parser(
+        "expirable",
+        parents=[common],
+        help="what a retention policy would expire, in every cluster",
+        description="The backups a retention policy (the flags, else [retention]) would "
+        "expire in every cluster of the shared catalog, oldest first by cluster: the "
+        "catalog's half of each cluster's expiry plan, in one query. Each cluster's "
+        "`pgsnap expire` decides, with what its storage and journals say: it may keep "
+        "more, never less.",
+    )
+    with_config(cx)
+    retention_rules(cx)
+    cx.add_argument(
+        "--this-cluster", action="store_true", help="only the configuration's own cluster"
+    )
+    cx.set_defaults(func=cmd_catalog_expirable)
 
     sb = sub.add_parser(
         "standby",

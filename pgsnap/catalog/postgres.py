@@ -49,6 +49,7 @@ from pgsnap.errors import (
 from pgsnap.locks import Lease, LockHolder, LockMode
 from pgsnap.model import (
     BackupRecord,
+    BackupState,
     CloneRecord,
     DrillRecord,
     SafetySnapshot,
@@ -59,8 +60,11 @@ from pgsnap.model import (
 if TYPE_CHECKING:
     import psycopg
 
+    from pgsnap.planner.expiry import RetentionPolicy
+
 __all__ = [
     "SCHEMA_VERSION",
+    "ExpiryForecast",
     "FleetBackup",
     "PostgresCatalog",
     "PostgresClusterLock",
@@ -70,7 +74,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 """The version of the catalog's tables this pgsnap reads and writes."""
 
 _R = TypeVar("_R")
@@ -117,8 +121,32 @@ _MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             " updated_at timestamptz NOT NULL DEFAULT now())",
         ),
     ),
+    (
+        2,
+        "what retention asks of a backup, as columns: when it is consistent, its pin, "
+        "its copies (fleet-wide expiry forecasts without decoding records)",
+        (
+            "ALTER TABLE backups ADD COLUMN consistent_at timestamptz,"
+            " ADD COLUMN pinned boolean NOT NULL DEFAULT false,"
+            " ADD COLUMN pinned_until timestamptz,"
+            " ADD COLUMN copies integer NOT NULL DEFAULT 0",
+            # From the records pgsnap wrote; a value that does not read as a time
+            # (a hand-edited row) is left NULL and the start time stands in for it.
+            "UPDATE backups SET"
+            " consistent_at = CASE WHEN record->>'stop_time' ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'"
+            " THEN (record->>'stop_time')::timestamptz END,"
+            " pinned = jsonb_typeof(record->'pin') = 'object',"
+            " pinned_until = CASE WHEN record->'pin'->>'until' ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'"
+            " THEN (record->'pin'->>'until')::timestamptz END,"
+            " copies = CASE WHEN jsonb_typeof(record->'copies') = 'array'"
+            " THEN jsonb_array_length(record->'copies') ELSE 0 END",
+            "CREATE INDEX backups_retention ON backups (cluster_id, state)"
+            " INCLUDE (id, start_time, consistent_at, pinned, pinned_until, copies)",
+        ),
+    ),
 )
-"""Each migration: its version, what it does, its statements (``{s}``: the schema)."""
+"""Each migration: its version, what it does, its statements (run with the schema as
+the search path, in one transaction with its version row)."""
 
 _TRY_LOCK: Final[Mapping[LockMode, str]] = {
     LockMode.SHARED: "SELECT pg_try_advisory_lock_shared(hashtext(%s), %s)",
@@ -467,10 +495,13 @@ class PostgresCatalog:
             cid = self._id(conn, create=True)
             conn.execute(
                 "INSERT INTO backups AS b (cluster_id, id, system_identifier,"
-                " state, timeline, start_time, record) VALUES (%s, %s, %s, %s, %s, %s, %s)"
+                " state, timeline, start_time, consistent_at, pinned, pinned_until, copies,"
+                " record) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
                 " ON CONFLICT (cluster_id, id) DO UPDATE SET"
                 " system_identifier = excluded.system_identifier, state = excluded.state,"
                 " timeline = excluded.timeline, start_time = excluded.start_time,"
+                " consistent_at = excluded.consistent_at, pinned = excluded.pinned,"
+                " pinned_until = excluded.pinned_until, copies = excluded.copies,"
                 " record = excluded.record, written_at = now()",
                 (
                     cid,
@@ -479,6 +510,10 @@ class PostgresCatalog:
                     record.state.value,
                     record.stop_timeline or record.start_timeline,
                     record.start_time,
+                    record.stop_time,
+                    record.pin is not None,
+                    None if record.pin is None else record.pin.until,
+                    len(record.copies),
                     document,
                 ),
             )
@@ -732,6 +767,129 @@ class PostgresCatalog:
             if when is None or moment - when > max_age:
                 out.append(row)
         return tuple(out)
+
+    def expirable(
+        self,
+        policy: RetentionPolicy,
+        *,
+        now: dt.datetime | None = None,
+        every_cluster: bool = True,
+    ) -> tuple[ExpiryForecast, ...]:
+        """The backups ``policy`` would expire, in every cluster of this catalog database
+        (or, with ``every_cluster=False``, in this one), oldest first by cluster: one
+        query over indexed columns, whatever the number of backups.
+
+        This is the catalog's half of an expiry plan (``Cluster.plan_expiry``), for a
+        fleet's view of what its next expiry runs would delete: the same rules
+        (redundancy, window, grandfather-father-son levels, pins, a FAILED backup once a
+        newer one is DONE, a backup with copies losing only its snapshots), assuming the
+        storage still holds every snapshot the records name. What only the storage and
+        the journals know (a vanished or secure snapshot, a snapshot an unfinished run
+        needs) is for the plan of each cluster to add: it may keep more, never less.
+        A row that does not decode as a record (a hand-edited one) is forecast by its
+        columns; its cluster's plan reports it unreadable and deletes nothing of it.
+        """
+        moment = now or dt.datetime.now(dt.UTC)
+        window = policy.window
+        levels = {
+            "hour": policy.hourly,
+            "day": policy.daily,
+            "week": policy.weekly,
+            "month": policy.monthly,
+        }
+        params: dict[str, Any] = {
+            "now": moment,
+            "redundancy": policy.redundancy,
+            "has_window": window is not None,
+            "start": moment - (window or dt.timedelta(0)),
+            **{f"n_{unit}": count for unit, count in levels.items()},
+        }
+        with self._session() as conn:
+            params["cluster"] = None if every_cluster else self._id(conn, create=False)
+            if not every_cluster and params["cluster"] is None:
+                return ()
+            rows = conn.execute(_EXPIRABLE_SQL, params).fetchall()
+        why = f"not kept by the policy ({policy.describe()})"
+        return tuple(
+            ExpiryForecast(
+                cluster=str(name),
+                backup_id=str(backup_id),
+                state=BackupState(state),
+                consistent_at=at,
+                action="snapshots" if copies else "backup",
+                reason="failed; a newer backup is DONE" if state == "failed" else why,
+            )
+            for name, backup_id, state, at, copies in rows
+        )
+
+
+_EXPIRABLE_SQL: Final = """
+WITH b AS (
+    SELECT cluster_id, id, state, coalesce(consistent_at, start_time) AS at,
+           pinned, pinned_until, copies
+    FROM backups
+    WHERE (%(cluster)s::integer IS NULL OR cluster_id = %(cluster)s::integer)
+      AND state IN ('done', 'failed')
+), done AS (
+    SELECT cluster_id, id, at,
+           row_number() OVER (PARTITION BY cluster_id ORDER BY at DESC, id COLLATE "C" DESC) AS rn
+    FROM b WHERE state = 'done'
+), anchor AS (
+    SELECT cluster_id, max(at) AS at FROM done WHERE at <= %(start)s GROUP BY cluster_id
+), newest AS (
+    SELECT cluster_id, max(at) AS at FROM done GROUP BY cluster_id
+), levels AS (
+    SELECT cluster_id, id, wanted,
+           row_number() OVER (PARTITION BY cluster_id, unit, period
+                              ORDER BY at DESC, id COLLATE "C" DESC) AS newest_of_period,
+           dense_rank() OVER (PARTITION BY cluster_id, unit ORDER BY period DESC) AS nth
+    FROM (
+        SELECT d.cluster_id, d.id, d.at, l.unit, l.wanted,
+               date_trunc(l.unit, d.at AT TIME ZONE 'UTC') AS period
+        FROM done d
+        CROSS JOIN (VALUES ('hour', %(n_hour)s::integer), ('day', %(n_day)s::integer),
+                           ('week', %(n_week)s::integer), ('month', %(n_month)s::integer))
+                   AS l (unit, wanted)
+        WHERE l.wanted > 0
+    ) p
+), kept AS (
+    SELECT cluster_id, id FROM done WHERE rn <= %(redundancy)s::integer
+    UNION
+    SELECT d.cluster_id, d.id FROM done d LEFT JOIN anchor a USING (cluster_id)
+    WHERE %(has_window)s AND (a.at IS NULL OR d.at >= a.at)
+    UNION
+    SELECT cluster_id, id FROM levels WHERE newest_of_period = 1 AND nth <= wanted
+)
+SELECT c.name, b.id, b.state, b.at, b.copies
+FROM b
+JOIN clusters c ON c.id = b.cluster_id
+LEFT JOIN newest n ON n.cluster_id = b.cluster_id
+WHERE NOT (b.pinned AND (b.pinned_until IS NULL OR %(now)s < b.pinned_until))
+  AND CASE b.state
+      WHEN 'done' THEN NOT EXISTS (SELECT 1 FROM kept k
+                                   WHERE k.cluster_id = b.cluster_id AND k.id = b.id)
+      ELSE n.at > b.at
+      END
+ORDER BY c.name, b.at, b.id COLLATE "C"
+"""
+"""The backups a retention policy expires (``PostgresCatalog.expirable``): the rules of
+:func:`pgsnap.planner.expiry.kept_backups` and ``plan_expiry`` over the columns of
+migration 2 (ties broken by id in code point order, as Python sorts)."""
+
+
+@attrs.frozen
+class ExpiryForecast:
+    """One backup a retention policy would expire (:meth:`PostgresCatalog.expirable`):
+    its cluster, id, state and when it is consistent; ``action`` is ``"backup"`` (its
+    snapshots and its record go) or ``"snapshots"`` (its copies keep the record);
+    ``reason`` says why the policy does not keep it."""
+
+    cluster: str
+    backup_id: str
+    state: BackupState
+    consistent_at: dt.datetime
+    action: str
+    reason: str
 
 
 def _check_id(name: str) -> str:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
@@ -70,7 +71,7 @@ class TestPostgresCatalog(CatalogConformance):
     def schema(self, catalog_server: PgServer) -> str:
         name = f"cat{next(_schemas)}"
         applied = migrate(catalog_server.conninfo(), schema=name)
-        assert [v for v, _what in applied] == [1]
+        assert [v for v, _what in applied] == [1, 2]
         return name
 
     @pytest.fixture
@@ -173,3 +174,79 @@ def test_an_import_round_trips_every_record_kind(catalog_server: PgServer, tmp_p
         assert len(target.list()) == 3
     finally:
         target.close()
+
+
+@pytest.mark.postgres
+def test_a_version_1_catalog_is_refused_until_migrated_then_read_whole(
+    catalog_server: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 2 (retention's columns) on a catalog that version 1 wrote: the backup
+    server that needs version 2 refuses it and says to migrate; `migrate` backfills the
+    columns from the records (a hand-edited time that does not read as one is left
+    to the start time), and then every record reads back and the fleet's expiry
+    forecast sees the pin and the copies."""
+    import datetime as dt
+
+    import pgsnap.catalog.postgres as pgcat
+    from pgsnap.errors import CatalogError
+    from pgsnap.model import CopyRecord, Pin, to_dict
+    from pgsnap.planner.expiry import RetentionPolicy
+    from pgsnap.testing.catalog_conformance import backup_record
+
+    conninfo = catalog_server.conninfo()
+    with monkeypatch.context() as m:  # what the version 1 pgsnap made
+        m.setattr(pgcat, "_MIGRATIONS", pgcat._MIGRATIONS[:1])
+        m.setattr(pgcat, "SCHEMA_VERSION", 1)
+        assert [v for v, _ in migrate(conninfo, schema="old")] == [1]
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    records = [
+        backup_record("b-1", pin=Pin("legal hold")),
+        backup_record("b-2", minutes=60),
+        backup_record("b-3", minutes=120),
+        backup_record("b-4", minutes=180),
+    ]
+    records[1] = attrs.evolve(records[1], copies=(CopyRecord("b-2.1", "/c", "ab" * 32, t0),))
+    with catalog_server.connect() as conn:
+        made = conn.execute("INSERT INTO old.clusters (name) VALUES ('db1') RETURNING id")
+        (cluster_id,) = made.fetchall()[0]
+        for r in records:
+            doc = to_dict(r)
+            if r.id == "b-3":
+                doc["stop_time"] = "yesterday"  # hand-edited: not a time
+            conn.execute(
+                "INSERT INTO old.backups (cluster_id, id, system_identifier, state, timeline,"
+                " start_time, record) VALUES (%s, %s, %s, %s, 1, %s, %s)",
+                (
+                    cluster_id,
+                    r.id,
+                    r.system_identifier,
+                    r.state.value,
+                    r.start_time,
+                    json.dumps(doc),
+                ),
+            )
+    catalog = PostgresCatalog(conninfo, "db1", schema="old")
+    try:
+        with pytest.raises(CatalogError, match="at version 1; this pgsnap needs 2") as info:
+            catalog.list()
+        assert "pgsnap catalog migrate" in (info.value.hint or "")
+        assert catalog.migrate(dry_run=True)[0][0] == 2
+        assert [v for v, _ in catalog.migrate()] == [2]
+        rows = catalog_server.sql(
+            "SELECT id, consistent_at IS NOT NULL, pinned, copies FROM old.backups ORDER BY id"
+        )
+        assert rows == [
+            ("b-1", True, True, 0),
+            ("b-2", True, False, 1),
+            ("b-3", False, False, 0),
+            ("b-4", True, False, 0),
+        ]
+        assert [r.id for r in catalog.scan().records] == ["b-1", "b-2", "b-4"]
+        assert [e.backup_id for e in catalog.scan().unreadable] == ["b-3"]
+        forecast = catalog.expirable(RetentionPolicy(redundancy=1), now=t0 + dt.timedelta(1))
+        assert [(f.backup_id, f.action) for f in forecast] == [
+            ("b-2", "snapshots"),
+            ("b-3", "backup"),
+        ]
+    finally:
+        catalog.close()

@@ -76,6 +76,15 @@ def test_a_shared_catalog_is_migrated_imported_and_recovered_from(
     assert (row["cluster"], row["newest_backup"], row["last_drill"]) == ("db1", second["id"], None)
     code, out, _ = env.run("catalog fleet", "--older-than", "1h", config=config)
     assert out.strip() == "every cluster is recent enough"
+    # What a retention policy would expire, fleet-wide (one cluster here).
+    code, out, err = env.run("catalog expirable", "--json", "--redundancy", "1", config=config)
+    assert code == 0, err
+    (gone,) = json.loads(out)
+    assert (gone["cluster"], gone["backup"], gone["action"]) == ("db1", first["id"], "backup")
+    code, out, _ = env.run("catalog expirable", "--redundancy", "2", config=config)
+    assert out.strip() == "redundancy 2: nothing would go"
+    code, _out, err = env.run("catalog expirable", config=config)
+    assert code == 2 and "keeps nothing" in err
 
     env.write(3)
     target = env.now()
