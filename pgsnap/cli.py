@@ -455,12 +455,14 @@ def cmd_expire(args: argparse.Namespace) -> int:
         _out(plan.to_json())
     else:
         _out(plan.explain())
+    # With --json, stdout holds the plan's JSON alone (a fleet run parses it).
+    say = _err if args.json else _out
     if args.dry_run or not plan.steps:
         if not plan.steps:
-            _out("nothing to delete")
+            say("nothing to delete")
         return EXIT_OK
     _execute(cluster, plan)
-    _out(f"deleted: {len(plan.lost)} item(s)")
+    say(f"deleted: {len(plan.lost)} item(s)")
     return EXIT_OK
 
 
