@@ -521,7 +521,7 @@ class PostgresCatalog:
 
     def _decode_backup(self, backup_id: str, data: Any) -> BackupRecord:
         try:
-            return from_dict(BackupRecord, data)
+            return from_dict(BackupRecord, _document(data))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             reason = getattr(exc, "message", None) or str(exc)
             raise CatalogError(
@@ -545,7 +545,7 @@ class PostgresCatalog:
                 None
                 if cid is None
                 else conn.execute(
-                    "SELECT record FROM backups WHERE cluster_id = %s AND id = %s",
+                    "SELECT record::text FROM backups WHERE cluster_id = %s AND id = %s",
                     (cid, backup_id),
                 ).fetchone()
             )
@@ -567,7 +567,7 @@ class PostgresCatalog:
     def scan(self) -> CatalogScan:
         """Every readable record (oldest start time first) and every unreadable row."""
         rows = self._rows(
-            "SELECT id, record FROM backups WHERE cluster_id = %s ORDER BY start_time, id",
+            "SELECT id, record::text FROM backups WHERE cluster_id = %s ORDER BY start_time, id",
             (),
         )
         records: list[BackupRecord] = []
@@ -593,7 +593,7 @@ class PostgresCatalog:
     def newest(self, timeline: int | None = None) -> BackupRecord | None:
         """The newest DONE backup (on ``timeline``, or any): one indexed row."""
         rows = self._rows(
-            "SELECT id, record FROM backups WHERE cluster_id = %s AND state = 'done'"
+            "SELECT id, record::text FROM backups WHERE cluster_id = %s AND state = 'done'"
             " AND (%s::integer IS NULL OR timeline = %s)"
             " ORDER BY start_time DESC, id DESC LIMIT 1",
             (timeline, timeline),
@@ -645,14 +645,14 @@ class PostgresCatalog:
     def _list_named(self, cls: type[_R], backup_id: str | None = None) -> tuple[_R, ...]:
         kind = _KIND_OF[cls]
         rows = self._rows(
-            "SELECT name, record FROM named_records WHERE cluster_id = %s AND kind = %s"
+            "SELECT name, record::text FROM named_records WHERE cluster_id = %s AND kind = %s"
             " AND (%s::text IS NULL OR backup_id = %s) ORDER BY sort_time, name",
             (kind, backup_id, backup_id),
         )
         out: list[_R] = []
         for name, data in rows:
             try:
-                out.append(from_dict(cls, data))
+                out.append(from_dict(cls, _document(data)))
             except (ValueError, TypeError, KeyError, AttributeError) as exc:
                 what = _KIND_NAMES[kind]
                 log.warning("unreadable %s record %s in %s: %s", what, name, self.where, exc)
@@ -726,7 +726,7 @@ class PostgresCatalog:
         queries, whatever the number of backups)."""
         with self._session() as conn:
             newest = conn.execute(
-                "SELECT c.name, b.id, b.record FROM clusters c LEFT JOIN LATERAL"
+                "SELECT c.name, b.id, b.record::text FROM clusters c LEFT JOIN LATERAL"
                 " (SELECT id, record FROM backups WHERE cluster_id = c.id AND state = 'done'"
                 " AND (%s::integer IS NULL OR timeline = %s)"
                 " ORDER BY start_time DESC, id DESC LIMIT 1) b ON true ORDER BY c.name",
@@ -744,7 +744,7 @@ class PostgresCatalog:
             record = None
             if backup_id is not None:
                 try:
-                    record = from_dict(BackupRecord, data)
+                    record = from_dict(BackupRecord, _document(data))
                 except (ValueError, TypeError, KeyError, AttributeError) as exc:
                     log.warning("unreadable catalog row %s/%s: %s", name, backup_id, exc)
             out.append(FleetBackup(str(name), record, drills.get(name)))
@@ -890,6 +890,15 @@ class ExpiryForecast:
     consistent_at: dt.datetime
     action: str
     reason: str
+
+
+def _document(data: Any) -> Any:
+    """A record's JSON document from its row: records are selected as text
+    (``record::text``) and parsed here, several times faster than psycopg's loader of
+    ``jsonb`` over a catalog's thousands of rows."""
+    if not isinstance(data, str):
+        raise TypeError(f"expected the record as text, got {type(data).__name__}")
+    return json.loads(data)
 
 
 def _check_id(name: str) -> str:
