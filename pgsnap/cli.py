@@ -1070,17 +1070,32 @@ def cmd_wal(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+_DESCRIPTION: Final = """\
+Storage-snapshot backups and point-in-time recovery of PostgreSQL.
+
+  pgsnap demo                          the whole job on a throwaway cluster
+  pgsnap check         -c pgsnap.toml  preflight findings, archiver, WAL, backups
+  pgsnap backup        -c pgsnap.toml  take a snapshot backup
+  pgsnap list          -c pgsnap.toml  the backups in the catalog
+  pgsnap plan-recovery -c pgsnap.toml  [--time T | --lsn L | --xid X | --name N]
+  pgsnap recover       -c pgsnap.toml  [the same target] [--yes]
+  pgsnap COMMAND --help                one command's options
+
+Docs: docs/cli.md (every command and the configuration file)."""
+"""What ``pgsnap --help`` says above the commands (plain text: no markup)."""
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pgsnap",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes:\n" + "\n".join(f"  {k:>3}  {v}" for k, v in EXIT_CODES.items()),
     )
     p.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)"
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # -v also after the subcommand (pgsnap check -c x -vv); SUPPRESS keeps a -v
     # given before it when none is given after.
     common = argparse.ArgumentParser(add_help=False)

@@ -73,6 +73,7 @@ __all__ = [
     "encode_value",
     "from_dict",
     "from_json",
+    "step_key",
     "to_dict",
     "to_json",
     "utc_time",
@@ -309,6 +310,26 @@ class Volume:
     mount_point: str
     tablespace_oid: int | None = None
 
+    @property
+    def step_key(self) -> str:
+        """How plans' step ids name this volume (``restore-<key>``): :func:`step_key`
+        of its id and name."""
+        return step_key(self.id, self.name)
+
+
+_PLAIN_KEY: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def step_key(volume_id: str, *names: str) -> str:
+    """The part of a step id that names a volume: its id when that is a plain word (a
+    mock's ``vol-0001``, a PowerFlex id), else the first of ``names`` that is one (the
+    layout's name of the volume: a btrfs volume's id is its path, an LVM volume's is
+    ``vg/lv``), else the id with every run of other characters replaced by ``-``."""
+    for candidate in (volume_id, *names):
+        if _PLAIN_KEY.fullmatch(candidate):
+            return candidate
+    return re.sub(r"[^A-Za-z0-9._]+", "-", volume_id).strip("-") or "volume"
+
 
 @attrs.frozen
 class Layout:
@@ -326,6 +347,15 @@ class Layout:
                 f"volume id(s) listed more than once in the layout: {', '.join(dupes)}",
                 hint="each storage volume plays exactly one role",
             )
+        keys: dict[str, str] = {}
+        for v in self.volumes:
+            other = keys.setdefault(v.step_key, v.id)
+            if other != v.id:
+                raise ConfigurationError(
+                    f"volumes {other} and {v.id} would both be named {v.step_key!r} in "
+                    "plans' step ids",
+                    hint="give the volumes different names in the layout",
+                )
         if sum(v.role is VolumeRole.DATA for v in self.volumes) != 1:
             raise ConfigurationError(
                 "a layout needs exactly one volume with role 'data'",
@@ -937,6 +967,12 @@ class CloneVolume:
     kind: LocationKind = LocationKind.DIRECTORY
     """How the host reaches it: a directory (``path``), or a block device mounted at
     ``path``."""
+
+    @property
+    def step_key(self) -> str:
+        """How clone plans' step ids name this volume: :func:`step_key` of its origin
+        and the last part of its path (the layout's name of the volume)."""
+        return step_key(self.origin, self.path.rstrip("/").rsplit("/", 1)[-1])
 
 
 def _clone_volumes(values: Iterable[CloneVolume]) -> tuple[CloneVolume, ...]:

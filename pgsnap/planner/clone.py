@@ -411,7 +411,7 @@ def _made(
     for vol in volumes:
         steps.append(
             Step.of(
-                f"clone-{vol.origin}",
+                f"clone-{vol.step_key}",
                 CloneSnapshot(clone=name, at=at, backup_id=backup.id, volume=vol, on=on),
                 description=f"make a writable copy of snapshot {vol.snapshot_id} of volume "
                 f"{vol.origin} ({vol.role.value}) at {vol.path}",
@@ -422,19 +422,19 @@ def _made(
         if vol.kind is not LocationKind.DIRECTORY:
             steps += [
                 Step.of(
-                    f"attach-clone-{vol.origin}",
+                    f"attach-clone-{vol.step_key}",
                     AttachClone(clone=name, at=at, volume=vol, host=on, on=on),
                     description=f"attach the {purpose}'s copy of {vol.origin} to {on}",
                     reason=f"its file system is mounted on {on}",
                     undo=DetachClone(clone=name, at=at, volume=vol, host=on, on=on),
                 ),
                 Step.of(
-                    f"mount-clone-{vol.origin}",
+                    f"mount-clone-{vol.step_key}",
                     MountClone(
                         clone=name,
                         at=at,
                         volume=vol,
-                        device=Ref(f"attach-clone-{vol.origin}", "device"),
+                        device=Ref(f"attach-clone-{vol.step_key}", "device"),
                         on=on,
                     ),
                     description=f"mount the {purpose}'s copy of {vol.origin} read-write at "
@@ -636,13 +636,13 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
         if vol.kind is not LocationKind.DIRECTORY:
             steps += [
                 Step.of(
-                    f"unmount-{vol.origin}",
+                    f"unmount-{vol.step_key}",
                     UnmountClone(clone=name, at=at, volume=vol, on=on),
                     description=f"unmount the clone's copy of {vol.origin} ({vol.path})",
                     reason="a mounted volume cannot be detached",
                 ),
                 Step.of(
-                    f"detach-{vol.origin}",
+                    f"detach-{vol.step_key}",
                     DetachClone(clone=name, at=at, volume=vol, host=record.host, on=on),
                     description=f"detach the clone's copy of {vol.origin} from {record.host}",
                     reason="an attached volume cannot be deleted",
@@ -650,7 +650,7 @@ def plan_clone_destroy(record: CloneRecord) -> Plan:
             ]
         steps.append(
             Step.of(
-                f"delete-{vol.origin}",
+                f"delete-{vol.step_key}",
                 DeleteClone(clone=name, at=at, volume=vol, on=on),
                 description=f"delete the clone's copy of {vol.origin} ({vol.path})",
                 reason="a destroyed clone leaves nothing on the storage",

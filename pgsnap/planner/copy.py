@@ -243,14 +243,14 @@ def plan_copy(
             backup_id=record.id,
             volume_id=vol.id,
             snapshot_id=snap,
-            device=Ref(f"expose-{vol.id}", "device"),
+            device=Ref(f"expose-{vol.step_key}", "device"),
             mount_point=point,
             host=host,
         )
         unmount = UnmountSnapshot(mount_point=point, host=host)
         before += [
             Step.of(
-                f"expose-{vol.id}",
+                f"expose-{vol.step_key}",
                 expose,
                 description=f"expose snapshot {snap} of {vol.id} on {host}",
                 reason="the snapshot is a block device: it is made visible on the host that "
@@ -258,7 +258,7 @@ def plan_copy(
                 undo=conceal,
             ),
             Step.of(
-                f"mount-{vol.id}",
+                f"mount-{vol.step_key}",
                 mount,
                 description=f"mount snapshot {snap} read-only on {point} ({host})",
                 reason="read-only, without replaying its journal: the snapshot is never written",
@@ -267,13 +267,13 @@ def plan_copy(
         ]
         after += [
             Step.of(
-                f"unmount-{vol.id}",
+                f"unmount-{vol.step_key}",
                 unmount,
                 description=f"unmount snapshot {snap} from {point} ({host})",
                 reason="the copy has read it",
             ),
             Step.of(
-                f"conceal-{vol.id}",
+                f"conceal-{vol.step_key}",
                 conceal,
                 description=f"conceal snapshot {snap} of {vol.id} from {host} again",
                 reason="leave the storage as the copy found it",

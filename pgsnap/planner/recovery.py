@@ -777,7 +777,7 @@ def _restore_steps(
     if profile.unmounts and mounted is not None:
         steps.append(
             Step.of(
-                f"unmount-{vol.id}",
+                f"unmount-{vol.step_key}",
                 UnmountVolume(mount_point=vol.mount_point, volume_id=vol.id),
                 description=f"unmount {vol.mount_point} ({mounted.source})",
                 reason=f"the storage restores volume {vol.id} only once its file system is "
@@ -794,7 +794,7 @@ def _restore_steps(
     if profile.detaches:
         steps.append(
             Step.of(
-                f"detach-{vol.id}",
+                f"detach-{vol.step_key}",
                 DetachVolume(volume_id=vol.id, host=facts.host),
                 description=f"detach volume {vol.id} from host {facts.host}",
                 reason="the storage refuses to overwrite a volume a host still sees",
@@ -809,7 +809,7 @@ def _restore_steps(
     )
     steps.append(
         Step.of(
-            f"restore-{vol.id}",
+            f"restore-{vol.step_key}",
             RestoreVolume(volume_id=vol.id, snapshot_id=snap, backup_id=backup.id),
             description=f"restore volume {where} from snapshot {snap}",
             reason=_restore_reason(request, vol, backup)
@@ -820,7 +820,7 @@ def _restore_steps(
     if profile.completes_later:
         steps.append(
             Step.of(
-                f"wait-restore-{vol.id}",
+                f"wait-restore-{vol.step_key}",
                 WaitForRestore(volume_id=vol.id, timeout=request.restore_timeout),
                 description=f"wait until the storage has restored volume {vol.id}",
                 reason="the storage completes this restore in the background",
@@ -829,7 +829,7 @@ def _restore_steps(
     if profile.detaches:
         steps.append(
             Step.of(
-                f"attach-{vol.id}",
+                f"attach-{vol.step_key}",
                 AttachVolume(volume_id=vol.id, host=facts.host),
                 description=f"attach volume {vol.id} to host {facts.host} again",
                 reason="the host needs the restored volume back",
@@ -840,7 +840,7 @@ def _restore_steps(
         if vf.location.kind is LocationKind.BLOCK_DEVICE:
             steps.append(
                 Step.of(
-                    f"wait-device-{vol.id}",
+                    f"wait-device-{vol.step_key}",
                     WaitForDevice(device=device, timeout=request.device_timeout),
                     description=f"wait for device {device} to appear on the host",
                     reason="an attached volume's device node appears only after the host "
@@ -849,7 +849,7 @@ def _restore_steps(
             )
         steps.append(
             Step.of(
-                f"mount-{vol.id}",
+                f"mount-{vol.step_key}",
                 MountVolume(
                     device=device,
                     mount_point=vol.mount_point,
@@ -891,7 +891,7 @@ def _copy_restore_step(
     )
     where = f"{vol.id} ({vol.role.value}, {vol.mount_point})"
     return Step.of(
-        f"restore-{vol.id}",
+        f"restore-{vol.step_key}",
         RestoreFromCopy(
             volume_id=vol.id,
             backup_id=backup.id,

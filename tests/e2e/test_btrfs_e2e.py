@@ -92,6 +92,8 @@ def test_point_in_time_recovery_restores_both_subvolumes(btrfs_env: Any, kind: s
     plan = env.cluster.plan_recovery(target, lost=[DATA, WAL])
     restores = [s for s in plan.steps if s.id.startswith("restore-")]
     assert sorted(s.params["volume_id"] for s in restores) == sorted([env.data_vol, env.wal_vol])
+    # A btrfs volume's id is its path: the steps are named by the layout's names.
+    assert all("/" not in s.id for s in plan.steps), [s.id for s in plan.steps]
     # Reached through their parent mount, the subvolumes are swapped in place: no unmount.
     assert not [s for s in plan.steps if s.id.startswith(("unmount-", "mount-"))]
     env.cluster.execute(plan)

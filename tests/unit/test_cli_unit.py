@@ -7,6 +7,7 @@ need PostgreSQL are in tests/integration/test_cli.py.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -102,6 +103,27 @@ def test_help_lists_every_exit_code(run: Run) -> None:
         assert command in out
 
 
+def test_no_help_shows_docstring_markup(run: Run) -> None:
+    """Help is read in a terminal: no reStructuredText roles or literals, in the
+    command's help nor in any subcommand's (a newcomer saw "The ``pgsnap`` command.")."""
+    from pgsnap.cli import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = [parser.format_help()]
+    for name, command in sub.choices.items():
+        helps.append(command.format_help())
+        nested = [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+        helps += [c.format_help() for a in nested for c in a.choices.values()]
+        assert name in helps[0]
+    assert len(helps) > 30
+    for text in helps:
+        for markup in ("``", ":data:", ":class:", ":func:", ":meth:", ":mod:"):
+            assert markup not in text, (markup, text[:400])
+    code, out, _ = run("--help")
+    assert code == 0 and out.split("\n\n")[1].startswith("Storage-snapshot backups")
+
+
 def test_recover_help_shows_targets_and_yes(run: Run) -> None:
     code, out, _ = run("recover", "--help")
     assert code == 0
@@ -115,7 +137,7 @@ def test_recover_help_shows_targets_and_yes(run: Run) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ((), "required: command"),
+        ((), "required: COMMAND"),
         (("check",), "-c/--config"),
         (("teleport", "-c", "x.toml"), "invalid choice"),
         (("recover", "-c", "x.toml", "--action", "explode"), "invalid choice"),

@@ -250,3 +250,32 @@ def test_records_pickle():
 def test_settings_quoting_survives_backslashes_and_quotes():
     s = RecoverySettings(r"copy 'C:\wal\%f' '%p'", RecoveryTarget.latest())
     assert s.lines()[0] == r"restore_command = 'copy ''C:\\wal\\%f'' ''%p'''"
+
+
+@pytest.mark.parametrize(
+    ("volume_id", "name", "key"),
+    [
+        ("vol-0001", "pgdata", "vol-0001"),  # a plain id stays (mock, PowerFlex)
+        ("/srv/pg/data", "data", "data"),  # btrfs: the path gives way to the name
+        ("vg0/data", "data", "data"),  # LVM
+        ("/srv/pg/data", "my data", "srv-pg-data"),  # no plain name: the id, made plain
+    ],
+)
+def test_step_ids_name_volumes_by_a_plain_word(volume_id, name, key):
+    from pgsnap.model import Volume, step_key
+
+    assert step_key(volume_id, name) == key
+    assert Volume(volume_id, name, VolumeRole.DATA, "/pg").step_key == key
+
+
+def test_a_layout_whose_volumes_would_share_a_step_name_is_refused():
+    from pgsnap.model import Layout, Volume
+
+    with pytest.raises(errors.ConfigurationError, match="would both be named 'data'") as info:
+        Layout(
+            [
+                Volume("/a/data", "data", VolumeRole.DATA, "/pg/data"),
+                Volume("/b/data", "data", VolumeRole.WAL, "/pg/wal"),
+            ]
+        )
+    assert "different names" in (info.value.hint or "")
