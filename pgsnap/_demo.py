@@ -18,8 +18,10 @@ btrfs-progs) the demo refuses at once with a
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Callable
@@ -32,10 +34,11 @@ from pgsnap.executor import Event
 from pgsnap.model import RecoveryTarget, VolumeRole
 
 if TYPE_CHECKING:
+    from pgsnap.cluster import Cluster
     from pgsnap.testing.btrfs import LoopBtrfs
-    from pgsnap.testing.pgserver import SettingValue
+    from pgsnap.testing.pgserver import PgServer, SettingValue
 
-__all__ = ["DEMO_BACKENDS", "DemoResult", "run_demo"]
+__all__ = ["DEMO_BACKENDS", "DemoResult", "run_demo", "write_config"]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +120,7 @@ def run_demo(
     bin_path = Path(bindir) if bindir else _server_binaries(say)
     say(f"PostgreSQL binaries: {bin_path}")
     fs: LoopBtrfs | None = None
+    config: Path | None = None
     settings: dict[str, SettingValue] = {"archive_timeout": "60s"}
     if backend == "btrfs":
         from pgsnap.testing.btrfs import LoopBtrfs, btrfs_server  # noqa: PLC0415
@@ -152,6 +156,8 @@ def run_demo(
             cluster = mock_cluster(server, on_event=on_event)
         layout = cluster.layout
         data_vol = layout.data
+        if keep:
+            config = write_config(server, cluster)
         say(
             "volumes: "
             + ", ".join(f"{v.id} {v.role.value} -> {v.mount_point}" for v in layout.volumes)
@@ -225,14 +231,89 @@ def run_demo(
         )
     finally:
         if keep:
-            say(f"kept {server.base_dir}")
-            server.stop()
-            if fs is not None:
-                say(
-                    f"kept the btrfs file system: umount {fs.mount_point} && "
-                    f"losetup -d {fs.device} && rm -r {fs.base} removes it"
-                )
+            for line in _kept(server, fs, config):
+                say(line)
         else:
             server.cleanup()
             if fs is not None:
                 fs.close()
+
+
+def write_config(server: PgServer, cluster: Cluster) -> Path:
+    """Write ``pgsnap.toml`` beside the demo's cluster (in its base directory): the
+    configuration a user would write for it, so that ``pgsnap check``, ``list`` and
+    ``plan-recovery -c`` work on what the demo made (``pgsnap demo --keep``)."""
+    from pgsnap.backends.btrfs import BtrfsBackend  # noqa: PLC0415
+    from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
+
+    def q(value: object) -> str:  # a TOML basic string (JSON's escapes are TOML's)
+        return json.dumps(str(value))
+
+    base = server.base_dir
+    backend = cluster.backend
+    if isinstance(backend, BtrfsBackend):
+        storage = (
+            f'backend = "btrfs"\n\n[storage.options]\nsnapshot_dir = {q(backend.snapshot_dir)}\n'
+        )
+    elif isinstance(backend, MockBackend):
+        storage = (
+            'backend = "mock"\n\n[storage.options]\n'
+            f"state_file = {q(base / 'mock.json')}\nroot = {q(base / 'snapshots')}\n"
+        )
+    else:
+        raise TypeError(f"the demo runs on the mock or btrfs backend, not {backend!r}")
+    volumes = "".join(
+        f"\n[[volume]]\nid = {q(v.id)}\nname = {q(v.name)}\nrole = {q(v.role.value)}\n"
+        f"mount_point = {q(v.mount_point)}\n"
+        for v in cluster.layout.volumes
+    )
+    text = (
+        "# Written by `pgsnap demo --keep` for its throwaway cluster (docs/cli.md).\n"
+        f"[database]\nconninfo = {q(server.conninfo())}\n"
+        f"data_directory = {q(server.data_dir)}\nbindir = {q(server.bindir)}\n"
+        f"os_user = {q(server.os_user)}\nlog_file = {q(server.log_file)}\n\n"
+        f"[storage]\n{storage}\n"
+        f"[archive]\npath = {q(server.archive_dir)}\n\n"
+        f"[catalog]\npath = {q(base / 'catalog')}\njournal = {q(base / 'journal')}\n"
+        f"{volumes}"
+    )
+    path = base / "pgsnap.toml"
+    path.write_text(text)
+    return path
+
+
+def _kept(server: PgServer, fs: LoopBtrfs | None, config: Path | None) -> list[str]:
+    """What ``--keep`` says: where everything is, what to try, how to remove it all."""
+    lines = [f"kept the cluster in {server.base_dir}; its server still runs (port {server.port})"]
+    if config is not None:
+        c = shlex.quote(str(config))
+        lines += [
+            f"its configuration: {config}; try:",
+            f"  pgsnap check -c {c}",
+            f"  pgsnap list -c {c}",
+            f"  pgsnap plan-recovery -c {c}",
+            "(plan-recovery plans a recovery of everything archived; add a target to stop "
+            "earlier: --time T, --lsn L, --xid X or --name N)",
+        ]
+    stop = shlex.join(
+        ["runuser", "-u", server.os_user, "--", str(server.bindir / "pg_ctl"), "stop",
+         "-D", str(server.data_dir), "-m", "fast"]
+    )  # fmt: skip
+    if server.os_user == _me():
+        stop = shlex.join([str(server.bindir / "pg_ctl"), "stop", "-D", str(server.data_dir)])
+    removal = [stop]
+    if fs is not None:
+        removal += [
+            f"umount {shlex.quote(str(fs.mount_point))}",
+            f"losetup -d {shlex.quote(str(fs.device))}",
+            f"rm -r {shlex.quote(str(fs.base))}",
+        ]
+    removal.append(f"rm -r {shlex.quote(str(server.base_dir))}")
+    lines.append("to remove it all: " + " && ".join(removal))
+    return lines
+
+
+def _me() -> str:
+    import pwd  # noqa: PLC0415
+
+    return pwd.getpwuid(os.getuid()).pw_name

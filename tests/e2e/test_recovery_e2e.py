@@ -8,11 +8,13 @@ recovered server. Refused plans are checked to touch nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -427,6 +429,38 @@ def test_the_demo_command_recovers_the_right_rows(capsys: pytest.CaptureFixture[
     assert main(["demo"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "verification: PASSED" in out
+
+
+def test_a_kept_demo_leaves_a_configuration_that_the_commands_it_prints_use(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`pgsnap demo --keep` (a newcomer's next step): a working configuration beside the
+    kept cluster, three commands to try that work as printed, and one line that
+    removes it all."""
+    import shlex
+    import subprocess
+
+    from pgsnap.cli import EXIT_OK, main
+
+    assert main(["demo", "--keep"]) == EXIT_OK
+    out = capsys.readouterr().out
+    tries = [line.strip() for line in out.splitlines() if line.startswith("  pgsnap ")]
+    (removal,) = [line for line in out.splitlines() if line.startswith("to remove it all: ")]
+    command = removal.removeprefix("to remove it all: ")
+    base = Path(shlex.split(command)[-1])
+    try:
+        assert [t.split()[1] for t in tries] == ["check", "list", "plan-recovery"], out
+        assert main(shlex.split(tries[0])[1:]) in (EXIT_OK, 4), capsys.readouterr()
+        capsys.readouterr()
+        assert main([*shlex.split(tries[1])[1:], "--json"]) == EXIT_OK
+        (backup,) = json.loads(capsys.readouterr().out)
+        assert backup["state"] == "done"
+        assert main(shlex.split(tries[2])[1:]) == EXIT_OK
+        assert re.search(r"^  target +latest$", capsys.readouterr().out, re.M)
+    finally:
+        done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not base.exists()
 
 
 # --------------------------------------------------------------------------- issue 7: scans
