@@ -307,11 +307,10 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _listed_backups(args: argparse.Namespace) -> Any:
+def _listed_backups(args: argparse.Namespace, cluster: Any) -> Any:
     """The backups, with the next expiry's forecast when a retention policy is set
     (flags, else ``[retention]``); without the forecast (and a warning) when the
     storage or the archive cannot be observed."""
-    cluster = _load(args)[0]
     policy = _policy(args) if _has_policy(args) else None
     if policy is None:
         return cluster.backups()
@@ -344,7 +343,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     """List backups (and, with a retention policy, what the next expire removes)."""
     from pgsnap.model import to_dict  # noqa: PLC0415
 
-    backups = _listed_backups(args)
+    cluster = _load(args)[0]
+    backups = _listed_backups(args, cluster)
     if args.json:
         _warn_unreadable_entries(backups.unreadable)
         docs = []
@@ -375,7 +375,35 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     for entry in backups.unreadable:
         _out(f"UNREADABLE {entry}")
+    _mock_space(cluster)
     return EXIT_OK
+
+
+def _mock_space(cluster: Any) -> None:
+    """On the mock storage, say how much room its snapshots take (it copies files where
+    an array would share blocks: a test machine's disk fills with them)."""
+    from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
+
+    if not isinstance(cluster.backend, MockBackend):
+        return
+    on_disk, files = cluster.backend.disk_usage()
+    if files:
+        _out(
+            f"mock storage: its snapshots take {_size(on_disk)} on disk for {_size(files)} of "
+            "files (unchanged files are shared between snapshots)"
+        )
+
+
+def _size(n: int) -> str:
+    """Bytes for a reader: ``512 B``, ``3.4 MiB``, ``1.2 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 _DURATION_UNITS: Final = {

@@ -328,3 +328,36 @@ def test_a_volume_in_use_is_not_swapped(fs, backend) -> None:
         proc.wait()
     backend.restore_volume(str(data), snap.id)
     assert (data / "f").read_text() == "v1"
+
+
+def test_the_mock_clones_files_copy_on_write_on_btrfs(fs: LoopBtrfs) -> None:
+    """The mock's snapshots on a file system with reflinks (issue 26): a snapshot of an
+    unchanged file shares its blocks (FICLONE), and writing either side leaves the other
+    as it was; the mock's disk usage says what full copies would take."""
+    from pgsnap.backends.mock import MockBackend
+    from pgsnap.backends.mock._files import reflink
+
+    src, dst = fs.mount_point / "vols" / "a", fs.mount_point / "vols" / "b"
+    src.write_bytes(b"x" * 1_000_000)
+    assert reflink(src, dst)
+    assert dst.read_bytes() == b"x" * 1_000_000
+    dst.write_bytes(b"y" * 10)
+    assert src.read_bytes() == b"x" * 1_000_000
+    volume = fs.mount_point / "vols" / "pgdata"
+    volume.mkdir()
+    (volume / "big").write_bytes(b"z" * 4_000_000)
+    backend = MockBackend(root=fs.mount_point / "mock")
+    vid = backend.add_volume("data", path=volume).id
+    for label in ("b1", "b2", "b3"):
+        backend.create_snapshot_group([vid], label)
+    shared = subprocess.run(
+        ["btrfs", "filesystem", "du", "--raw", "-s", str(fs.mount_point / "mock")],
+        check=True, capture_output=True, text=True,
+    ).stdout.splitlines()[-1].split()  # fmt: skip
+    # btrfs' own count ("Total  Exclusive  Set shared"): the three snapshots hold no
+    # block of their own; they share the volume's (one copy's worth, 4 MB).
+    exclusive, set_shared = int(shared[1]), int(shared[2])
+    assert exclusive == 0 and 4_000_000 <= set_shared < 5_000_000, shared
+    assert backend.disk_usage()[1] == 3 * 4_000_000
+    # Three files, not one linked three times: reflinks, which need no comparison.
+    assert len({os.stat(p).st_ino for p in (fs.mount_point / "mock").rglob("big")}) == 3

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -390,6 +391,15 @@ def test_retention_commands(cli_env: CliEnv) -> None:
     assert code == 0, err
     code, out, _ = env.run("list")
     assert "[pinned forever: audit 2026]" in out
+    # The mock says what its snapshots take: several backups of a small cluster share
+    # their unchanged files, so they take less than the copies they hold.
+    m = re.search(
+        r"mock storage: its snapshots take ([\d.]+) (\w+) on disk for ([\d.]+) (\w+)", out
+    )
+    assert m, out
+    units = {"B": 1, "KiB": 1024, "MiB": 1 << 20, "GiB": 1 << 30}
+    on_disk, files = (float(m[1]) * units[m[2]], float(m[3]) * units[m[4]])
+    assert 0 < on_disk < files
 
     code, out, err = env.run("expire", "--redundancy", "1", "--dry-run")
     assert code == 0, err

@@ -63,17 +63,19 @@ def _forking() -> Iterator[None]:
 
 def _die_after(entries: int) -> None:
     """In this (child) process: SIGKILL self when about to copy entry number ``entries + 1``."""
-    original = mock_files.copy_entry
+    original = mock_files.TreeCopy.entry
     copied = 0
 
-    def dying(src: Path, dst: Path) -> None:
+    def dying(
+        self: mock_files.TreeCopy, src: Path, dst: Path, previous: Path | None = None
+    ) -> None:
         nonlocal copied
         if copied == entries:
             os.kill(os.getpid(), signal.SIGKILL)
         copied += 1
-        original(src, dst)
+        original(self, src, dst, previous)
 
-    mock_files.copy_entry = dying  # the child never restores it
+    mock_files.TreeCopy.entry = dying  # type: ignore[method-assign]  # the child never restores it
 
 
 def _killed(entries: int, action: Callable[[], object]) -> None:
@@ -292,15 +294,17 @@ def test_a_copy_in_progress_in_a_live_process_is_never_removed(
         try:
             os.close(started_r)
             os.close(go_w)
-            original = mock_files.copy_entry
+            original = mock_files.TreeCopy.entry
 
-            def slow(src: Path, dst: Path) -> None:
+            def slow(
+                self: mock_files.TreeCopy, src: Path, dst: Path, previous: Path | None = None
+            ) -> None:
                 if src.name == "PG_VERSION":  # the copy is under way: wait for the parent
                     os.write(started_w, b"x")
                     os.read(go_r, 1)
-                original(src, dst)
+                original(self, src, dst, previous)
 
-            mock_files.copy_entry = slow
+            mock_files.TreeCopy.entry = slow  # type: ignore[method-assign]
             MockBackend(state_file=state, root=root).create_snapshot_group([d], "live")
             code = 0
         except BaseException:

@@ -11,10 +11,13 @@ Volumes come in two kinds:
   :meth:`~MockBackend.locate` gives a device ``/dev/pgsnap-mock/<id>`` that
   never exists on any host: in-memory volumes are for unit tests;
 - **directory-backed** (``path=``): the volume is a host directory. A snapshot
-  is a full copy of the tree (owners, modes, symlinks and times kept) under
-  ``root/snapshots/<id>`` (mode 0700); restoring empties the directory (never
-  following a symlink out of it) and copies the snapshot back, keeping the
-  directory itself, its owner and mode.
+  is a copy of the tree (owners, modes, symlinks and times kept) under
+  ``root/snapshots/<id>`` (mode 0700): each file cloned copy-on-write where the
+  file system has reflinks (btrfs, XFS), else hard-linked to the volume's previous
+  snapshot when unchanged (same bytes, owner, mode and time), else copied
+  (:meth:`~MockBackend.disk_usage` says what they take); restoring empties the
+  directory (never following a symlink out of it) and copies the snapshot back,
+  keeping the directory itself, its owner and mode.
 
 Two modes decide how a host reaches a directory-backed volume and what a
 restore asks of it (:meth:`~MockBackend.locate`,

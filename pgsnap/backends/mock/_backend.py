@@ -28,6 +28,7 @@ from pgsnap.backends.mock._files import (
     blob_path,
     copy_into,
     copy_meta,
+    disk_usage,
     empty_dir,
     overlaps,
 )
@@ -551,6 +552,14 @@ class MockBackend:
             ]
             found.sort(key=lambda s: (s.record.created_at, s.seq))
             return tuple(s.record for s in found)
+
+    def disk_usage(self) -> tuple[int, int]:
+        """``(bytes on disk, bytes of files)`` of the directory snapshots under ``root``:
+        what they take (each file counted once however many snapshots share it) and
+        what full copies would (``pgsnap list`` says both for the mock)."""
+        with self._reading():
+            home = self._root_dir() / "snapshots"
+            return disk_usage(home) if home.is_dir() else (0, 0)
 
     def snapshot_access(self, snapshot_id: str) -> SnapshotAccess:
         """The directory holding a directory snapshot's copy (``root/snapshots/<id>/tree``),
@@ -1385,8 +1394,18 @@ class MockBackend:
         return target
 
     def _copy_volume(self, vol: _Volume, snap_id: str) -> Path:
-        """Copy a directory volume into ``root/snapshots/<snap_id>`` (0700); return that."""
+        """Copy a directory volume into ``root/snapshots/<snap_id>`` (0700); return that.
+
+        Files are cloned copy-on-write where the file system can; otherwise a file the
+        volume's newest snapshot holds unchanged is hard-linked to it (a snapshot's
+        tree is never written to: restores and clones copy out of it)."""
         assert vol.path is not None
+        newest = max(
+            (s for s in self._snaps.values() if s.record.volume_id == vol.id and s.home),
+            key=lambda s: (s.record.created_at, s.seq),
+            default=None,
+        )
+        previous = None if newest is None or not newest.tree.is_dir() else newest.tree
         root = self._root_dir()
         if overlaps(vol.path, root):
             raise BackendError(
@@ -1405,7 +1424,7 @@ class MockBackend:
                 self._begin_copy(snap_id, home)
                 tree = home / "tree"
                 os.mkdir(tree, 0o700)
-                copy_into(vol.path, tree)
+                copy_into(vol.path, tree, previous)
                 copy_meta(os.lstat(vol.path), tree)
             except BaseException:
                 shutil.rmtree(home, ignore_errors=True)
