@@ -149,10 +149,18 @@ def test_two_backup_servers_one_catalog_ten_clusters(pg_server: Any, tmp_path: P
         )
         for w in ("a", "b")
     ]
+    results = []
+    try:
+        for proc in procs:
+            results.append((proc.communicate(timeout=600), proc.returncode))
+    finally:
+        for proc in procs:  # a failure here leaves no process or pipe behind
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
     summaries = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=600)
-        assert proc.returncode == 0, err
+    for (out, err), code in results:
+        assert code == 0, (out, err)
         summaries.append(json.loads(out))
     assert backups() == {name: ["done"] for name in servers}  # exactly once each
     for name in servers:
