@@ -8,14 +8,17 @@ It is the only I/O before planning, and it never changes anything.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import functools
 import logging
 import os
 import posixpath
 import subprocess
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final, TypeVar
 
 import attrs
 
@@ -403,6 +406,23 @@ def _configured_os_user(adapter: object) -> str | None:
     return None
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_listing(method: _F) -> _F:
+    """Run an observation inside the backend's ``observation()`` block, where it has
+    one (:meth:`pgsnap.backends.lvm.LvmBackend.observation`): the storage is listed
+    once for all the questions an observation asks, and anew by the next one."""
+
+    @functools.wraps(method)
+    def observed(self: Observer, *args: Any, **kwargs: Any) -> Any:
+        block = getattr(self.backend, "observation", None)
+        with block() if callable(block) else contextlib.nullcontext():
+            return method(self, *args, **kwargs)
+
+    return typing.cast(_F, observed)
+
+
 @attrs.define
 class Observer:
     """Gathers facts for the planners from one cluster's collaborators.
@@ -440,6 +460,7 @@ class Observer:
     def _now(self) -> dt.datetime:
         return self.clock()
 
+    @_one_listing
     def backup_facts(self) -> BackupFacts:
         """Observe what the backup planner needs (server, archiver, volumes, catalog).
 
@@ -556,6 +577,7 @@ class Observer:
                 found[name] = hit.name
         return found
 
+    @_one_listing
     def expiry_facts(self) -> ExpiryFacts:
         """Observe what the expiry planner needs: the catalog, the storage's snapshots,
         the archive (one listing, names only) and its timeline histories."""
@@ -576,6 +598,7 @@ class Observer:
             safety=self.catalog.list_safety(),
         )
 
+    @_one_listing
     def copy_expiry_facts(self, target: str) -> CopyExpiryFacts:
         """Observe what copy retention needs for the copy target ``target``: the
         catalog, the manifests in the target (one listing; a target that cannot be
@@ -606,6 +629,7 @@ class Observer:
             unreadable=tuple(u.backup_id for u in scan.unreadable),
         )
 
+    @_one_listing
     def check_facts(
         self,
         *,
@@ -631,6 +655,7 @@ class Observer:
             journal_dir=self.journal_dir,
         )
 
+    @_one_listing
     def rebuild_facts(self, log_timezone: dt.tzinfo | None = None) -> RebuildFacts:
         """Observe what a catalog rebuild needs (reads only): the catalog, the
         storage's snapshots, the archive's index, histories and ``.backup`` files
@@ -867,6 +892,7 @@ class Observer:
             return None
         return [n for n, head in heads.items() if is_live_segment(n, head, segment_size)]
 
+    @_one_listing
     def recovery_facts(
         self, request: RecoveryRequest | None = None, *, read_wal: bool = True
     ) -> RecoveryFacts:

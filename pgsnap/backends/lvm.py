@@ -115,7 +115,8 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
@@ -634,6 +635,7 @@ class LvmBackend(CommandBackend):
         self._clock = clock or _utcnow
         self._lock = threading.RLock()
         self._vg_locks = {vg: threading.Lock() for vg in self._vgs}
+        self._seen = threading.local()  # this thread's listing in an observation()
 
     # ------------------------------------------------------------------ basics
 
@@ -1315,6 +1317,25 @@ class LvmBackend(CommandBackend):
 
     # ------------------------------------------------------------------ internals: commands
 
+    @contextmanager
+    def observation(self) -> Iterator[None]:
+        """Within this block, this thread's calls that only read share one listing of
+        each volume group (``lvs``) instead of listing again per call; any command that
+        changes something drops it. Observing a cluster asks for its volumes, their
+        locations, restore profiles and snapshots: one listing instead of one per
+        question. A new block lists again, so a plan's freshness check, which observes
+        anew, sees what another process changed since."""
+        depth = getattr(self._seen, "depth", 0)
+        if depth == 0:
+            self._seen.listings = {}
+        self._seen.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._seen.depth = depth
+            if depth == 0:
+                self._seen.listings = {}
+
     def _lvm(
         self,
         vg: str,
@@ -1325,6 +1346,8 @@ class LvmBackend(CommandBackend):
         **details: Any,
     ) -> CommandResult:
         """One lvm command on ``vg``, alone among this backend's commands on that VG."""
+        if args and args[0] not in _READ_ONLY:
+            getattr(self._seen, "listings", {}).clear()  # what was listed may have changed
         lock = self._vg_locks.get(vg) or threading.Lock()
         with lock:
             log.debug("lvm: %s", " ".join(args))
@@ -1336,7 +1359,13 @@ class LvmBackend(CommandBackend):
     def _lvs(self, vgs: Iterable[str] | None = None) -> tuple[LogicalVolume, ...]:
         groups = tuple(vgs) if vgs is not None else self._vgs
         out: list[LogicalVolume] = []
+        listings: dict[str, tuple[LogicalVolume, ...]] | None = (
+            self._seen.listings if getattr(self._seen, "depth", 0) else None
+        )
         for vg in groups:
+            if listings is not None and vg in listings:
+                out.extend(listings[vg])
+                continue
             result = self._lvm(
                 vg,
                 [
@@ -1354,7 +1383,10 @@ class LvmBackend(CommandBackend):
                 what=f"listing the logical volumes of {vg}",
                 volume_group=vg,
             )
-            out.extend(parse_lvs_json(result.text))
+            listed = parse_lvs_json(result.text)
+            if listings is not None:
+                listings[vg] = tuple(listed)
+            out.extend(listed)
         return tuple(out)
 
     def _remove_leftover(self, vg: str, lv_name: str) -> None:
@@ -1541,6 +1573,10 @@ def _snap_record(lv: LogicalVolume) -> _Snap | None:
         extra=extra,
     )
     return _Snap(lv, record, group_name, index)
+
+
+_READ_ONLY: Final = frozenset({"lvs", "vgs", "pvs"})
+"""lvm commands that change nothing: they keep an observation's listing."""
 
 
 def _group_record(snaps: Sequence[_Snap]) -> SnapshotGroup:

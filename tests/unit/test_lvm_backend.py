@@ -574,3 +574,34 @@ def test_read_only_mount_options_depend_on_the_file_system() -> None:
     assert read_only_mount_options("ext4") == ("ro", "noload")
     assert read_only_mount_options(None) == ("ro",)
     assert read_only_mount_options("xfs", read_only=False) == ("nouuid",)
+
+
+def test_an_observation_lists_the_volume_group_once(
+    backend: LvmBackend, runner: FakeRunner
+) -> None:
+    """Issue 27 ("fewer storage calls"), and half the LVM tests' time in the emulated VM:
+    the questions one observation asks share one ``lvs``; a change drops it; the next
+    observation lists again, so a freshness check sees what changed meanwhile."""
+
+    def listings() -> int:
+        return sum(1 for c in runner.calls if c[3] == "lvs")
+
+    with backend.observation():
+        backend.list_volumes()
+        backend.locate("vg0/a")
+        backend.restore_profile("vg0/t")
+        backend.list_snapshots()
+        with backend.observation():  # nested: the same listing
+            backend.get_volume("vg0/t")
+        assert listings() == 1
+        backend.delete_snapshot("vg0/a.pgsnap.811f9000.1")  # a change
+        after = listings()
+        assert backend.list_snapshots("vg0/a") == ()  # the change is seen
+        backend.list_volumes()
+        assert listings() == after + 1  # listed once again after the change, then shared
+    backend.list_volumes()
+    backend.list_volumes()
+    assert listings() == after + 3  # outside an observation: every call lists
+    with backend.observation():
+        runner.gone.add("t")  # another process removes an LV between two observations
+        assert [v.id for v in backend.list_volumes()] == ["vg0/a"]
