@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -155,12 +155,21 @@ def _target(args: argparse.Namespace) -> Any:
     return RecoveryTarget.latest()
 
 
-def _progress(event: Any) -> None:
-    _err(str(event))  # a closed stderr drops progress; the plan goes on
+def _reporter(args: argparse.Namespace) -> Callable[[Any], None]:
+    """How the command shows a run's progress on stderr (:mod:`pgsnap.progress`):
+    ``--json-events``, one JSON object per event; ``--quiet``, nothing; else a live
+    status line on a terminal, or a line per step (and per ten seconds of a long one)."""
+    from pgsnap.progress import JsonEventReporter, terminal_reporter  # noqa: PLC0415
+
+    if getattr(args, "json_events", False):
+        return JsonEventReporter()
+    if getattr(args, "quiet", False):
+        return lambda _event: None
+    return terminal_reporter()
 
 
-def _execute(cluster: Any, plan: Any) -> Any:
-    return cluster.execute(plan, on_event=_progress)
+def _execute(cluster: Any, plan: Any, args: argparse.Namespace) -> Any:
+    return cluster.execute(plan, on_event=_reporter(args))
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
@@ -222,7 +231,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pgsnap._demo import run_demo  # noqa: PLC0415
 
     result = run_demo(
-        say=_out, on_event=_progress, bindir=args.bindir, keep=args.keep, backend=args.backend
+        say=_out, on_event=_reporter(args), bindir=args.bindir, keep=args.keep, backend=args.backend
     )
     _out("")
     _out("Summary")
@@ -290,7 +299,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         if args.dry_run:
             _out(plan.to_json() if args.json else plan.explain())
             return EXIT_OK
-        cluster.execute(plan, on_event=_progress, **_alone(args))
+        cluster.execute(plan, on_event=_reporter(args), **_alone(args))
     except BackupNotDue as exc:
         _out(json.dumps({"taken": False, "reason": exc.message}) if args.json else exc.message)
         return EXIT_OK
@@ -489,7 +498,7 @@ def cmd_expire(args: argparse.Namespace) -> int:
         if not plan.steps:
             say("nothing to delete")
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     say(f"deleted: {len(plan.lost)} item(s)")
     return EXIT_OK
 
@@ -523,7 +532,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     _out(plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     if any(step.action == "catalog.delete_backup" for step in plan.steps):
         _out(f"backup {args.backup} deleted")
     else:
@@ -559,7 +568,7 @@ def cmd_safety_delete(args: argparse.Namespace) -> int:
     _out(plan.to_json() if args.json else plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     _out(f"safety snapshot {args.name} deleted")
     return EXIT_OK
 
@@ -600,7 +609,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
     if args.dry_run:
         _out(cluster.plan_copy(args.backup, args.to, copy_id=args.copy_id).explain())
         return EXIT_OK
-    copy = cluster.copy(args.backup, args.to, copy_id=args.copy_id, on_event=_progress)
+    copy = cluster.copy(args.backup, args.to, copy_id=args.copy_id, on_event=_reporter(args))
     _out(
         f"copy {copy.copy_id} of backup {args.backup} in {copy.target}: {copy.files} files, "
         f"{copy.bytes_read / 2**20:.1f} MiB read, {copy.bytes_sent / 2**20:.1f} MiB sent "
@@ -666,7 +675,7 @@ def cmd_expire_copies(args: argparse.Namespace) -> int:
         if not plan.steps and not args.json:
             _out("nothing to delete")
         return EXIT_OK
-    result = _execute(cluster, plan)
+    result = _execute(cluster, plan, args)
     gc = result.outputs.get("collect-garbage", {})
     if gc.get("busy"):
         _err(
@@ -690,7 +699,7 @@ def cmd_copy_gc(args: argparse.Namespace) -> int:
         args.to,
         dry_run=args.dry_run,
         stale_after=_duration(args.stale_after),
-        on_event=_progress,
+        on_event=_reporter(args),
     )
     _out(json.dumps(gc_outputs(report), indent=2) if args.json else report.explain())
     return EXIT_OK
@@ -727,7 +736,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         if answer.strip() != "yes":
             _err("not confirmed; nothing was changed")
             return EXIT_USAGE
-    result = _execute(cluster, plan)
+    result = _execute(cluster, plan, args)
     _out(_recovered(result))
     return EXIT_OK
 
@@ -766,7 +775,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         _out("nothing was done: pass --yes to resume the plan(s) above")
         return EXIT_OK
     for plan in pending:
-        _execute(cluster, plan)
+        _execute(cluster, plan, args)
         _out(f"{plan.kind} plan {plan.id[:12]} finished")
     return EXIT_OK
 
@@ -794,7 +803,7 @@ def cmd_clone_create(args: argparse.Namespace) -> int:
     _out(plan.to_json() if args.json else plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     record = cluster.catalog.get_clone(str(plan.summary["clone"]))
     _out(
         f"clone {record.name} is ready: psql -h {record.at} -p {record.port} "
@@ -843,7 +852,7 @@ def cmd_clone_destroy(args: argparse.Namespace) -> int:
     _out(plan.to_json() if args.json else plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     _out(f"clone {args.clone} destroyed")
     return EXIT_OK
 
@@ -992,7 +1001,7 @@ def cmd_standby_create(args: argparse.Namespace) -> int:
     _out(plan.to_json() if args.json else plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     record = cluster.catalog.get_clone(args.name)
     _out(
         f"standby {record.name} streams from the primary through slot {record.slot}: "
@@ -1028,7 +1037,7 @@ def cmd_standby_destroy(args: argparse.Namespace) -> int:
     _out(plan.to_json() if args.json else plan.explain())
     if args.dry_run:
         return EXIT_OK
-    _execute(cluster, plan)
+    _execute(cluster, plan, args)
     _out(f"standby {args.name} destroyed, its slot dropped")
     return EXIT_OK
 
@@ -1058,7 +1067,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
             backup_id=backup,
             checks=args.check,
             keep_on_failure=args.keep_on_failure,
-            on_event=_progress,
+            on_event=_reporter(args),
             server_timeout=timeouts.server,
             recovery_timeout=timeouts.recovery,
         )
@@ -1133,6 +1142,15 @@ def _parser() -> argparse.ArgumentParser:
         action="count",
         default=argparse.SUPPRESS,
         help="more log output (-vv: debug)",
+    )
+    shown = common.add_mutually_exclusive_group()
+    shown.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress on stderr (results still print)"
+    )
+    shown.add_argument(
+        "--json-events",
+        action="store_true",
+        help="progress as one JSON object per event and line on stderr (for programs)",
     )
 
     d = sub.add_parser(

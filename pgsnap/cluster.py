@@ -541,6 +541,19 @@ def _target_location(where: str | os.PathLike[str]) -> str:
     return text if text.startswith("s3://") else os.path.abspath(text)
 
 
+def _both(
+    first: Callable[[Event], None], second: Callable[[Event], None] | None
+) -> Callable[[Event], None]:
+    """Tell each event to ``first``, then to ``second`` (when there is one)."""
+
+    def tell(event: Event) -> None:
+        first(event)
+        if second is not None:
+            second(event)
+
+    return tell
+
+
 class Cluster:
     """One PostgreSQL cluster under pgsnap's care. See the module docstring.
 
@@ -585,6 +598,10 @@ class Cluster:
         self._waldump = Path(waldump) if waldump is not None else None
         self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
         self.on_event = on_event
+        self.progress: bool | None = None
+        """Show runs' progress in a notebook: None (the default) when this runs in a
+        Jupyter kernel, True always there, False never (``on_event`` receives the
+        events either way; :mod:`pgsnap.progress`)."""
         self.max_scan_segments = max_scan_segments
         self.wal_index = _wal_index(wal_index, catalog)
         self.copy_target = None if copy_target is None else _target_location(copy_target)
@@ -1634,7 +1651,15 @@ class Cluster:
         self, on_event: Callable[[Event], None] | None = None, *, alone: bool = False
     ) -> Executor:
         """An :class:`~pgsnap.executor.Executor` wired to this cluster (``alone``: its
-        runs hold the cluster lock exclusively, whatever their kind)."""
+        runs hold the cluster lock exclusively, whatever their kind). In a notebook its
+        events are also shown as an updating display (:attr:`progress`)."""
+        events = on_event or self.on_event
+        if self.progress is not False:
+            from pgsnap.progress import notebook_reporter  # noqa: PLC0415
+
+            shown = notebook_reporter()
+            if shown is not None:
+                events = _both(shown, events)
         return Executor(
             adapter=self.adapter,
             backend=self.backend,
@@ -1643,7 +1668,7 @@ class Cluster:
             layout=self.layout,
             host=self.host,
             journal_dir=self.journal_dir,
-            on_event=on_event or self.on_event,
+            on_event=events,
             check_fresh=self._check_fresh,
             clock=self._now,
             hosts=self.clone_hosts,

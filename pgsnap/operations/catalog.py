@@ -245,13 +245,19 @@ class WaitForWal(Operation):
     def run(self, ctx: OperationContext) -> Outputs:
         record = ctx.catalog.get(self.backup_id)
         stop_name, backup_file = required_wal_files(record)
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         delay = 0.01
+        told = started
         waited_for: list[str] = [stop_name] + ([backup_file] if backup_file else [])
         while True:
             waited_for = [n for n in waited_for if not ctx.archive.exists(n)]
             if not waited_for:
                 break
+            now = time.monotonic()
+            if now - told >= 1.0:
+                told = now
+                _tell_wal_wait(ctx, waited_for, now - started, self.timeout)
             if time.monotonic() >= deadline:
                 standby = record.taken_on is ServerRole.STANDBY
                 raise ArchiveError(
@@ -278,6 +284,28 @@ class WaitForWal(Operation):
                 missing=missing,
             )
         return {"stop_segment": stop_name, "backup_file": backup_file or ""}
+
+
+def _tell_wal_wait(ctx: OperationContext, waiting: list[str], waited: float, limit: float) -> None:
+    """A WAL wait's progress: what it waits for, and what the archiver last archived
+    (when the server answers: a busy or remote one may not, and the wait goes on)."""
+    data: dict[str, JSONValue] = {
+        "waiting_for": list(waiting),
+        "waited_seconds": round(waited, 1),
+        "timeout_seconds": limit,
+    }
+    said = f"waiting for {', '.join(waiting)} in the archive ({waited:.0f} of {limit:g} s)"
+    try:
+        status = ctx.adapter.archiver_status()
+    except PgsnapError:
+        status = None
+    if status is not None and status.last_archived_wal:
+        data["last_archived"] = status.last_archived_wal
+        data["failed_count"] = status.failed_count
+        said += f"; the archiver last archived {status.last_archived_wal}"
+        if status.failed_count:
+            said += f" and failed {status.failed_count} times"
+    ctx.progress(said, data)
 
 
 @attrs.frozen

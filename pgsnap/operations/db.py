@@ -6,7 +6,7 @@ import hashlib
 import logging
 import time
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import attrs
@@ -22,6 +22,7 @@ from pgsnap.model import (
     VolumeRole,
 )
 from pgsnap.operations.base import (
+    JSONValue,
     Operation,
     OperationContext,
     Outputs,
@@ -432,9 +433,13 @@ class WaitRecovery(Operation):
     action: RecoveryAction
     target_kind: TargetKind
     timeout: float = 600.0
+    until_lsn: LSN | None = None
+    """How far replay goes at most (the target's LSN, or the end of the reachable WAL):
+    progress says how much is left and when it should end."""
 
     def run(self, ctx: OperationContext) -> Outputs:
-        outcome = ctx.adapter.wait_recovery(timeout=self.timeout, on_progress=ctx.progress)
+        told = _ReplayProgress(ctx.progress, self.until_lsn)
+        outcome = ctx.adapter.wait_recovery(timeout=self.timeout, on_progress=told)
         expected = _EXPECTED[self.action]
         if outcome.state != expected:
             raise ExecutionError(
@@ -460,6 +465,48 @@ class WaitRecovery(Operation):
             "log_path": None if log_path is None else str(log_path),
             "log": list(outcome.log_lines),
         }
+
+
+class _ReplayProgress:
+    """Adds the replay's rate and what is left to the server's progress (what it
+    restored and replayed): bytes a second between two reports, and, towards
+    ``until``, the bytes and an estimate of the seconds left."""
+
+    def __init__(
+        self, tell: Callable[[str, Mapping[str, JSONValue]], None], until: LSN | None
+    ) -> None:
+        self._tell = tell
+        self._until = until
+        self._first: tuple[float, int] | None = None
+
+    def __call__(self, message: str, data: Mapping[str, object]) -> None:
+        out: dict[str, JSONValue] = {
+            k: v if v is None or isinstance(v, str | int | float | bool) else str(v)
+            for k, v in data.items()
+        }
+        replay = data.get("replay_lsn")
+        now = time.monotonic()
+        try:
+            position = LSN.parse(str(replay)).value if replay else None
+        except ValueError:
+            position = None
+        if position is not None:
+            if self._first is None:
+                self._first = (now, position)
+            start_time, start_position = self._first
+            elapsed = now - start_time
+            if elapsed > 0.5 and position > start_position:
+                rate = (position - start_position) / elapsed
+                out["rate_bytes_per_second"] = round(rate)
+                message += f"; {rate / (1 << 20):.1f} MiB/s"
+                if self._until is not None:
+                    left = max(0, self._until.value - position)
+                    out["bytes_left"] = left
+                    out["eta_seconds"] = round(left / rate, 1)
+                    message += (
+                        f", {left / (1 << 20):.1f} MiB to {self._until} (about {left / rate:.0f} s)"
+                    )
+        self._tell(message, out)
 
 
 @attrs.frozen

@@ -1183,6 +1183,9 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 action=request.action,
                 target_kind=target.kind,
                 timeout=request.recovery_timeout,
+                until_lsn=target.value
+                if isinstance(target.value, LSN) and target.value <= wal.reachable_lsn
+                else wal.reachable_lsn,
             ),
             description=f"wait for recovery to reach {target} and {request.action.value}",
             reason="the plan is done only when the server says where it stopped",

@@ -535,3 +535,26 @@ def test_a_cluster_from_a_mapping_backs_up_what_the_command_then_lists(cli_env: 
     listed = json.loads(out)
     assert [b["id"] for b in listed] == [record.id]
     assert listed[0]["label"] == "from a mapping"
+
+
+def test_progress_goes_to_stderr_as_lines_as_json_events_or_not_at_all(cli_env: CliEnv) -> None:
+    """Issue 26: a backup's progress, as a product embedding the command reads it
+    (``--json-events``: one object per line), as a log reads it (a line per step), or
+    silenced (``--quiet``); the result on stdout is the same each time."""
+    env = cli_env
+    env.write(1)
+    code, out, err = env.run("backup", "--json-events", "--label", "j")
+    assert code == 0, err
+    events = [json.loads(line) for line in err.splitlines()]
+    assert events and {"started", "finished"} <= {e["kind"] for e in events}
+    assert all(e["total"] == events[0]["total"] and e["step"] for e in events)
+    starts = [e["step"] for e in events if e["kind"] == "started"]
+    assert starts == [e["step"] for e in events if e["kind"] == "finished"]
+    assert out.startswith("backup ")
+
+    code, out, err = env.run("backup", "--quiet", "--label", "q")
+    assert code == 0 and err == "" and out.startswith("backup ")
+
+    code, out, err = env.run("backup", "--label", "l")  # not a terminal: lines
+    assert code == 0 and out.startswith("backup ")
+    assert all(re.match(r"\[\d+/\d+\] \w+", line) for line in err.splitlines()), err

@@ -26,8 +26,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("pgsnap.testing",),  # simulators, throwaway servers, the conformance suite
     ("pgsnap",),  # the lazy face: its imports of the layers below are type-only
     ("pgsnap.cluster", "pgsnap.fleet"),  # Cluster: observe, plan, execute; many of them
-    ("pgsnap.observe", "pgsnap.config", "pgsnap.clones"),
-    ("pgsnap.planner", "pgsnap.executor"),
+    ("pgsnap.observe", "pgsnap.config", "pgsnap.clones", "pgsnap.progress"),
+    ("pgsnap.planner", "pgsnap.executor", "pgsnap.timeline"),
     ("pgsnap.plan",),
     (
         "pgsnap.operations",
