@@ -718,6 +718,67 @@ def cmd_plan_recovery(args: argparse.Namespace) -> int:
     cluster, timeouts = _load(args)
     plan = _plan_recovery(args, cluster, timeouts, target)
     _out(plan.to_json() if args.json else plan.explain())
+    if args.html:
+        _write_file(args.html, cluster.plan_html(plan))
+        _err(f"pgsnap: wrote {args.html}")
+    return EXIT_OK
+
+
+def _write_file(path: str, text: str) -> None:
+    """Write a page or a picture the user asked for (replaced atomically)."""
+    target = Path(path)
+    try:
+        temporary = target.with_name(f".{target.name}.tmp")
+        temporary.write_text(text, encoding="utf-8")
+        temporary.replace(target)
+    except OSError as exc:
+        raise InputError(
+            f"cannot write {path}: {exc.strerror or exc}",
+            hint="name a file in a directory you can write to",
+        ) from None
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    """What is recoverable: timelines, WAL coverage and gaps, backups and their windows."""
+    from pgsnap.timeline.svg import render_html, render_svg  # noqa: PLC0415
+
+    cluster = _load(args)[0]
+    view = cluster.timeline()
+    if args.svg:
+        _write_file(args.svg, render_svg(view))
+        _err(f"pgsnap: wrote {args.svg}")
+    if args.html:
+        _write_file(args.html, render_html(view))
+        _err(f"pgsnap: wrote {args.html}")
+    if args.json:
+        from pgsnap.model import encode_value  # noqa: PLC0415
+
+        _out(json.dumps(encode_value(view), indent=2))
+        return EXIT_OK
+    for lane in view.lanes:
+        parent = (
+            f", forked from timeline {lane.parent} at {lane.switchpoint}"
+            if lane.parent is not None
+            else ""
+        )
+        runs = ", ".join(f"{r.start}..{r.end}" for r in lane.runs) or "no WAL archived"
+        _out(f"timeline {lane.timeline}{parent}: {runs}")
+    for gap in view.gaps:
+        _out(
+            f"  GAP on timeline {gap.timeline}: {gap.segments} segment(s) missing from "
+            f"{gap.first_missing} ({gap.start}..{gap.end})"
+        )
+    done = [b for b in view.backups if b.recoverable_to is not None]
+    _out(f"{len(view.backups)} backups, {len(done)} recoverable:")
+    for b in done[-10:]:
+        _out(
+            f"  {b.id:<22} timeline {b.timeline}  recoverable from {b.stop} to "
+            f"{b.recoverable_to}" + ("  [pinned]" if b.pinned else "")
+        )
+    if len(done) > 10:
+        _out(f"  (and {len(done) - 10} older; --html FILE draws them all)")
+    for rp in view.restore_points:
+        _out(f"restore point {rp.name!r} at {rp.lsn} on timeline {rp.timeline}")
     return EXIT_OK
 
 
@@ -1457,6 +1518,13 @@ def _parser() -> argparse.ArgumentParser:
         timeout(waits, "device", 120)
         if name == "recover":
             r.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+        else:
+            r.add_argument(
+                "--html",
+                metavar="FILE",
+                help="also write the plan as an HTML page, with the picture of what is "
+                "recoverable and the plan's target and backup marked",
+            )
         r.set_defaults(func=func)
 
     rs = sub.add_parser(
@@ -1661,6 +1729,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     with_config(w)
     w.set_defaults(func=cmd_wal)
+    tl = sub.add_parser(
+        "timeline",
+        parents=[common],
+        help="what is recoverable: timelines, WAL and its gaps, backups, as text or a picture",
+    )
+    with_config(tl)
+    tl.add_argument("--svg", metavar="FILE", help="write the picture as an SVG file")
+    tl.add_argument("--html", metavar="FILE", help="write a page with the picture")
+    tl.set_defaults(func=cmd_timeline)
     return p
 
 

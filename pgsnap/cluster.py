@@ -122,6 +122,7 @@ from pgsnap.planner.reconcile import (
 )
 from pgsnap.planner.recovery import RecoveryRequest, plan_recovery
 from pgsnap.protocols import Catalog, DatabaseAdapter, PrimaryServer, StorageBackend, WalArchive
+from pgsnap.timeline import TimelineView, plan_target
 from pgsnap.wal import (
     ArchiveReport,
     ArchiverHealth,
@@ -831,6 +832,29 @@ class Cluster:
         except PgsnapError as exc:  # the facts cannot be gathered: other findings say why
             log.debug("check: no recovery analysis: %s", exc)
         return None
+
+    def timeline(self, plan: Plan | None = None) -> TimelineView:
+        """What is recoverable, as a picture (:mod:`pgsnap.timeline`): timelines with
+        their fork points, the archived WAL and its gaps, the backups by state with the
+        window each can be recovered to, pins, restore points, drills. It renders as
+        SVG in a notebook; ``pgsnap timeline --svg/--html`` writes it. With a recovery
+        ``plan`` its target and chosen backup are marked."""
+        view = self.observer.timeline_view()
+        return view if plan is None else view.with_target(plan_target(plan))
+
+    def plan_html(self, plan: Plan) -> str:
+        """A standalone HTML page of ``plan``: its table, and for a recovery the picture
+        of what is recoverable with the plan's target and backup marked."""
+        from pgsnap.timeline.svg import render_svg  # noqa: PLC0415
+
+        picture = render_svg(self.timeline(plan)) if plan.kind == "recovery" else ""
+        title = html.escape(f"pgsnap: {plan.kind} plan {plan.id[:12]}")
+        return (
+            f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:.2em .5em;vertical-align:top}</style>"
+            f"</head><body>{picture}{plan._repr_html_()}</body></html>"
+        )
 
     def backups(self, policy: RetentionPolicy | None = None) -> BackupList:
         """The catalog's backups, oldest first (a tuple that renders as a table).

@@ -77,6 +77,7 @@ from pgsnap.protocols import (
     StorageHealth,
     WalArchive,
 )
+from pgsnap.timeline import TimelineView, build_timeline
 from pgsnap.wal import (
     ArchivedFile,
     ArchiveIndex,
@@ -891,6 +892,30 @@ class Observer:
         except HostFileNotFound:
             return None
         return [n for n, head in heads.items() if is_live_segment(n, head, segment_size)]
+
+    def timeline_view(self) -> TimelineView:
+        """What is recoverable (:mod:`pgsnap.timeline`): the catalog's backups and drills
+        over the archive's segments and timelines, with the restore points the WAL
+        index has seen. One listing of the archive; no WAL is read."""
+        scan = scan_catalog(self.catalog)
+        seg = self._segment_size(scan.records)
+        index = self.archive.index(seg, check_sizes=False)
+        graph = self._histories(index)
+        points: tuple[tuple[LSN, str, int], ...] = ()
+        sysids = {b.system_identifier for b in scan.records}
+        if self.wal_index is not None and len(sysids) == 1:
+            (sysid,) = sysids
+            seen = self.wal_index.restore_points(sysid, seg)
+            points = tuple((LSN(lsn), name, tli) for lsn, tli, name in seen)
+        drills = getattr(self.catalog, "list_drills", None)
+        return build_timeline(
+            scan.records,
+            index,
+            graph,
+            restore_points=points,
+            drills=drills() if callable(drills) else (),
+            now=self._now(),
+        )
 
     @_one_listing
     def recovery_facts(

@@ -124,7 +124,7 @@ class LiveReporter:
             self._last = now
             since = now - self._started.get(event.step_id, now)
             line = f"  [{event.index}/{event.total}] {since:5.0f} s  {event.detail or ''}"
-            self._out.write(_ERASE + line[:_width()])
+            self._out.write(_ERASE + line[: _width()])
             self._shown = True
             return
         prefix = _ERASE if self._shown else ""

@@ -338,6 +338,27 @@ class WalIndex:
                 self._write(system_identifier, segment_size, shard, entries)
                 self._shards[(system_identifier, segment_size, shard)] = entries
 
+    def restore_points(
+        self, system_identifier: str, segment_size: int
+    ) -> tuple[tuple[int, int, str], ...]:
+        """Every restore point the index has seen: ``(lsn, timeline, name)``, by position
+        (one read of each of the cluster's index files; what was never read by a plan
+        is not there)."""
+        directory = self._dir(system_identifier, segment_size)
+        try:
+            shards = sorted(n[:-5] for n in os.listdir(directory) if n.endswith(".json"))
+        except OSError:
+            return ()
+        found: list[tuple[int, int, str]] = []
+        for shard in shards:
+            if len(shard) != 16 or not all(c in "0123456789ABCDEF" for c in shard):
+                continue  # not a shard (the verified-segments file, a stranger's)
+            entries = self._load(system_identifier, segment_size, shard)
+            tli = int(shard[:8], 16)
+            for summary in entries.values():
+                found.extend((lsn, tli, name) for lsn, _end, name in summary.restore_points)
+        return tuple(sorted(found))
+
     def _load(self, sysid: str, segsz: int, shard: str) -> dict[str, SegmentSummary]:
         path = self._file(sysid, segsz, shard)
         try:

@@ -558,3 +558,31 @@ def test_progress_goes_to_stderr_as_lines_as_json_events_or_not_at_all(cli_env: 
     code, out, err = env.run("backup", "--label", "l")  # not a terminal: lines
     assert code == 0 and out.startswith("backup ")
     assert all(re.match(r"\[\d+/\d+\] \w+", line) for line in err.splitlines()), err
+
+
+def test_the_timeline_command_and_a_plans_page(cli_env: CliEnv) -> None:
+    """Issue 26: `pgsnap timeline` says what is recoverable as text, JSON, SVG and a page,
+    and `plan-recovery --html` writes the plan with the picture and its target marked."""
+    env = cli_env
+    first = backed_up(env)
+    env.write(2)
+    env.server.switch_wal_and_wait_archived()
+    code, out, err = env.run("timeline")
+    assert code == 0, err
+    assert out.startswith("timeline 1: ") and f"{first['id']}" in out
+    view = env.run_json("timeline")
+    assert [lane["timeline"] for lane in view["lanes"]] == [1]
+    (mark,) = view["backups"]
+    assert mark["id"] == first["id"] and mark["recoverable_to"] is not None
+    svg, page = env.work / "t.svg", env.work / "t.html"
+    code, _out, err = env.run("timeline", "--svg", str(svg), "--html", str(page))
+    assert code == 0 and f"wrote {svg}" in err
+    assert svg.read_text().startswith("<svg") and "<svg" in page.read_text()
+    plan_page = env.work / "plan.html"
+    code, out, err = env.run("plan-recovery", "--html", str(plan_page))
+    assert code == 0, err
+    text = plan_page.read_text()
+    assert "Recovery plan" in text and "<svg" in text and 'class="target' in text
+    assert f'data-id="{first["id"]}"' in text
+    code, _out, err = env.run("timeline", "--svg", "/nonexistent/dir/t.svg")
+    assert code == 2 and "cannot write /nonexistent/dir/t.svg" in err

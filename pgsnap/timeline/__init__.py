@@ -3,7 +3,7 @@
 :func:`build_timeline` turns what the observer knows (the catalog's backups, the
 archive's segments and timeline histories, the restore points the WAL index has
 seen, the drills) into a :class:`TimelineView`: plain data that
-:mod:`pgsnap.timeline_svg` draws as SVG, and that products can draw their own way.
+:mod:`pgsnap.timeline.svg` draws as SVG, and that products can draw their own way.
 
 The x axis of the picture is the WAL position (LSN): timelines are lanes, a child
 timeline forks from its parent at its switchpoint, archived WAL is a bar with a gap
@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from pgsnap.model import LSN, BackupRecord, BackupState, DrillRecord
+from pgsnap.plan import Plan
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "TimelineView",
     "WalRun",
     "build_timeline",
+    "plan_target",
 ]
 
 
@@ -133,7 +135,7 @@ class TargetMark:
 
 @attrs.frozen
 class TimelineView:
-    """Everything :mod:`pgsnap.timeline_svg` draws (see the module docstring)."""
+    """Everything :mod:`pgsnap.timeline.svg` draws (see the module docstring)."""
 
     segment_size: int
     lanes: tuple[Lane, ...]
@@ -158,10 +160,32 @@ class TimelineView:
 
     def _repr_html_(self) -> str:
         """Jupyter shows the view as its SVG."""
-        from pgsnap.timeline_svg import render_svg  # noqa: PLC0415
+        from pgsnap.timeline.svg import render_svg  # noqa: PLC0415
 
         svg: str = render_svg(self)
         return svg
+
+
+def plan_target(plan: Plan) -> TargetMark | None:
+    """Where a recovery plan's target falls and which backup it restores (None for a
+    plan of another kind): the backup its label step writes, the timeline of its
+    summary, and how far its recovery replays (the target's LSN, or the end of the
+    reachable WAL; a time target is not placed by LSN)."""
+    if plan.kind != "recovery":
+        return None
+    backup_id = ""
+    until: LSN | None = None
+    for step in plan.steps:
+        if step.action == "db.write_backup_label":
+            backup_id = str(step.params.get("backup_id", ""))
+        if step.action == "db.wait_recovery":
+            raw = step.params.get("until_lsn")
+            until = LSN.parse(raw) if isinstance(raw, str) else None
+    target = str(plan.summary.get("target", ""))
+    timeline_text = str(plan.summary.get("target timeline", "")).split(" ", 1)[0]
+    timeline = int(timeline_text) if timeline_text.isdigit() else 0
+    placed = until if not target.startswith("time ") else None
+    return TargetMark(f"target {target}", backup_id, timeline, placed)
 
 
 def _runs(index: ArchiveIndex) -> tuple[list[WalRun], list[GapMark]]:
