@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import time
 from collections.abc import Iterable
 from typing import Final
 
 import attrs
 
+from pgsnap.errors import DeviceNotFound
 from pgsnap.host import Host, LocalRunner
 from pgsnap.host.readonly import mount_read_only
 from pgsnap.operations.base import (
@@ -135,6 +137,10 @@ class MountVolume(Operation):
         return {}
 
 
+_SLICE: Final = 3.0
+"""Seconds a device wait goes between two progress reports."""
+
+
 @attrs.frozen
 class WaitForDevice(Operation):
     """Wait until a volume's device node appears on the host after it was attached."""
@@ -146,7 +152,33 @@ class WaitForDevice(Operation):
     timeout: float = 120.0
 
     def run(self, ctx: OperationContext) -> Outputs:
-        return {"resolved": ctx.host.wait_for_device(self.device, timeout=self.timeout)}
+        # In slices of a few seconds, saying between them what it waits for (a SAN
+        # rescan can take a while); the last slice raises DeviceNotFound as one wait would.
+        started = time.monotonic()
+        deadline = started + self.timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                found = ctx.host.wait_for_device(self.device, timeout=min(remaining, _SLICE))
+            except DeviceNotFound:
+                if time.monotonic() + 0.05 >= deadline:
+                    raise DeviceNotFound(
+                        f"device {self.device} did not appear on {ctx.host.description} "
+                        f"within {self.timeout:g} s",
+                        device=self.device,
+                        host=ctx.host.description,
+                        hint="check that the volume is attached (mapped) to this host and "
+                        "that the device path is right (lsblk, ls -l /dev/disk/by-id)",
+                        timeout=self.timeout,
+                    ) from None
+                waited = time.monotonic() - started
+                ctx.progress(
+                    f"waiting for device {self.device} on {ctx.host.description} "
+                    f"({waited:.0f} of {self.timeout:g} s)",
+                    {"device": self.device, "waited_seconds": round(waited, 1)},
+                )
+                continue
+            return {"resolved": found}
 
 
 # --------------------------------------------------------------------------- copies

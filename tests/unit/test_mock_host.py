@@ -378,3 +378,32 @@ def test_other_paths_go_to_the_real_host(world: World, monkeypatch: pytest.Monke
     # Files and processes are the real machine's, through the base host's runner.
     assert world.host.exists(str(world.luns[world.data] / "PG_VERSION"))
     assert world.host.process(os.getpid()) is not None
+
+
+def test_a_device_wait_reports_progress_until_the_device_appears(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a wait for a device says what it waits for while it waits, and still
+    fails with DeviceNotFound (naming the whole wait) when the device never comes."""
+    import threading
+    import types
+
+    from pgsnap.errors import DeviceNotFound
+    from pgsnap.operations.host import WaitForDevice
+
+    monkeypatch.setattr("pgsnap.operations.host._SLICE", 0.2)
+    told: list[str] = []
+    ctx = types.SimpleNamespace(host=world.host, progress=lambda m, d: told.append(m))
+    device = world.device(world.data)
+    timer = threading.Timer(0.7, world.backend.attach, args=(world.data, HOST))
+    timer.start()
+    try:
+        out = WaitForDevice(device=device, timeout=10).run(ctx)  # type: ignore[arg-type]
+    finally:
+        timer.join()
+    assert out == {"resolved": str(world.luns[world.data])}
+    assert told and all(m.startswith(f"waiting for device {device}") for m in told)
+    told.clear()
+    with pytest.raises(DeviceNotFound, match=r"within 0\.5 s") as info:
+        WaitForDevice(device=world.device(world.wal), timeout=0.5).run(ctx)  # type: ignore[arg-type]
+    assert info.value.details["timeout"] == 0.5 and told
