@@ -436,6 +436,10 @@ class WaitRecovery(Operation):
     until_lsn: LSN | None = None
     """How far replay goes at most (the target's LSN, or the end of the reachable WAL):
     progress says how much is left and when it should end."""
+    target_lsn: LSN | None = None
+    """Where replay stops for the target, when the plan knows (an LSN target, a restore
+    point, the commit a time or xid target stops at; None for latest or when the WAL
+    was not read): the timeline picture places the target there."""
 
     def run(self, ctx: OperationContext) -> Outputs:
         told = _ReplayProgress(ctx.progress, self.until_lsn)

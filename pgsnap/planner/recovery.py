@@ -1176,6 +1176,9 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
             "volumes (and a new timeline to the archive), so nothing before it can be undone",
         )
     )
+    stops = _resolve_target_lsn(facts, target)
+    if stops is not None and stops > wal.reachable_lsn:
+        stops = None
     steps.append(
         Step.of(
             "wait-recovery",
@@ -1183,9 +1186,8 @@ def plan_recovery(facts: RecoveryFacts, request: RecoveryRequest) -> Plan:
                 action=request.action,
                 target_kind=target.kind,
                 timeout=request.recovery_timeout,
-                until_lsn=target.value
-                if isinstance(target.value, LSN) and target.value <= wal.reachable_lsn
-                else wal.reachable_lsn,
+                until_lsn=stops if stops is not None else wal.reachable_lsn,
+                target_lsn=stops,
             ),
             description=f"wait for recovery to reach {target} and {request.action.value}",
             reason="the plan is done only when the server says where it stopped",

@@ -175,16 +175,20 @@ def plan_target(plan: Plan) -> TargetMark | None:
         return None
     backup_id = ""
     until: LSN | None = None
+    stops: LSN | None = None
     for step in plan.steps:
         if step.action == "db.write_backup_label":
             backup_id = str(step.params.get("backup_id", ""))
         if step.action == "db.wait_recovery":
-            raw = step.params.get("until_lsn")
+            raw, at = step.params.get("until_lsn"), step.params.get("target_lsn")
             until = LSN.parse(raw) if isinstance(raw, str) else None
+            stops = LSN.parse(at) if isinstance(at, str) else None
     target = str(plan.summary.get("target", ""))
     timeline_text = str(plan.summary.get("target timeline", "")).split(" ", 1)[0]
     timeline = int(timeline_text) if timeline_text.isdigit() else 0
-    placed = until if not target.startswith("time ") else None
+    # Where replay stops: the target's position when the plan knows it; for latest,
+    # the end of the reachable WAL; else (a time never read in the WAL) not placed.
+    placed = stops if stops is not None else until if target == "latest" else None
     return TargetMark(f"target {target}", backup_id, timeline, placed)
 
 
