@@ -85,20 +85,29 @@ class _Null:
 
 class LineReporter:
     """One line per step's start and end; progress at most every ``every`` seconds per
-    step (``every=0``: each one). ``stream`` defaults to standard error."""
+    step (``every=0``: each one), and the step's last progress, if it was held back,
+    just before its end (the final figures: bytes, rate). ``stream`` defaults to
+    standard error."""
 
     def __init__(self, stream: IO[str] | None = None, *, every: float = 10.0) -> None:
         self._out = _Writer(stream)
         self.every = every
         self._told: dict[str, float] = {}
+        self._held: dict[str, Event] = {}
 
     def __call__(self, event: Event) -> None:
         if event.kind is EventKind.PROGRESS:
             now = time.monotonic()
             last = self._told.get(event.step_id)
             if last is not None and now - last < self.every:
+                self._held[event.step_id] = event
                 return
             self._told[event.step_id] = now
+            self._held.pop(event.step_id, None)
+        else:
+            held = self._held.pop(event.step_id, None)
+            if held is not None:
+                self._out.write(f"{held}\n")
         self._out.write(f"{event}\n")
 
 

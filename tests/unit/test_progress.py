@@ -41,11 +41,12 @@ def test_lines_give_each_step_and_a_long_step_every_ten_seconds(clock: Clock) ->
         tell(ev(EventKind.PROGRESS, detail=f"{second} segments"))
     tell(ev(EventKind.FINISHED))
     lines = out.getvalue().splitlines()
-    assert [line.split()[1] for line in lines] == ["started", *["progress"] * 3, "finished"]
-    assert [line.rsplit(": ", 1)[1] for line in lines[1:4]] == [
+    assert [line.split()[1] for line in lines] == ["started", *["progress"] * 4, "finished"]
+    assert [line.rsplit(": ", 1)[1] for line in lines[1:5]] == [
         "0 segments",
         "10 segments",
         "20 segments",
+        "24 segments",  # the last figures, held back, told before the end
     ]
 
 
