@@ -130,18 +130,20 @@ _MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             " ADD COLUMN pinned boolean NOT NULL DEFAULT false,"
             " ADD COLUMN pinned_until timestamptz,"
             " ADD COLUMN copies integer NOT NULL DEFAULT 0",
-            # From the records pgsnap wrote; a value that does not read as a time
-            # (a hand-edited row) is left NULL and the start time stands in for it.
+            # From the records pgsnap wrote: the stop time, or the start time where the
+            # record has none (not finished) or one that does not read as a time.
             "UPDATE backups SET"
             " consistent_at = CASE WHEN record->>'stop_time' ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'"
-            " THEN (record->>'stop_time')::timestamptz END,"
+            " THEN (record->>'stop_time')::timestamptz ELSE start_time END,"
             " pinned = jsonb_typeof(record->'pin') = 'object',"
             " pinned_until = CASE WHEN record->'pin'->>'until' ~ '^[0-9]{4}-[0-9]{2}-[0-9]{2}T'"
             " THEN (record->'pin'->>'until')::timestamptz END,"
             " copies = CASE WHEN jsonb_typeof(record->'copies') = 'array'"
             " THEN jsonb_array_length(record->'copies') ELSE 0 END",
-            "CREATE INDEX backups_retention ON backups (cluster_id, state)"
-            " INCLUDE (id, start_time, consistent_at, pinned, pinned_until, copies)",
+            "ALTER TABLE backups ALTER COLUMN consistent_at SET NOT NULL",
+            "CREATE INDEX backups_by_consistency ON backups"
+            ' (cluster_id, state, consistent_at DESC, id COLLATE "C" DESC)'
+            " INCLUDE (pinned, pinned_until, copies)",
         ),
     ),
 )
@@ -510,7 +512,7 @@ class PostgresCatalog:
                     record.state.value,
                     record.stop_timeline or record.start_timeline,
                     record.start_time,
-                    record.stop_time,
+                    record.stop_time or record.start_time,
                     record.pin is not None,
                     None if record.pin is None else record.pin.until,
                     len(record.copies),
@@ -801,6 +803,7 @@ class PostgresCatalog:
             "now": moment,
             "redundancy": policy.redundancy,
             "has_window": window is not None,
+            "has_levels": any(levels.values()),
             "start": moment - (window or dt.timedelta(0)),
             **{f"n_{unit}": count for unit, count in levels.items()},
         }
@@ -808,6 +811,9 @@ class PostgresCatalog:
             params["cluster"] = None if every_cluster else self._id(conn, create=False)
             if not every_cluster and params["cluster"] is None:
                 return ()
+            # Small per-cluster probes the planner costs high: compiling them (JIT)
+            # took longer than running them.
+            conn.execute("SET jit = off")
             rows = conn.execute(_EXPIRABLE_SQL, params).fetchall()
         why = f"not kept by the policy ({policy.describe()})"
         return tuple(
@@ -824,53 +830,82 @@ class PostgresCatalog:
 
 
 _EXPIRABLE_SQL: Final = """
-WITH b AS (
-    SELECT cluster_id, id, state, coalesce(consistent_at, start_time) AS at,
-           pinned, pinned_until, copies
-    FROM backups
-    WHERE (%(cluster)s::integer IS NULL OR cluster_id = %(cluster)s::integer)
-      AND state IN ('done', 'failed')
-), done AS (
-    SELECT cluster_id, id, at,
-           row_number() OVER (PARTITION BY cluster_id ORDER BY at DESC, id COLLATE "C" DESC) AS rn
-    FROM b WHERE state = 'done'
-), anchor AS (
-    SELECT cluster_id, max(at) AS at FROM done WHERE at <= %(start)s GROUP BY cluster_id
-), newest AS (
-    SELECT cluster_id, max(at) AS at FROM done GROUP BY cluster_id
+WITH c AS (
+    SELECT id AS cluster_id, name FROM clusters
+    WHERE %(cluster)s::integer IS NULL OR id = %(cluster)s::integer
+), t AS (
+    -- Each cluster's thresholds, each one indexed probe: its newest DONE backup, the
+    -- N-th newest (redundancy N keeps it and every newer one; none when it has fewer),
+    -- and the window's anchor (the newest at or before its start; every backup at least
+    -- as new is kept; with no anchor every one is).
+    SELECT c.cluster_id, c.name, newest.at AS newest_at, red.at AS red_at, red.id AS red_id,
+           anchor.at AS anchor_at
+    FROM c
+    LEFT JOIN LATERAL (
+        SELECT consistent_at AS at FROM backups b
+        WHERE b.cluster_id = c.cluster_id AND b.state = 'done'
+        ORDER BY consistent_at DESC, id COLLATE "C" DESC LIMIT 1
+    ) newest ON true
+    LEFT JOIN LATERAL (
+        SELECT consistent_at AS at, id FROM backups b
+        WHERE b.cluster_id = c.cluster_id AND b.state = 'done'
+        ORDER BY consistent_at DESC, id COLLATE "C" DESC
+        OFFSET greatest(coalesce(%(redundancy)s::integer, 1) - 1, 0) LIMIT 1
+    ) red ON %(redundancy)s::integer IS NOT NULL
+    LEFT JOIN LATERAL (
+        SELECT consistent_at AS at FROM backups b
+        WHERE b.cluster_id = c.cluster_id AND b.state = 'done'
+          AND consistent_at <= %(start)s
+        ORDER BY consistent_at DESC, id COLLATE "C" DESC LIMIT 1
+    ) anchor ON %(has_window)s
 ), levels AS (
-    SELECT cluster_id, id, wanted,
-           row_number() OVER (PARTITION BY cluster_id, unit, period
-                              ORDER BY at DESC, id COLLATE "C" DESC) AS newest_of_period,
-           dense_rank() OVER (PARTITION BY cluster_id, unit ORDER BY period DESC) AS nth
-    FROM (
-        SELECT d.cluster_id, d.id, d.at, l.unit, l.wanted,
-               date_trunc(l.unit, d.at AT TIME ZONE 'UTC') AS period
-        FROM done d
-        CROSS JOIN (VALUES ('hour', %(n_hour)s::integer), ('day', %(n_day)s::integer),
-                           ('week', %(n_week)s::integer), ('month', %(n_month)s::integer))
-                   AS l (unit, wanted)
-        WHERE l.wanted > 0
-    ) p
-), kept AS (
-    SELECT cluster_id, id FROM done WHERE rn <= %(redundancy)s::integer
-    UNION
-    SELECT d.cluster_id, d.id FROM done d LEFT JOIN anchor a USING (cluster_id)
-    WHERE %(has_window)s AND (a.at IS NULL OR d.at >= a.at)
-    UNION
-    SELECT cluster_id, id FROM levels WHERE newest_of_period = 1 AND nth <= wanted
+    -- Grandfather-father-son: the newest of each of the last N periods with a backup.
+    -- Only when levels are asked for (it reads every DONE backup).
+    SELECT cluster_id, id FROM (
+        SELECT cluster_id, id, wanted,
+               row_number() OVER (PARTITION BY cluster_id, unit, period
+                                  ORDER BY at DESC, id COLLATE "C" DESC) AS newest_of_period,
+               dense_rank() OVER (PARTITION BY cluster_id, unit ORDER BY period DESC) AS nth
+        FROM (
+            SELECT b.cluster_id, b.id, b.consistent_at AS at,
+                   l.unit, l.wanted,
+                   date_trunc(l.unit, b.consistent_at
+                              AT TIME ZONE 'UTC') AS period
+            FROM backups b JOIN c ON c.cluster_id = b.cluster_id
+            CROSS JOIN (VALUES ('hour', %(n_hour)s::integer), ('day', %(n_day)s::integer),
+                               ('week', %(n_week)s::integer), ('month', %(n_month)s::integer))
+                       AS l (unit, wanted)
+            WHERE %(has_levels)s AND b.state = 'done' AND l.wanted > 0
+        ) p
+    ) ranked
+    WHERE newest_of_period = 1 AND nth <= wanted
+), candidates AS (
+    -- DONE backups older than every threshold: a range of the index in each cluster.
+    SELECT t.name, b.cluster_id, b.id, b.state, b.consistent_at AS at,
+           b.pinned, b.pinned_until, b.copies
+    FROM t CROSS JOIN LATERAL (
+        SELECT * FROM backups b WHERE b.cluster_id = t.cluster_id AND b.state = 'done'
+    ) b
+    WHERE (%(redundancy)s::integer IS NULL
+           OR (t.red_at IS NOT NULL
+               AND b.consistent_at <= t.red_at  -- a range of the index
+               AND (b.consistent_at < t.red_at
+                    OR (b.consistent_at = t.red_at
+                        AND b.id COLLATE "C" < t.red_id COLLATE "C"))))
+      AND (NOT %(has_window)s
+           OR (t.anchor_at IS NOT NULL AND b.consistent_at < t.anchor_at))
+    UNION ALL
+    -- FAILED backups once a newer one is DONE.
+    SELECT t.name, b.cluster_id, b.id, b.state, b.consistent_at,
+           b.pinned, b.pinned_until, b.copies
+    FROM t JOIN backups b ON b.cluster_id = t.cluster_id AND b.state = 'failed'
+    WHERE t.newest_at > b.consistent_at
 )
-SELECT c.name, b.id, b.state, b.at, b.copies
-FROM b
-JOIN clusters c ON c.id = b.cluster_id
-LEFT JOIN newest n ON n.cluster_id = b.cluster_id
-WHERE NOT (b.pinned AND (b.pinned_until IS NULL OR %(now)s < b.pinned_until))
-  AND CASE b.state
-      WHEN 'done' THEN NOT EXISTS (SELECT 1 FROM kept k
-                                   WHERE k.cluster_id = b.cluster_id AND k.id = b.id)
-      ELSE n.at > b.at
-      END
-ORDER BY c.name, b.at, b.id COLLATE "C"
+SELECT name, id, state, at, copies FROM candidates x
+WHERE NOT (pinned AND (pinned_until IS NULL OR %(now)s < pinned_until))
+  AND (state <> 'done' OR NOT %(has_levels)s
+       OR NOT EXISTS (SELECT 1 FROM levels l WHERE l.cluster_id = x.cluster_id AND l.id = x.id))
+ORDER BY name, at, id COLLATE "C"
 """
 """The backups a retention policy expires (``PostgresCatalog.expirable``): the rules of
 :func:`pgsnap.planner.expiry.kept_backups` and ``plan_expiry`` over the columns of

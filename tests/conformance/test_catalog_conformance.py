@@ -233,13 +233,13 @@ def test_a_version_1_catalog_is_refused_until_migrated_then_read_whole(
         assert catalog.migrate(dry_run=True)[0][0] == 2
         assert [v for v, _ in catalog.migrate()] == [2]
         rows = catalog_server.sql(
-            "SELECT id, consistent_at IS NOT NULL, pinned, copies FROM old.backups ORDER BY id"
+            "SELECT id, consistent_at = start_time, pinned, copies FROM old.backups ORDER BY id"
         )
-        assert rows == [
-            ("b-1", True, True, 0),
-            ("b-2", True, False, 1),
-            ("b-3", False, False, 0),
-            ("b-4", True, False, 0),
+        assert rows == [  # the stop time; for b-3, whose stop is not a time, the start
+            ("b-1", False, True, 0),
+            ("b-2", False, False, 1),
+            ("b-3", True, False, 0),
+            ("b-4", False, False, 0),
         ]
         assert [r.id for r in catalog.scan().records] == ["b-1", "b-2", "b-4"]
         assert [e.backup_id for e in catalog.scan().unreadable] == ["b-3"]
