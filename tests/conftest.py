@@ -153,6 +153,20 @@ def sshd_server() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
+def catalog_server(pg_bindir: Path) -> Iterator[Any]:
+    """A running PostgreSQL server of the module's, to keep catalogs in
+    (:class:`~pgsnap.catalog.postgres.PostgresCatalog`): each test makes its own schema."""
+    from pgsnap.testing.pgserver import PgServer
+
+    server = PgServer.create(pg_bindir, archive=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(scope="module")
 def lvm_vm() -> Iterator[Any]:
     """The lvm2 test VM of a test module (:class:`~pgsnap.testing.lvmvm.LvmVm`).
 

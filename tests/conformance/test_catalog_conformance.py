@@ -55,16 +55,6 @@ class TestDirectoryCatalog(CatalogConformance):
 _schemas = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def catalog_server(pg_bindir: Path) -> Iterator[PgServer]:
-    server = PgServer.create(pg_bindir, archive=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
-
-
 @pytest.mark.postgres
 class TestPostgresCatalog(CatalogConformance):
     @pytest.fixture

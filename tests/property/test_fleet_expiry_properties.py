@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-from collections.abc import Iterator
-from pathlib import Path
 
 import attrs
 import pytest
@@ -124,16 +122,6 @@ def _planned(records: tuple[BackupRecord, ...], policy: RetentionPolicy, now: dt
         elif f"delete-snapshots-{b.id}" in ids:
             out[b.id] = "snapshots"
     return out, plan
-
-
-@pytest.fixture(scope="module")
-def catalog_server(pg_bindir: Path) -> Iterator[PgServer]:
-    server = PgServer.create(pg_bindir, archive=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.cleanup()
 
 
 @settings(
