@@ -1182,7 +1182,11 @@ class PostgresAdapter:
 
     def _refused(self, exc: ServerRefusedError) -> ServerRefusedError:
         """The error of a recovery the server went through but pgsnap cannot look at."""
-        summary = self._settle_log(("archive recovery complete", "ready to accept"), wait=1.0)
+        # "ready to accept connections", not "... read-only connections": a hot standby
+        # says that first, while its recovery goes on (and the refusal may come then).
+        summary = self._settle_log(
+            ("archive recovery complete", "ready to accept connections"), wait=5.0
+        )
         ended = summary.ended
         log_path = None if self._follower is None else self._follower.path
         if ended:
