@@ -83,6 +83,15 @@ outside every directory of the cluster, so a restore (which rewrites the data vo
 never erases the lines that explain a failure."""
 
 
+def _mentions(*wanted: str) -> Callable[[_pglog.LogSummary], bool]:
+    """A log summary settled once a relevant line mentions one of ``wanted``."""
+
+    def settled(summary: _pglog.LogSummary) -> bool:
+        return any(w in line for line in summary.relevant for w in wanted)
+
+    return settled
+
+
 def _str_tuple(lines: Iterable[str]) -> tuple[str, ...]:
     return tuple(lines)
 
@@ -1184,9 +1193,9 @@ class PostgresAdapter:
         """The error of a recovery the server went through but pgsnap cannot look at."""
         # "ready to accept connections", not "... read-only connections": a hot standby
         # says that first, while its recovery goes on (and the refusal may come then).
-        summary = self._settle_log(
-            ("archive recovery complete", "ready to accept connections"), wait=5.0
-        )
+        # Both lines are needed (``LogSummary.ended``), and the first comes ~10 ms before
+        # the second: waiting for either one read the log between them (a CI failure).
+        summary = self._settle_log(lambda s: s.ended, wait=5.0)
         ended = summary.ended
         log_path = None if self._follower is None else self._follower.path
         if ended:
@@ -1258,11 +1267,13 @@ class PostgresAdapter:
             return None
         state, replay, timeline = found
         if state == "promoted":
-            summary = self._settle_log(("archive recovery complete", "ready to accept"))
+            summary = self._settle_log(
+                _mentions("archive recovery complete", "ready to accept")
+            )
         elif state == "paused" and summary.stop_line is None:
             # The server logs "recovery stopping ..." before it pauses, but the line
             # may reach the file after the pause is seen (a loaded machine): wait for it.
-            summary = self._settle_log(("recovery stopping ",), wait=5.0)
+            summary = self._settle_log(_mentions("recovery stopping "), wait=5.0)
         lsn = (
             LSN.parse(replay)
             if replay
@@ -1312,12 +1323,14 @@ class PostgresAdapter:
         )
         return "paused", replay, int(timeline)
 
-    def _settle_log(self, wanted: Sequence[str], wait: float = 2.0) -> _pglog.LogSummary:
-        """Re-read the log briefly until a line with one of ``wanted`` shows up."""
+    def _settle_log(
+        self, settled: Callable[[_pglog.LogSummary], bool], wait: float = 2.0
+    ) -> _pglog.LogSummary:
+        """Re-read the log briefly until its summary is ``settled``."""
         deadline = time.monotonic() + wait
         summary = self._summary()
         while self._follower is not None and time.monotonic() < deadline:
-            if any(w in line for line in summary.relevant for w in wanted):
+            if settled(summary):
                 break
             time.sleep(0.05)
             summary = self._summary()

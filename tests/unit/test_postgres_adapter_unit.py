@@ -599,3 +599,38 @@ def test_another_instance_is_reached_as_the_cluster_is(monkeypatch: pytest.Monke
     assert inst._password == "hunter2"
     monkeypatch.setenv("PGHOST", "db2.example")  # libpq's default host, as libpq reads it
     assert PostgresAdapter("port=5432")._tcp_address({}) == "db2.example"
+
+
+def test_a_refusal_waits_for_both_lines_that_end_the_recovery(tmp_path: Path) -> None:
+    """'archive recovery complete' comes ~10 ms before 'ready to accept connections';
+    a refusal read between the two said the recovery had not ended (a CI failure)."""
+    import threading
+    import time
+
+    from pgsnap.errors import ServerRefusedError
+
+    log = tmp_path / "server.log"
+    log.write_text(
+        "2026-12-07 01:08:23.587 UTC [1] LOG:  database system is ready to accept "
+        "read-only connections\n"
+        "2026-12-07 01:08:23.599 UTC [1] LOG:  archive recovery complete\n"
+    )
+    adapter = PostgresAdapter("host=/nonexistent port=1")
+    adapter._follower = _LogFollower(Host(), str(log), 0, None)
+
+    def ready_later() -> None:
+        time.sleep(0.4)
+        with log.open("a") as out:
+            out.write(
+                "2026-12-07 01:08:23.609 UTC [1] LOG:  database system is ready to accept "
+                "connections\n"
+            )
+
+    writer = threading.Thread(target=ready_later)
+    writer.start()
+    try:
+        err = adapter._refused(ServerRefusedError("password authentication failed"))
+    finally:
+        writer.join()
+    assert err.details["recovery_ended"] is True
+    assert err.message.startswith("recovery ended: the server promoted")
