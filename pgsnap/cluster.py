@@ -1056,8 +1056,24 @@ class Cluster:
         self.check_not_busy("recovery")
         return self.execute(self.plan_recovery(target, **options), on_event=on_event)
 
-    def _plan_recovery(self, request: RecoveryRequest) -> Plan:
-        return plan_recovery(self.recovery_facts(request), request)
+    def _plan_recovery(self, request: RecoveryRequest, *, read_wal: bool = True) -> Plan:
+        """Plan from what is known of the archive, probed by name; confirm what the plan
+        rests on; on any doubt (a refusal, a segment gone, a gap) list the archive and
+        plan again, as before (:mod:`pgsnap.wal.known`)."""
+        facts = self.observer.recovery_facts(request, read_wal=read_wal, by_name=True)
+        if facts.archive_by_name:
+            try:
+                plan = plan_recovery(facts, request)
+            except PlanningError as exc:
+                why: str | None = f"the plan was refused ({exc.message})"
+            else:
+                backup_id = plan.summary.get("backup", "").split(" ", 1)[0]
+                why = self.observer.confirm_archive(facts, backup_id)
+                if why is None:
+                    return plan
+            log.info("the WAL archive is listed to plan again: %s", why)
+            facts = self.observer.recovery_facts(request, read_wal=read_wal)
+        return plan_recovery(facts, request)
 
     # ------------------------------------------------------------------ clones
 
@@ -1374,14 +1390,14 @@ class Cluster:
 
         def replan() -> Plan:
             try:
-                now = plan_recovery(self.observer.recovery_facts(request, read_wal=False), request)
+                now = self._plan_recovery(request, read_wal=False)
                 if now.fingerprint == plan.fingerprint:
                     return now
             except PlanningError:
                 pass
             # Without the WAL the planner cannot place every target (a time just
             # before a gap needs the commit after it): ask again with the WAL.
-            return plan_recovery(self.observer.recovery_facts(request), request)
+            return self._plan_recovery(request)
 
         _same_plan(plan, replan, "the facts changed (backups, snapshots, timelines or WAL)")
 

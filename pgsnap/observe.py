@@ -81,6 +81,7 @@ from pgsnap.timeline import TimelineView, build_timeline
 from pgsnap.wal import (
     ArchivedFile,
     ArchiveIndex,
+    DirectoryWalArchive,
     TimelineGraph,
     TimelineSpan,
     archived_segment_size,
@@ -94,6 +95,7 @@ from pgsnap.wal import (
 from pgsnap.wal.contents import WalIndex, WalQuery, read_events
 from pgsnap.wal.dump import scan_wal
 from pgsnap.wal.files import ReadStream
+from pgsnap.wal.known import KnownArchive
 from pgsnap.wal.reader import (
     WalSource,
     archived_segment_problem,
@@ -917,18 +919,62 @@ class Observer:
             now=self._now(),
         )
 
+    def known_archive(self, segment_size: int) -> KnownArchive | None:
+        """What is known of the archive between runs (:mod:`pgsnap.wal.known`): for a
+        directory archive with a WAL index; None otherwise (it is listed)."""
+        if self.wal_index is None or not isinstance(self.archive, DirectoryWalArchive):
+            return None
+        return KnownArchive(self.wal_index.path, self.archive, segment_size)
+
+    def _listed(self, segment_size: int) -> ArchiveIndex:
+        """One listing of the archive, names only (no stat of each file: the reader
+        checks the sizes of the segments it reads), kept as what is known of it."""
+        index = self.archive.index(segment_size, check_sizes=False)
+        known = self.known_archive(segment_size)
+        if known is not None:
+            known.save(index)
+        return index
+
+    def confirm_archive(self, facts: RecoveryFacts, backup_id: str) -> str | None:
+        """Confirm the archive a plan from ``facts`` (made without listing it) rests on,
+        from backup ``backup_id``'s first segment on (:meth:`KnownArchive.confirm`).
+        None when it holds; else why not: list the archive and plan again."""
+        record = next((b for b in facts.backups if b.id == backup_id), None)
+        seg = facts.archive.segment_size
+        known = self.known_archive(seg)
+        if record is None or known is None:
+            return f"backup {backup_id!r} cannot be confirmed by name"
+        start = record.start_lsn.value // seg
+        why = known.confirm(facts.archive, record.start_timeline, start)
+        if why is None:
+            known.save(facts.archive)  # the next plan probes from here
+        return why
+
     @_one_listing
     def recovery_facts(
-        self, request: RecoveryRequest | None = None, *, read_wal: bool = True
+        self,
+        request: RecoveryRequest | None = None,
+        *,
+        read_wal: bool = True,
+        by_name: bool = False,
     ) -> RecoveryFacts:
         """Observe what the recovery planner needs; reads WAL commit times when it can
-        (and ``read_wal``: without, ``events`` is None)."""
+        (and ``read_wal``: without, ``events`` is None).
+
+        ``by_name``: when the archive's state is known from an earlier run, probe it
+        by name instead of listing it (``facts.archive_by_name`` is then set): the
+        plan made from these facts must be confirmed by :meth:`confirm_archive`.
+        """
         request = request or RecoveryRequest()
         backups = self.catalog.list()
         seg = self._segment_size(backups)
-        # One listing, names only (no stat of each file): the reader checks the
-        # sizes of the segments it reads (a truncated copy is passed over or refused).
-        index = self.archive.index(seg, check_sizes=False)
+        index = None
+        known = self.known_archive(seg) if by_name else None
+        if known is not None:
+            index = known.probed()
+        probed = index is not None
+        if index is None:
+            index = self._listed(seg)
         merged = None
         local_dir = self._local_wal_dir(backups)
         local = None if local_dir is None else self._surviving_segments(local_dir, seg)
@@ -956,6 +1002,7 @@ class Observer:
             archive_with_local_wal=merged,
             host=self.host.name,
             volume_facts=self._volume_facts(),
+            archive_by_name=probed,
         )
         configured = getattr(self.adapter, "data_directory", None)
         data_directory = (

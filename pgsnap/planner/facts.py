@@ -194,6 +194,10 @@ class RecoveryFacts:
     copy_key_file: str = ""
     """The configured copy key file (``[copies] key_file``: its path, never the key),
     given to the steps that restore an encrypted copy; "" : none."""
+    archive_by_name: bool = False
+    """``archive`` was not listed: it is what an earlier run knew, extended by probing
+    names (:mod:`pgsnap.wal.known`). A plan made from it holds only once confirmed
+    (:meth:`pgsnap.observe.Observer.confirm_archive`)."""
 
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered

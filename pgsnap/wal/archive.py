@@ -130,6 +130,11 @@ class DirectoryWalArchive:
         """Where the archive is, for messages (the absolute path)."""
         return self._path
 
+    @property
+    def gzip(self) -> bool:
+        """Whether gzip-compressed segments (``%f.gz``) count as WAL a recovery fetches."""
+        return self._gzip
+
     def __repr__(self) -> str:
         return f"DirectoryWalArchive({self._path!r})"
 

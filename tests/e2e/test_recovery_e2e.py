@@ -275,6 +275,56 @@ def test_wal_gap_refuses_later_targets_and_allows_earlier_ones(e2e_env: Any) -> 
     assert env.batches() == env.expect(1, 2)
 
 
+@pytest.mark.parametrize("volume_mode", ["directories"])  # planning: the volumes do not matter
+def test_plans_probe_the_archive_by_name_and_still_see_a_segment_deleted_since(
+    e2e_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: a plan does not list the archive when an earlier run knows it (it
+    probes names from there and confirms what the plan rests on), and a segment
+    deleted by hand since is still a gap for ``latest``."""
+    from pgsnap.wal.archive import DirectoryWalArchive
+
+    env: Env = e2e_env()
+    backed_up(env)
+    env.write(2)
+    before_gap = env.now()
+    env.write(3)
+    env.switch_wal()
+    env.write(4)
+    gap = env.switch_wal()
+    env.write(5)
+    after_gap = env.now()
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    lost = [DATA, WAL]
+    listings: list[str] = []
+    listed = DirectoryWalArchive.index
+
+    def counted(self: DirectoryWalArchive, *args: Any, **kwargs: Any) -> Any:
+        listings.append(self.path)
+        return listed(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectoryWalArchive, "index", counted)
+    first = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=lost)
+    assert len(listings) == 1  # nothing known yet: listed, and kept
+    second = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=lost)
+    assert len(listings) == 1, "the second plan listed the archive"
+    assert second.summary == first.summary and second.warnings == first.warnings
+
+    (env.archive_dir / gap).unlink()
+    for target in (RecoveryTarget.latest(), RecoveryTarget.time(after_gap)):
+        with pytest.raises(WalGapError) as info:
+            env.cluster.plan_recovery(target, lost=lost)
+        assert gap in info.value.missing, info.value
+    assert len(listings) > 1  # the doubt was settled by a listing
+
+    plan = env.cluster.plan_recovery(RecoveryTarget.time(before_gap), lost=lost)
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2)
+
+
 # --------------------------------------------------------------------------- (e)
 
 
