@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pgsnap.catalog import DirectoryCatalog, MemoryCatalog, catalog_system_identifiers
-from pgsnap.model import BackupRecord, BackupState, to_json
+from pgsnap.model import BackupRecord, BackupState, to_dict, to_json
 from tests.unit.test_model import _record
 
 UTC = dt.UTC
@@ -216,6 +216,9 @@ def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
         expected = _from_files(path, tmp_path)
         assert cat.list() == expected
         assert DirectoryCatalog(path).list() == expected
+        documents = [to_dict(r) for r in expected]
+        for reader in (cat, DirectoryCatalog(path)):  # from memory, from the index
+            assert [reader.document(r) for r in reader.list()] == documents
         done = [r for r in expected if r.is_usable]
         newest = DirectoryCatalog(path).newest()
         assert (newest.id if newest else None) == (done[-1].id if done else None)
