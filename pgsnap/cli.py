@@ -102,6 +102,14 @@ def _out(text: str) -> None:
     print(text, flush=True)
 
 
+def _json_out(value: Any) -> str:
+    """``--json`` output: indented for a person at a terminal; one line otherwise, for
+    the program that reads it (the C encoder: ten times faster at ten thousand backups)."""
+    if sys.stdout.isatty():
+        return json.dumps(value, indent=2)
+    return json.dumps(value)
+
+
 def _err(text: str) -> None:
     try:
         print(text, file=sys.stderr, flush=True)
@@ -250,7 +258,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     report = _load(args)[0].check()
     if args.json:
         _out(
-            json.dumps(
+            _json_out(
                 {
                     "ok": report.ok,
                     "findings": [str(f) for f in report.findings],
@@ -265,7 +273,6 @@ def cmd_check(args: argparse.Namespace) -> int:
                     ],
                     "storage_problems": [encode_value(p) for p in report.storage_problems],
                 },
-                indent=2,
             )
         )
     else:
@@ -356,13 +363,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     backups = _listed_backups(args, cluster)
     if args.json:
         _warn_unreadable_entries(backups.unreadable)
+        document = getattr(cluster.catalog, "document", to_dict)  # from what it read
         docs = []
         for b in backups:
-            doc = to_dict(b)
+            doc = document(b)
             if backups.forecast is not None:
                 doc["retention"] = _retention_json(backups, b)
             docs.append(doc)
-        _out(json.dumps(docs, indent=2))
+        _out(_json_out(docs))
         return EXIT_OK
     if backups.forecast is not None:
         gone = backups.forecast.removed
@@ -510,14 +518,13 @@ def cmd_rebuild_catalog(args: argparse.Namespace) -> int:
     report = _load(args)[0].rebuild_catalog(dry_run=args.dry_run, log_timezone=args.log_timezone)
     if args.json:
         _out(
-            json.dumps(
+            _json_out(
                 {
                     "dry_run": report.dry_run,
                     "rebuilt": [to_dict(r) for r in report.rebuilt],
                     "skipped": [{"what": w, "why": why} for w, why in report.skipped],
                     "existing": list(report.existing),
                 },
-                indent=2,
             )
         )
     else:
@@ -546,7 +553,7 @@ def cmd_safety_list(args: argparse.Namespace) -> int:
 
     records = _load(args)[0].safety_snapshots()
     if args.json:
-        _out(json.dumps([to_dict(r) for r in records], indent=2))
+        _out(_json_out([to_dict(r) for r in records]))
         return EXIT_OK
     if not records:
         _out("no safety snapshots")
@@ -701,7 +708,7 @@ def cmd_copy_gc(args: argparse.Namespace) -> int:
         stale_after=_duration(args.stale_after),
         on_event=_reporter(args),
     )
-    _out(json.dumps(gc_outputs(report), indent=2) if args.json else report.explain())
+    _out(_json_out(gc_outputs(report)) if args.json else report.explain())
     return EXIT_OK
 
 
@@ -753,7 +760,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     if args.json:
         from pgsnap.model import encode_value  # noqa: PLC0415
 
-        _out(json.dumps(encode_value(view), indent=2))
+        _out(_json_out(encode_value(view)))
         return EXIT_OK
     for lane in view.lanes:
         parent = (
@@ -891,7 +898,7 @@ def cmd_clone_list(args: argparse.Namespace) -> int:
             total = None if size is None or total is None else total + size
         sizes[r.name] = total
     if args.json:
-        _out(json.dumps([{**to_dict(r), "size_bytes": sizes[r.name]} for r in records], indent=2))
+        _out(_json_out([{**to_dict(r), "size_bytes": sizes[r.name]} for r in records]))
         return EXIT_OK
     if not records:
         _out("no clones")
@@ -975,7 +982,7 @@ def cmd_catalog_fleet(args: argparse.Namespace) -> int:
         rows = catalog.fleet(args.timeline)
     if args.json:
         _out(
-            json.dumps(
+            _json_out(
                 [
                     {
                         "cluster": r.cluster,
@@ -987,7 +994,6 @@ def cmd_catalog_fleet(args: argparse.Namespace) -> int:
                     }
                     for r in rows
                 ],
-                indent=2,
             )
         )
         return EXIT_OK
@@ -1011,7 +1017,7 @@ def cmd_catalog_expirable(args: argparse.Namespace) -> int:
     rows = catalog.expirable(policy, every_cluster=not args.this_cluster)
     if args.json:
         _out(
-            json.dumps(
+            _json_out(
                 [
                     {
                         "cluster": r.cluster,
@@ -1023,7 +1029,6 @@ def cmd_catalog_expirable(args: argparse.Namespace) -> int:
                     }
                     for r in rows
                 ],
-                indent=2,
             )
         )
         return EXIT_OK
@@ -1078,7 +1083,7 @@ def cmd_standby_list(args: argparse.Namespace) -> int:
 
     records = _load(args)[0].standbys()
     if args.json:
-        _out(json.dumps([to_dict(r) for r in records], indent=2))
+        _out(_json_out([to_dict(r) for r in records]))
         return EXIT_OK
     if not records:
         _out("no standbys")
@@ -1135,7 +1140,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
         for backup in backups
     ]
     if args.json:
-        _out(json.dumps([to_dict(d) for d in drills], indent=2))
+        _out(_json_out([to_dict(d) for d in drills]))
     else:
         _out(_table(drill_table(drills)))
         for d in drills:
@@ -1161,7 +1166,7 @@ def cmd_wal(args: argparse.Namespace) -> int:
     backups = cluster.backups()
     _warn_unreadable_entries(backups.unreadable)
     report = cluster.wal_report()
-    _out(json.dumps(report.to_dict(), indent=2) if args.json else report.explain())
+    _out(_json_out(report.to_dict()) if args.json else report.explain())
     return EXIT_OK
 
 
@@ -1890,7 +1895,7 @@ def _run_all(args: argparse.Namespace, fleet: Any, argv: list[str]) -> int:
             with contextlib.suppress(ValueError):  # text output stays text
                 line["output"] = json.loads(r.output) if r.output else None
             lines.append(line)
-        _out(json.dumps({"ok": not failed, "clusters": lines}, indent=2))
+        _out(_json_out({"ok": not failed, "clusters": lines}))
     else:
         width = max(len(r.cluster) for r in results)
         for r in results:

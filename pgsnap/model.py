@@ -1208,15 +1208,27 @@ class RecoveryTarget:
 _T = TypeVar("_T")
 
 
+_JSON_SCALARS: Final[frozenset[type]] = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _field_names(cls: object) -> tuple[str, ...] | None:
+    """The field names of an attrs class (None: not one), looked up once per class."""
+    if not isinstance(cls, type) or not attrs.has(cls):
+        return None
+    return tuple(f.name for f in attrs.fields(cls))
+
+
 def encode_value(value: Any) -> Any:
     """``value`` as plain JSON data (records, LSNs, times, enums, tuples, mappings)."""
+    cls: object = type(value)
+    if cls in _JSON_SCALARS:  # the exact types: an enum that is also a str is not one of them
+        return value
     if isinstance(value, LSN):
         return str(value)
-    if attrs.has(type(value)):
-        out: dict[str, Any] = {}
-        for f in attrs.fields(type(value)):
-            out[f.name] = encode_value(getattr(value, f.name))
-        return out
+    names = _field_names(cls)
+    if names is not None:
+        return {name: encode_value(getattr(value, name)) for name in names}
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, enum.Enum):
