@@ -301,7 +301,11 @@ def cmd_backup(args: argparse.Namespace) -> int:
         lag["max_standby_lag"] = parse_size(args.max_standby_lag, "--max-standby-lag")
     try:
         plan = cluster.plan_backup(
-            args.label, fast=not args.spread, wal_timeout=timeouts.wal, **lag, **due
+            args.label,
+            checkpoint=args.checkpoint or ("spread" if args.spread else "fast"),
+            wal_timeout=timeouts.wal,
+            **lag,
+            **due,
         )
         if args.dry_run:
             _out(plan.to_json() if args.json else plan.explain())
@@ -1316,7 +1320,14 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("backup", parents=[common], help="take a snapshot backup")
     with_config(b)
     b.add_argument("--label", help="backup label (default: pgsnap <id>)")
-    b.add_argument("--spread", action="store_true", help="spread checkpoint instead of fast")
+    b.add_argument(
+        "--checkpoint",
+        choices=("fast", "spread", "next"),
+        help="how backup mode starts: fast (the default: an immediate checkpoint), next "
+        "(wait for PostgreSQL's next scheduled checkpoint, then a fast one: a backup the "
+        "workload does not notice) or spread (PostgreSQL's spread checkpoint)",
+    )
+    b.add_argument("--spread", action="store_true", help="the same as --checkpoint spread")
     timeout(b, "wal", 60)
     b.add_argument(
         "--max-standby-lag",

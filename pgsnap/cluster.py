@@ -335,6 +335,27 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
+CHECKPOINTS: tuple[str, ...] = ("fast", "spread", "next")
+"""How a backup may start (:meth:`Cluster.plan_backup`'s ``checkpoint``)."""
+
+
+def _checkpoint(value: object) -> tuple[bool, bool]:
+    """``checkpoint``: (a fast checkpoint?, wait for the next scheduled one first?)."""
+    if value == "fast":
+        return True, False
+    if value == "spread":
+        return False, False
+    if value == "next":
+        return True, True
+    raise InputError(
+        f"checkpoint must be one of {', '.join(CHECKPOINTS)}, not {value!r}",
+        hint='"fast" for the shortest time to a backup, "next" for one the workload does '
+        'not notice (it waits for PostgreSQL\'s next checkpoint), "spread" for '
+        "PostgreSQL's spread checkpoint",
+        argument="checkpoint",
+    )
+
+
 def _copy_id(value: object) -> str | None:
     """``from_copy``: False or True (no copy named), or a copy id."""
     if isinstance(value, bool):
@@ -933,6 +954,7 @@ class Cluster:
         secure_snapshots: bool = False,
         max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
         due_after: float | None = None,
+        checkpoint: str | None = None,
     ) -> Plan:
         """Observe, run the preflight, and return the backup plan.
 
@@ -944,13 +966,21 @@ class Cluster:
         how many bytes of WAL its replay may be behind. ``due_after`` (seconds):
         raise :class:`~pgsnap.errors.BackupNotDue` instead when a DONE backup started
         within that long, now and again when the run holds the cluster lock (a
-        scheduled run that comes twice takes one backup). A bad argument is an
+        scheduled run that comes twice takes one backup). ``checkpoint`` chooses how
+        the backup starts (docs/reference/backups.md, "Fast or gentle"): ``"fast"``
+        (an immediate checkpoint: the shortest time to a backup; the default),
+        ``"spread"`` (the checkpoint spread as PostgreSQL spreads its own: minutes)
+        or ``"next"`` (wait for PostgreSQL's next scheduled checkpoint, then a fast
+        one with little left to write); it overrides ``fast``. A bad argument is an
         :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
         before anything is observed.
         """
         label = _label(label)
         backup_id = _backup_id(backup_id)
         fast = _flag("fast", fast)
+        wait = False
+        if checkpoint is not None:
+            fast, wait = _checkpoint(checkpoint)
         wal_timeout = _seconds("wal_timeout", wal_timeout)
         secure_snapshots = _flag("secure_snapshots", secure_snapshots)
         max_standby_lag = _bytes("max_standby_lag", max_standby_lag)
@@ -963,6 +993,7 @@ class Cluster:
             backup_id=backup_id,
             label=label or f"pgsnap {backup_id}",
             fast_checkpoint=fast,
+            wait_for_checkpoint=wait,
             wal_timeout=wal_timeout,
             secure_snapshots=secure_snapshots,
             max_standby_lag=max_standby_lag,
@@ -1824,6 +1855,7 @@ class Cluster:
         secure_snapshots: bool = False,
         max_standby_lag: int = DEFAULT_MAX_STANDBY_LAG,
         due_after: float | None = None,
+        checkpoint: str | None = None,
         alone: bool = False,
         on_event: Callable[[Event], None] | None = None,
     ) -> BackupRecord:
@@ -1837,6 +1869,7 @@ class Cluster:
             secure_snapshots=secure_snapshots,
             max_standby_lag=max_standby_lag,
             due_after=due_after,
+            checkpoint=checkpoint,
         )
         self.execute(plan, on_event=on_event, alone=alone)
         return self.backup_of(plan)

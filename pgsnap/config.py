@@ -27,16 +27,16 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from pgsnap.archives.config import archive_settings, open_archive
-from pgsnap.catalog import DirectoryCatalog
-from pgsnap.copies.bandwidth import parse_size
 from pgsnap.errors import CatalogError, ConfigurationError, check_keys
-from pgsnap.host import Host, SshRunner
-from pgsnap.model import Layout, Volume, VolumeRole
-from pgsnap.planner.copy_expiry import CopyRetentionPolicy
 
+# What loading a configuration builds is imported when it is built: a command that
+# does not load one (``pgsnap --help``) does not pay for the catalog, the hosts,
+# the archives and the planners (issue 27: start-up).
 if TYPE_CHECKING:
     from pgsnap.adapters.postgres import PostgresAdapter
+    from pgsnap.host import Host
+    from pgsnap.model import Layout
+    from pgsnap.planner.copy_expiry import CopyRetentionPolicy
     from pgsnap.protocols import Catalog
 
 __all__ = [
@@ -353,6 +353,7 @@ def _host(
 ) -> Host:
     """The host of a ``[host]`` section (the database host) or of a
     ``[clone_hosts.NAME]`` one: this machine, or one over ssh."""
+    from pgsnap.host import Host, SshRunner  # noqa: PLC0415 - on use
 
     _check_keys(section, _HOST_KEYS, where)
     name = _text(section, "name", where) or default_name
@@ -397,6 +398,7 @@ def _clone_hosts(section: dict[str, Any], rel: Callable[[Any], str]) -> dict[str
 
 def _volumes(conf: dict[str, Any], rel: Callable[[Any], str]) -> Layout:
     """The layout of the ``[[volume]]`` tables."""
+    from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415 - on use
 
     volumes = conf["volume"]
     if isinstance(volumes, dict):
@@ -504,7 +506,9 @@ def cluster_arguments(
     to write instead; a password is never read from the configuration itself.
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415 - psycopg on use
+    from pgsnap.archives.config import archive_settings, open_archive  # noqa: PLC0415
     from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
+    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
 
     path = _describe(source)
     conf = _read(source)
@@ -622,6 +626,8 @@ def _catalog(section: dict[str, Any], path: str, base: Path, timeouts: Timeouts)
     """``[catalog]``: a directory catalog at ``path``, or with ``conninfo`` a catalog in
     PostgreSQL shared by backup servers (records and the cluster lock there; ``path``
     keeps this server's journals and WAL index)."""
+    from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415 - on use
+
     conninfo = _text(section, "conninfo", "[catalog]")
     if conninfo is None:
         for key in ("cluster", "schema", "password_env", "password_file"):
@@ -765,6 +771,8 @@ def parse_duration(value: Any, where: str) -> dt.timedelta:
 def _copy_retention(section: dict[str, Any]) -> CopyRetentionPolicy | None:
     """``[copies.retention]``: the copies' own retention policy (None: not configured,
     and then copy retention deletes nothing)."""
+    from pgsnap.planner.copy_expiry import CopyRetentionPolicy  # noqa: PLC0415 - on use
+
     if "retention" not in section:
         return None
     table = section["retention"]
@@ -792,6 +800,8 @@ def load_copy_retention(source: Source) -> CopyRetentionPolicy | None:
 def _copy_settings(section: dict[str, Any]) -> dict[str, Any]:
     """``[copies] parallel`` (upload threads, a whole number) and ``bandwidth_limit``
     (bytes a second: a number, or text with a unit such as ``"50MiB"``)."""
+    from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415 - on use
+
     out: dict[str, Any] = {}
     parallel = section.get("parallel")
     if parallel is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "BackupStart",
     "BackupState",
     "BackupStop",
+    "CheckpointState",
     "CloneRecord",
     "CloneState",
     "CloneVolume",
@@ -627,6 +628,31 @@ class StorageProblem:
     def __str__(self) -> str:
         text = f"{self.severity.value}: {self.message}"
         return f"{text}; {self.hint}" if self.hint else text
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@attrs.frozen
+class CheckpointState:
+    """The server's last checkpoint (``pg_control_checkpoint()``; on a standby, its last
+    restartpoint) and the settings that schedule the next one."""
+
+    redo_lsn: LSN
+    time: dt.datetime
+    """When the last checkpoint began (aware)."""
+    timeout_seconds: float
+    """``checkpoint_timeout``: a checkpoint begins at most this long after the last."""
+    completion_target: float
+    """``checkpoint_completion_target``: the share of that time a checkpoint is spread
+    over."""
+
+    @property
+    def next_done_by(self) -> dt.datetime:
+        """When the next scheduled checkpoint is over at the latest (one begins sooner
+        when ``max_wal_size`` of WAL is written)."""
+        spread = self.timeout_seconds * (1.0 + self.completion_target)
+        return self.time + dt.timedelta(seconds=spread)
 
 
 # --------------------------------------------------------------------------- archiver

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         BackupRecord,
         BackupStart,
         BackupStop,
+        CheckpointState,
         CloneRecord,
         DrillRecord,
         Location,
@@ -420,6 +421,10 @@ class DatabaseAdapter(Protocol):
 
     def archiver_status(self) -> ArchiverStatus:
         """The ``pg_stat_archiver`` row and the archiving settings."""
+        ...
+
+    def checkpoint_state(self) -> CheckpointState:
+        """The last checkpoint (or restartpoint) and the settings that schedule the next."""
         ...
 
     def backup_session(self) -> BackupSession:

@@ -45,6 +45,7 @@ from pgsnap.model import (
     ArchiverStatus,
     BackupStart,
     BackupStop,
+    CheckpointState,
     RecoverySettings,
     ServerFacts,
     StandbyStatus,
@@ -815,6 +816,26 @@ class PostgresAdapter:
             oldest_ready_age_seconds=age,
         )
 
+    def checkpoint_state(self) -> CheckpointState:
+        """The last checkpoint (or restartpoint) and what schedules the next one."""
+        with self._connect() as conn:
+            redo, when = self._one(
+                conn, "SELECT redo_lsn::text, checkpoint_time FROM pg_control_checkpoint()"
+            )
+            settings = dict(
+                self._rows(
+                    conn,
+                    "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
+                    (["checkpoint_timeout", "checkpoint_completion_target"],),
+                )
+            )
+        return CheckpointState(
+            redo_lsn=LSN.parse(redo),
+            time=when,
+            timeout_seconds=float(settings.get("checkpoint_timeout", 300)),
+            completion_target=float(settings.get("checkpoint_completion_target", 0.9)),
+        )
+
     # ------------------------------------------------------------------ backup mode
 
     def backup_session(self) -> PostgresBackupSession:
@@ -1267,9 +1288,7 @@ class PostgresAdapter:
             return None
         state, replay, timeline = found
         if state == "promoted":
-            summary = self._settle_log(
-                _mentions("archive recovery complete", "ready to accept")
-            )
+            summary = self._settle_log(_mentions("archive recovery complete", "ready to accept"))
         elif state == "paused" and summary.stop_line is None:
             # The server logs "recovery stopping ..." before it pauses, but the line
             # may reach the file after the pause is seen (a loaded machine): wait for it.

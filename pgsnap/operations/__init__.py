@@ -68,6 +68,7 @@ _OPS = "pgsnap.operations"
 BUILTIN_OPERATIONS: Final[Mapping[str, str]] = MappingProxyType(
     {
         "db.backup_start": f"{_OPS}.db:StartBackup",
+        "db.wait_checkpoint": f"{_OPS}.db:WaitForCheckpoint",
         "db.backup_abort": f"{_OPS}.db:AbortBackup",
         "db.backup_stop": f"{_OPS}.db:StopBackup",
         "db.primary_switch_wal": f"{_OPS}.db:SwitchPrimaryWal",

@@ -11,7 +11,7 @@ from typing import Final
 
 import attrs
 
-from pgsnap.errors import CatalogError, ExecutionError
+from pgsnap.errors import CatalogError, DatabaseError, ExecutionError
 from pgsnap.model import (
     LSN,
     BackupRecord,
@@ -68,6 +68,53 @@ def _session(ctx: OperationContext) -> BackupSession:
 
 
 # --------------------------------------------------------------------------- backup
+
+
+@attrs.frozen
+class WaitForCheckpoint(Operation):
+    """Wait for the next checkpoint PostgreSQL schedules itself (a gentle backup).
+
+    A backup's own checkpoint then flushes only what was written since, in a short
+    burst: the workload does not notice it, and backup mode stays short. Waits
+    at most until that checkpoint is due (``checkpoint_timeout`` and its spread,
+    from the last one) plus ``margin`` seconds, telling how long is left.
+    """
+
+    name = "db.wait_checkpoint"
+    target = Target.DATABASE
+
+    margin: float = 60.0
+
+    def run(self, ctx: OperationContext) -> Outputs:
+        first = ctx.adapter.checkpoint_state()
+        started = time.monotonic()
+        due = first.next_done_by
+        limit = max(0.0, (due - first.time).total_seconds()) + self.margin
+        told = started
+        while True:
+            ctx.sleep(0.5)
+            now = ctx.adapter.checkpoint_state()
+            if now.redo_lsn != first.redo_lsn or now.time != first.time:
+                waited = round(time.monotonic() - started, 3)
+                return {"checkpoint_redo_lsn": str(now.redo_lsn), "waited_seconds": waited}
+            elapsed = time.monotonic() - started
+            if elapsed >= limit:
+                raise DatabaseError(
+                    f"PostgreSQL did not complete a checkpoint within {limit:.0f} s (the last "
+                    f"began at {first.time.isoformat(timespec='seconds')}, "
+                    f"checkpoint_timeout {first.timeout_seconds:g} s)",
+                    hint="check the server log for checkpoints (log_checkpoints = on), or "
+                    "back up with the fast checkpoint (--checkpoint fast)",
+                    sqlstate=None,
+                )
+            if time.monotonic() - told >= 5.0:
+                told = time.monotonic()
+                ctx.progress(
+                    f"waiting for PostgreSQL's next checkpoint (the last began at "
+                    f"{first.time.isoformat(timespec='seconds')}; the next is over by "
+                    f"{due.isoformat(timespec='seconds')})",
+                    {"elapsed_seconds": round(elapsed, 1), "due": due.isoformat()},
+                )
 
 
 @attrs.frozen

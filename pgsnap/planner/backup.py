@@ -23,7 +23,13 @@ from pgsnap.operations.catalog import (
     RecordBackupStop,
     WaitForWal,
 )
-from pgsnap.operations.db import AbortBackup, StartBackup, StopBackup, SwitchPrimaryWal
+from pgsnap.operations.db import (
+    AbortBackup,
+    StartBackup,
+    StopBackup,
+    SwitchPrimaryWal,
+    WaitForCheckpoint,
+)
 from pgsnap.operations.storage import DeleteSnapshotGroup, TakeSnapshotGroup
 from pgsnap.plan import Plan, Step
 from pgsnap.planner.facts import BackupFacts, PathFacts, fingerprint
@@ -64,6 +70,9 @@ class BackupRequest:
     backup_id: str
     label: str
     fast_checkpoint: bool = True
+    wait_for_checkpoint: bool = False
+    """Wait for the next checkpoint PostgreSQL schedules before backup mode (a gentle
+    backup: the backup's own, fast, checkpoint then has little to write)."""
     wal_timeout: float = 60.0
     """Seconds to wait for the stop segment and ``.backup`` file in the archive."""
     secure_snapshots: bool = False
@@ -519,7 +528,21 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         vol_ids = [v for v in vol_ids if v != data] + [data]
     bid = request.backup_id
     switch = standby and facts.primary is not None and not facts.primary.in_recovery
+    waits = (
+        (
+            Step.of(
+                "wait-checkpoint",
+                WaitForCheckpoint(),
+                description="wait for the next checkpoint PostgreSQL schedules itself",
+                reason="a gentle backup: the backup's own checkpoint then writes only what "
+                "changed since, in a burst the workload does not notice",
+            ),
+        )
+        if request.wait_for_checkpoint
+        else ()
+    )
     steps = (
+        *waits,
         Step.of(
             "backup-start",
             StartBackup(label=request.label, fast=request.fast_checkpoint),

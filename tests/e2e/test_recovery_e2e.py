@@ -22,6 +22,7 @@ import pytest
 from pgsnap.errors import (
     BackendUnavailable,
     ExecutionError,
+    InputError,
     NoBackupForTarget,
     PlanAlreadyRunError,
     PlanningError,
@@ -322,6 +323,50 @@ def test_plans_probe_the_archive_by_name_and_still_see_a_segment_deleted_since(
 
     plan = env.cluster.plan_recovery(RecoveryTarget.time(before_gap), lost=lost)
     env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2)
+
+
+@pytest.mark.parametrize("volume_mode", ["directories"])
+def test_a_gentle_backup_waits_for_the_next_checkpoint_and_recovers(e2e_env: Any) -> None:
+    """Issue 27: ``checkpoint="next"`` forces no checkpoint of its own until PostgreSQL
+    has made its next one (here one the workload asks for after 2 s); the backup then
+    starts with little left to write, and recovers like any other."""
+    import threading
+
+    env: Env = e2e_env()
+    env.create_table()
+    env.write(1)
+    before = env.server.sql("SELECT redo_lsn::text FROM pg_control_checkpoint()")[0][0]
+
+    def checkpoint_later() -> None:
+        time.sleep(2.0)
+        env.server.sql("CHECKPOINT")
+
+    plan = env.cluster.plan_backup("gentle", checkpoint="next")
+    assert [s.id for s in plan.steps][:2] == ["wait-checkpoint", "backup-start"]
+    events: list[Event] = []
+    later = threading.Thread(target=checkpoint_later)
+    later.start()
+    try:
+        env.cluster.execute(plan, on_event=events.append)
+    finally:
+        later.join()
+    record = env.cluster.backup_of(plan)
+    assert record.state is BackupState.DONE
+    waited = next(
+        e for e in events if e.step_id == "wait-checkpoint" and e.kind is EventKind.FINISHED
+    )
+    assert waited.seconds is not None and waited.seconds >= 1.5, waited
+    after = env.server.sql("SELECT redo_lsn::text FROM pg_control_checkpoint()")[0][0]
+    assert LSN.parse(after) > LSN.parse(before)
+    with pytest.raises(InputError, match="checkpoint must be one of"):
+        env.cluster.plan_backup(checkpoint="gentle")
+
+    env.write(2)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest()))
     assert env.batches() == env.expect(1, 2)
 
 
