@@ -967,7 +967,7 @@ class Cluster:
         raise :class:`~pgsnap.errors.BackupNotDue` instead when a DONE backup started
         within that long, now and again when the run holds the cluster lock (a
         scheduled run that comes twice takes one backup). ``checkpoint`` chooses how
-        the backup starts (docs/reference/backups.md, "Fast or gentle"): ``"fast"``
+        the backup starts (docs/concepts.md, "Fast or gentle"): ``"fast"``
         (an immediate checkpoint: the shortest time to a backup; the default),
         ``"spread"`` (the checkpoint spread as PostgreSQL spreads its own: minutes)
         or ``"next"`` (wait for PostgreSQL's next scheduled checkpoint, then a fast
