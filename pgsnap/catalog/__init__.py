@@ -513,11 +513,9 @@ class DirectoryCatalog:
         known = self._decoded.get(record.id)
         if known is None or known[1] is not record:
             return to_dict(record)
-        return {
-            "format_version": FORMAT_VERSION,
-            "type": "BackupRecord",
-            **dict(zip(_FIELDS, known[2], strict=True)),
-        }
+        document: dict[str, Any] = {"format_version": FORMAT_VERSION, "type": "BackupRecord"}
+        document.update(zip(_FIELDS, known[2], strict=True))
+        return document
 
     def newest(self, timeline: int | None = None) -> BackupRecord | None:
         """The newest DONE backup (on ``timeline``: stopped on it), or None.
