@@ -26,12 +26,13 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Final, Literal, Self
-
-import tenacity
+from typing import TYPE_CHECKING, Final, Literal, Self
 
 from pgsnap.errors import CommandTimeout, ConfigurationError, HostError, HostUnreachable
 from pgsnap.host.runners import CommandResult, _check_argv, _execute, _TimedOut
+
+if TYPE_CHECKING:
+    import tenacity
 
 __all__ = ["SshRunner"]
 
@@ -442,6 +443,8 @@ class SshRunner:
                 # Something else ssh complained about: the caller sees it in stderr.
                 stderr = stderr + log.encode()
             return CommandResult(args, returncode, stdout, stderr)
+
+        import tenacity  # noqa: PLC0415 - only a remote host pays for it (and tornado's)
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             pause = state.next_action.sleep if state.next_action else 0.0
