@@ -309,7 +309,7 @@ class Child:
 
     def __init__(
         self,
-        argv: Sequence[str],
+        argv: Sequence[object],
         scratch: Path,
         *,
         env: dict[str, str] | None = None,
@@ -771,7 +771,7 @@ class Scale:
     # ----------------------------------------------------------------- row 2
 
     def spread_seconds(self) -> float:
-        return self.args.checkpoint_timeout * self.args.completion_target
+        return float(self.args.checkpoint_timeout * self.args.completion_target)
 
     def estimate(self, method: str) -> float:
         """The slowest backup of ``method`` in row 1, or a guess from the database size."""
@@ -785,7 +785,7 @@ class Scale:
         if gentle and method == "pgsnap":  # waits for the next timed checkpoint: at most this
             need = args.at + args.checkpoint_timeout * (1 + args.completion_target)
         need += 1.5 * self.estimate(method) + args.tail
-        return max(args.duration, math.ceil(need))
+        return max(int(args.duration), math.ceil(float(need)))
 
     def row_tps(self, n: int) -> None:
         args = self.args
