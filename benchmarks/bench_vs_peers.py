@@ -174,6 +174,7 @@ LABEL = {"pgsnap": "pgsnap", "pgbackrest": "pgBackRest", "pg_basebackup": "pg_ba
 COMMAND = {
     ("pgsnap", "fast"): "pgsnap backup",
     ("pgsnap", "gentle"): "pgsnap backup --checkpoint next",
+    ("pgsnap", "spread"): "pgsnap backup --spread",
     ("pgbackrest", "fast"): "pgbackrest backup --type=full (start-fast=y)",
     ("pgbackrest", "gentle"): "pgbackrest backup --type=full --no-start-fast",
     ("pg_basebackup", "fast"): "pg_basebackup -c fast -X stream",
@@ -681,13 +682,16 @@ class Scale:
 
     # ----------------------------------------------------------------- backups
 
-    def start_backup(self, method: str, gentle: bool) -> Child:
+    def start_backup(self, method: str, mode: str) -> Child:
+        """Start a backup: ``mode`` is fast, gentle, or (pgsnap only) spread."""
+        gentle = mode != "fast"
         assert self.config is not None
         if method == "pgsnap":
             argv: list[Any] = [self.pgsnap, "backup", "-c", self.config, "--json-events"]
             # Gentle: wait for PostgreSQL's next scheduled checkpoint, then a fast one
             # (docs/concepts.md, "Fast or gentle"); --spread is PostgreSQL's spread.
-            return Child([*argv, *(["--checkpoint", "next"] if gentle else [])], self.tmp)
+            extra = {"gentle": ["--checkpoint", "next"], "spread": ["--spread"]}.get(mode, [])
+            return Child([*argv, *extra], self.tmp)
         if method == "pgbackrest":
             extra = ["--no-start-fast"] if gentle else []
             return Child(
@@ -756,7 +760,7 @@ class Scale:
             prep = self.prepare(self.args.load)
             load0 = loadavg()
             offset = self.srv.log_file.stat().st_size
-            child = self.start_backup(method, gentle=False)
+            child = self.start_backup(method, "fast")
             r = self.finish_backup(method, child, offset)
             r.update(round=n, load=(load0, loadavg()))
             self.backups.append(r)
@@ -779,10 +783,11 @@ class Scale:
             return self.slowest_backup[method]
         return 3.0 if method == "pgsnap" else 5.0 + self.facts["db_bytes"] / (80 * MB)
 
-    def planned_length(self, method: str, gentle: bool) -> int:
+    def planned_length(self, method: str, mode: str) -> int:
         args = self.args
+        gentle = mode != "fast"
         need = args.at + (2 * self.spread_seconds() if gentle else 0.0)
-        if gentle and method == "pgsnap":  # waits for the next timed checkpoint: at most this
+        if mode == "gentle" and method == "pgsnap":  # waits for the next timed checkpoint
             need = args.at + args.checkpoint_timeout * (1 + args.completion_target)
         need += 1.5 * self.estimate(method) + args.tail
         return max(int(args.duration), math.ceil(float(need)))
@@ -790,7 +795,8 @@ class Scale:
     def row_tps(self, n: int) -> None:
         args = self.args
         runs = [(m, mode) for mode in ("fast", "gentle") for m in METHODS]
-        lengths = {(m, mode): self.planned_length(m, mode == "gentle") for m, mode in runs}
+        runs.append(("pgsnap", "spread"))  # PostgreSQL's spread checkpoint, for comparison
+        lengths = {(m, mode): self.planned_length(m, mode) for m, mode in runs}
         control_len = max(lengths.values())
         order: list[tuple[str, str]] = [*runs, ("none", "control")]
         order = [order[(i + n) % len(order)] for i in range(len(order))]
@@ -843,7 +849,7 @@ class Scale:
                 if not bench.running():
                     raise RuntimeError("pgbench ended before the backup started")
                 offset = self.srv.log_file.stat().st_size
-                child = self.start_backup(method, gentle=mode == "gentle")
+                child = self.start_backup(method, mode)
                 backup = self.finish_backup(method, child, offset)
             done = bench.wait(timeout=length + 3600)
         except BaseException:
@@ -909,7 +915,7 @@ class Scale:
         lsn0 = srv.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]
         for method in rotated(PITR_METHODS, n):
             offset = srv.log_file.stat().st_size
-            r = self.finish_backup(method, self.start_backup(method, gentle=False), offset)
+            r = self.finish_backup(method, self.start_backup(method, "fast"), offset)
             if not r["ok"]:
                 raise RuntimeError(
                     f"the {LABEL[method]} backup for the recovery failed:\n{r['error']}"
@@ -1321,7 +1327,7 @@ def report_tps(
     )
     rows = []
     for sc in scales:
-        for mode in ("fast", "gentle"):
+        for mode in ("fast", "gentle", "spread"):
             for m in METHODS:
                 rs = [
                     r
