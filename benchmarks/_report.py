@@ -1,10 +1,12 @@
-"""What the benchmarks share: Markdown tables and the description of the machine."""
+"""What the benchmarks share: Markdown tables, the description of the machine, a
+program's one-line answer and SIGTERM as Ctrl-C (so a killed run cleans up)."""
 
 from __future__ import annotations
 
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from types import FrameType
 
 _HERE = Path(__file__).resolve().parent
 
@@ -60,3 +62,18 @@ def git_commit() -> str:
 def uncommitted(path: str = "pgsnap") -> list[str]:
     """The paths under ``path`` (of the checkout) with uncommitted changes."""
     return [line[3:] for line in _git("status", "--porcelain", path).splitlines() if line.strip()]
+
+
+def sh(argv: Sequence[str]) -> str:
+    """What a program prints (its error output if it prints nothing else), or why it
+    could not run: for the description of the machine."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"({exc})"
+    return (proc.stdout or proc.stderr).strip()
+
+
+def raise_on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    """A SIGTERM handler: raise KeyboardInterrupt, so the run's cleanup runs as on Ctrl-C."""
+    raise KeyboardInterrupt("SIGTERM")

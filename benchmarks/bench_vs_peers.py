@@ -145,12 +145,19 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, ClassVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _report import cpu_model, git_commit, memory_bytes, table, uncommitted
+from _report import (
+    cpu_model,
+    git_commit,
+    memory_bytes,
+    raise_on_sigterm,
+    sh,
+    table,
+    uncommitted,
+)
 from bench_backup import client_args, pg_env
 from bench_recovery import READY, log_lines, phases
 
@@ -212,14 +219,6 @@ def need_bytes(scale: int) -> int:
 def image_bytes(scale: int) -> int:
     """The sparse image: only what is written takes space."""
     return max(40 << 30, scale * 80 * MB)
-
-
-def sh(argv: Sequence[str]) -> str:
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, check=False)
-    except OSError as exc:
-        return f"({exc})"
-    return (proc.stdout or proc.stderr).strip()
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -1614,10 +1613,6 @@ def readme_table(
 # --------------------------------------------------------------------------- main
 
 
-def _sigterm(_signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt("SIGTERM")
-
-
 def machine(parent: Path, bindir: Path) -> str:
     changed = uncommitted("pgsnap")
     disk = sh(["df", "--output=source,fstype", str(parent)]).splitlines()[-1].split()
@@ -1757,7 +1752,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"bench_vs_peers: {machine(parent, bindir)}")
     words = sys.argv[1:] if argv is None else list(argv)
     say(f"command: python benchmarks/bench_vs_peers.py {' '.join(words)}")
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
     t_start = time.perf_counter()
     done: list[Scale] = []
     interrupted = False
