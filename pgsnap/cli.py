@@ -1322,10 +1322,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--label", help="backup label (default: pgsnap <id>)")
     b.add_argument(
         "--checkpoint",
-        choices=("fast", "spread", "next"),
-        help="how backup mode starts: fast (the default: an immediate checkpoint), next "
-        "(wait for PostgreSQL's next scheduled checkpoint, then a fast one: a backup the "
-        "workload does not notice) or spread (PostgreSQL's spread checkpoint)",
+        choices=("fast", "scheduled", "next", "spread"),
+        help="how backup mode starts: fast (the default: an immediate checkpoint), "
+        "scheduled (wait until PostgreSQL's next timed checkpoint is due and take its "
+        "place with a spread one: the gentlest), next (wait for PostgreSQL's next "
+        "checkpoint to end, then a fast one) or spread (a spread checkpoint begun now)",
     )
     b.add_argument("--spread", action="store_true", help="the same as --checkpoint spread")
     timeout(b, "wal", 60)

@@ -335,7 +335,7 @@ def _flag(name: str, value: object) -> bool:
     return value
 
 
-CHECKPOINTS: tuple[str, ...] = ("fast", "spread", "next")
+CHECKPOINTS: tuple[str, ...] = ("fast", "scheduled", "next", "spread")
 """How a backup may start (:meth:`Cluster.plan_backup`'s ``checkpoint``)."""
 
 
@@ -347,11 +347,14 @@ def _checkpoint(value: object) -> tuple[bool, bool]:
         return False, False
     if value == "next":
         return True, True
+    if value == "scheduled":
+        return False, True
     raise InputError(
         f"checkpoint must be one of {', '.join(CHECKPOINTS)}, not {value!r}",
-        hint='"fast" for the shortest time to a backup, "next" for one the workload does '
-        'not notice (it waits for PostgreSQL\'s next checkpoint), "spread" for '
-        "PostgreSQL's spread checkpoint",
+        hint='"fast" for the shortest time to a backup, "scheduled" for one the workload '
+        'does not notice (its checkpoint is PostgreSQL\'s next timed one), "next" to '
+        'wait for that checkpoint and then take a fast one, "spread" for a spread '
+        "checkpoint begun now",
         argument="checkpoint",
     )
 
@@ -969,9 +972,11 @@ class Cluster:
         scheduled run that comes twice takes one backup). ``checkpoint`` chooses how
         the backup starts (docs/concepts.md, "Fast or gentle"): ``"fast"``
         (an immediate checkpoint: the shortest time to a backup; the default),
-        ``"spread"`` (the checkpoint spread as PostgreSQL spreads its own: minutes)
-        or ``"next"`` (wait for PostgreSQL's next scheduled checkpoint, then a fast
-        one with little left to write); it overrides ``fast``. A bad argument is an
+        ``"scheduled"`` (wait until PostgreSQL's next timed checkpoint is due and
+        take its place with the backup's spread checkpoint: no checkpoint is added,
+        the gentlest), ``"next"`` (wait for PostgreSQL's next checkpoint to end, then
+        a fast one with little left to write) or ``"spread"`` (a checkpoint spread as
+        PostgreSQL spreads its own, begun now); it overrides ``fast``. A bad argument is an
         :class:`~pgsnap.errors.InputError` (a ``ValueError``) with a hint,
         before anything is observed.
         """

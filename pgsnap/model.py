@@ -633,6 +633,11 @@ class StorageProblem:
 # --------------------------------------------------------------------------- checkpoints
 
 
+_SPREAD_SLACK: Final = 5.0
+"""Seconds a spread checkpoint may run past its target (its fsyncs) before a caller
+takes it for skipped."""
+
+
 @attrs.frozen
 class CheckpointState:
     """The server's last checkpoint (``pg_control_checkpoint()``; on a standby, its last
@@ -647,12 +652,64 @@ class CheckpointState:
     """``checkpoint_completion_target``: the share of that time a checkpoint is spread
     over."""
 
+    read_at: dt.datetime | None = None
+    """The server's clock when this was read (``clock_timestamp()``), so that the
+    schedule is reckoned on the server's clock, not the caller's."""
+    insert_lsn: LSN | None = None
+    """Where WAL is being inserted when this was read (None on a standby)."""
+    wal_checkpoint_bytes: int | None = None
+    """How much WAL past the last checkpoint's redo point makes PostgreSQL begin the
+    next one (``max_wal_size`` / (1 + ``checkpoint_completion_target``), less a
+    segment)."""
+
+    @property
+    def wal_since_redo(self) -> int | None:
+        """WAL written since the last checkpoint's redo point (None when unknown)."""
+        if self.insert_lsn is None:
+            return None
+        return max(0, self.insert_lsn.value - self.redo_lsn.value)
+
+    @property
+    def wal_checkpoint_running(self) -> bool:
+        """Whether a checkpoint begun for ``max_wal_size`` is under way: enough WAL
+        has been written since the last redo point, and the control file has not moved
+        on yet (it does when that checkpoint ends)."""
+        since = self.wal_since_redo
+        return (
+            since is not None
+            and self.wal_checkpoint_bytes is not None
+            and (since >= self.wal_checkpoint_bytes)
+        )
+
     @property
     def next_done_by(self) -> dt.datetime:
         """When the next scheduled checkpoint is over at the latest (one begins sooner
         when ``max_wal_size`` of WAL is written)."""
         spread = self.timeout_seconds * (1.0 + self.completion_target)
         return self.time + dt.timedelta(seconds=spread)
+
+    def next_due(self, at: dt.datetime) -> tuple[dt.datetime, dt.datetime | None]:
+        """When PostgreSQL's next timed checkpoint begins, seen at ``at`` (the server's
+        clock), and when a timed one that may still be spreading its writes began (None
+        when none can be).
+
+        A timed checkpoint begins ``checkpoint_timeout`` after the last one began. A
+        server that wrote nothing skips it, keeping the old time in its control file,
+        and the next is one timeout later again: so the next is the first multiple of
+        the timeout still ahead. One begun at the last multiple may still be running
+        for the spread (``checkpoint_completion_target`` of the timeout) and a few
+        seconds more, unless it was skipped: only its end can tell, when the control
+        file's time moves on. Times are PostgreSQL's whole seconds: a caller asks a
+        second or two early.
+        """
+        period = dt.timedelta(seconds=max(self.timeout_seconds, 1.0))
+        passed = max(0, int((at - self.time) / period))
+        due = self.time + period * (passed + 1)
+        if passed == 0:
+            return due, None
+        began = self.time + period * passed
+        running_for = period * self.completion_target + dt.timedelta(seconds=_SPREAD_SLACK)
+        return due, (began if at - began <= running_for else None)
 
 
 # --------------------------------------------------------------------------- archiver

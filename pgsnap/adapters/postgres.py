@@ -462,6 +462,29 @@ def last_startup_offset(host: Host, path: str) -> int:
 # --------------------------------------------------------------------------- adapter
 
 
+_CHECKPOINT_SETTINGS: Final = [
+    "checkpoint_timeout",
+    "checkpoint_completion_target",
+    "max_wal_size",
+    "wal_segment_size",
+]
+
+
+def _wal_checkpoint_bytes(settings: Mapping[str, str], target: float) -> int | None:
+    """WAL past the redo point at which PostgreSQL begins a checkpoint: its
+    ``CheckPointSegments`` (``max_wal_size`` in segments / (1 + the completion
+    target), at least 1), less one segment, as ``XLogCheckpointNeeded`` counts."""
+    try:
+        max_wal_mb = int(settings["max_wal_size"])
+        segment = int(settings["wal_segment_size"])
+    except (KeyError, ValueError):
+        return None
+    if segment <= 0:
+        return None
+    segments = max(1, int(max_wal_mb * 1024 * 1024 // segment / (1.0 + target)))
+    return (segments - 1) * segment
+
+
 class PostgresAdapter:
     """One PostgreSQL 12 to 18 cluster on this host (implements ``DatabaseAdapter``).
 
@@ -819,21 +842,28 @@ class PostgresAdapter:
     def checkpoint_state(self) -> CheckpointState:
         """The last checkpoint (or restartpoint) and what schedules the next one."""
         with self._connect() as conn:
-            redo, when = self._one(
-                conn, "SELECT redo_lsn::text, checkpoint_time FROM pg_control_checkpoint()"
+            redo, when, now, insert = self._one(
+                conn,
+                "SELECT redo_lsn::text, checkpoint_time, clock_timestamp(), CASE WHEN "
+                "pg_is_in_recovery() THEN NULL ELSE pg_current_wal_insert_lsn()::text END "
+                "FROM pg_control_checkpoint()",
             )
             settings = dict(
                 self._rows(
                     conn,
                     "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)",
-                    (["checkpoint_timeout", "checkpoint_completion_target"],),
+                    (_CHECKPOINT_SETTINGS,),
                 )
             )
+        target = float(settings.get("checkpoint_completion_target", 0.9))
         return CheckpointState(
             redo_lsn=LSN.parse(redo),
             time=when,
             timeout_seconds=float(settings.get("checkpoint_timeout", 300)),
-            completion_target=float(settings.get("checkpoint_completion_target", 0.9)),
+            completion_target=target,
+            read_at=now,
+            insert_lsn=None if insert is None else LSN.parse(insert),
+            wal_checkpoint_bytes=_wal_checkpoint_bytes(settings, target),
         )
 
     # ------------------------------------------------------------------ backup mode

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import time
@@ -15,6 +16,7 @@ from pgsnap.errors import CatalogError, DatabaseError, ExecutionError
 from pgsnap.model import (
     LSN,
     BackupRecord,
+    CheckpointState,
     RecoveryAction,
     RecoverySettings,
     RecoveryTarget,
@@ -44,6 +46,7 @@ __all__ = [
     "StopServer",
     "SwitchPrimaryWal",
     "VerifyRecovery",
+    "WaitForCheckpoint",
     "WaitRecovery",
     "WriteBackupLabel",
     "WriteRecoverySettings",
@@ -70,22 +73,55 @@ def _session(ctx: OperationContext) -> BackupSession:
 # --------------------------------------------------------------------------- backup
 
 
+def _wal_rate(before: CheckpointState, after: CheckpointState) -> float | None:
+    """Bytes of WAL a second between two readings (None when it cannot be told)."""
+    if before.insert_lsn is None or after.insert_lsn is None:
+        return None
+    if before.read_at is None or after.read_at is None:
+        return None
+    seconds = (after.read_at - before.read_at).total_seconds()
+    if seconds <= 0 or after.insert_lsn < before.insert_lsn:
+        return None
+    return (after.insert_lsn.value - before.insert_lsn.value) / seconds
+
+
+def _wal_seconds_left(state: CheckpointState, rate: float | None) -> float | None:
+    """Seconds until WAL written at ``rate`` makes PostgreSQL begin a checkpoint."""
+    since = state.wal_since_redo
+    if since is None or state.wal_checkpoint_bytes is None or not rate:
+        return None
+    return max(0.0, (state.wal_checkpoint_bytes - since) / rate)
+
+
 @attrs.frozen
 class WaitForCheckpoint(Operation):
-    """Wait for the next checkpoint PostgreSQL schedules itself (a gentle backup).
+    """Wait for PostgreSQL's own checkpoint schedule (a gentle backup).
 
-    A backup's own checkpoint then flushes only what was written since, in a short
-    burst: the workload does not notice it, and backup mode stays short. Waits
-    at most until that checkpoint is due (``checkpoint_timeout`` and its spread,
-    from the last one) plus ``margin`` seconds, telling how long is left.
+    ``until="done"`` (``checkpoint="next"``): wait until the next checkpoint PostgreSQL
+    schedules itself is over. A backup's own, fast, checkpoint then flushes only what
+    was written since, in a short burst. Waits at most until that checkpoint is due
+    (``checkpoint_timeout`` and its spread, from the last one) plus ``margin`` seconds.
+
+    ``until="due"`` (``checkpoint="scheduled"``): wait until the next timed checkpoint
+    is ``lead`` seconds from beginning (:meth:`~pgsnap.model.CheckpointState.next_due`,
+    on the server's clock), letting one that is still spreading its writes end first.
+    The backup's spread checkpoint, requested then, takes that checkpoint's place: the
+    workload sees no checkpoint it would not have had. Waits at most two timeouts and
+    a spread, plus ``margin``.
+
+    Either way it tells how long is left every few seconds.
     """
 
     name = "db.wait_checkpoint"
     target = Target.DATABASE
 
     margin: float = 60.0
+    until: str = attrs.field(default="done", validator=attrs.validators.in_(("done", "due")))
+    lead: float = 2.0
 
     def run(self, ctx: OperationContext) -> Outputs:
+        if self.until == "due":
+            return self._until_due(ctx)
         first = ctx.adapter.checkpoint_state()
         started = time.monotonic()
         due = first.next_done_by
@@ -99,14 +135,7 @@ class WaitForCheckpoint(Operation):
                 return {"checkpoint_redo_lsn": str(now.redo_lsn), "waited_seconds": waited}
             elapsed = time.monotonic() - started
             if elapsed >= limit:
-                raise DatabaseError(
-                    f"PostgreSQL did not complete a checkpoint within {limit:.0f} s (the last "
-                    f"began at {first.time.isoformat(timespec='seconds')}, "
-                    f"checkpoint_timeout {first.timeout_seconds:g} s)",
-                    hint="check the server log for checkpoints (log_checkpoints = on), or "
-                    "back up with the fast checkpoint (--checkpoint fast)",
-                    sqlstate=None,
-                )
+                raise self._late(first, limit)
             if time.monotonic() - told >= 5.0:
                 told = time.monotonic()
                 ctx.progress(
@@ -115,6 +144,76 @@ class WaitForCheckpoint(Operation):
                     f"{due.isoformat(timespec='seconds')})",
                     {"elapsed_seconds": round(elapsed, 1), "due": due.isoformat()},
                 )
+
+    def _until_due(self, ctx: OperationContext) -> Outputs:
+        state = ctx.adapter.checkpoint_state()
+        first = state
+        limit = state.timeout_seconds * (2.0 + state.completion_target) + self.margin
+        waited = 0.0
+        told = -5.0
+        rate: float | None = None
+        previous: CheckpointState | None = None
+        while True:
+            at = state.read_at or dt.datetime.now(dt.UTC)
+            due, running = state.next_due(at)
+            left = (due - at).total_seconds() - self.lead
+            what = (
+                f"{left + self.lead:.0f} s to PostgreSQL's next timed checkpoint "
+                f"({due.isoformat(timespec='seconds')}); the backup's checkpoint takes its place"
+            )
+            if state.wal_checkpoint_running:
+                if previous is not None and (
+                    state.redo_lsn != previous.redo_lsn or state.time != previous.time
+                ):
+                    # One just ended with enough WAL written since its redo point for
+                    # the next to begin at once (back to back): the backup's request
+                    # joins that one's.
+                    return {"checkpoint_due": at.isoformat(), "waited_seconds": round(waited, 3)}
+                running = running or state.time
+                what = "letting the checkpoint PostgreSQL began for max_wal_size end"
+            elif running is not None:
+                what = (
+                    f"letting the checkpoint PostgreSQL began at "
+                    f"{running.isoformat(timespec='seconds')} end"
+                )
+            else:
+                wal_left = _wal_seconds_left(state, rate)
+                if wal_left is not None and wal_left < left + self.lead:
+                    left = wal_left - self.lead
+                    what = (
+                        f"about {wal_left:.0f} s until PostgreSQL begins a checkpoint for "
+                        "max_wal_size; the backup's checkpoint takes its place"
+                    )
+            if running is None and left <= 0:
+                return {"checkpoint_due": due.isoformat(), "waited_seconds": round(waited, 3)}
+            if waited >= limit:
+                raise self._late(first, limit)
+            if waited - told >= 5.0:
+                told = waited
+                ctx.progress(
+                    f"waiting: {what}",
+                    {"elapsed_seconds": round(waited, 1), "due": due.isoformat()},
+                )
+            # Wake before the lead, and every few seconds to see the schedule move (a
+            # checkpoint ending, WAL written faster); every second until the rate of
+            # WAL is known.
+            most = 5.0 if rate is not None or state.insert_lsn is None else 1.0
+            pause = 0.5 if running is not None else min(max(left, 0.05), most)
+            ctx.sleep(pause)
+            waited += pause
+            previous, state = state, ctx.adapter.checkpoint_state()
+            rate = _wal_rate(previous, state) or rate
+
+    @staticmethod
+    def _late(first: CheckpointState, limit: float) -> DatabaseError:
+        return DatabaseError(
+            f"PostgreSQL did not complete a checkpoint within {limit:.0f} s (the last "
+            f"began at {first.time.isoformat(timespec='seconds')}, "
+            f"checkpoint_timeout {first.timeout_seconds:g} s)",
+            hint="check the server log for checkpoints (log_checkpoints = on), or "
+            "back up with the fast checkpoint (--checkpoint fast)",
+            sqlstate=None,
+        )
 
 
 @attrs.frozen

@@ -71,8 +71,10 @@ class BackupRequest:
     label: str
     fast_checkpoint: bool = True
     wait_for_checkpoint: bool = False
-    """Wait for the next checkpoint PostgreSQL schedules before backup mode (a gentle
-    backup: the backup's own, fast, checkpoint then has little to write)."""
+    """Wait for PostgreSQL's checkpoint schedule before backup mode (a gentle backup).
+    With ``fast_checkpoint``, until its next checkpoint is over (the backup's own, fast,
+    checkpoint then has little to write); without, until its next timed checkpoint is
+    due (the backup's spread checkpoint takes its place)."""
     wal_timeout: float = 60.0
     """Seconds to wait for the stop segment and ``.backup`` file in the archive."""
     secure_snapshots: bool = False
@@ -528,8 +530,9 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
         vol_ids = [v for v in vol_ids if v != data] + [data]
     bid = request.backup_id
     switch = standby and facts.primary is not None and not facts.primary.in_recovery
-    waits = (
-        (
+    waits: tuple[Step, ...] = ()
+    if request.wait_for_checkpoint and request.fast_checkpoint:
+        waits = (
             Step.of(
                 "wait-checkpoint",
                 WaitForCheckpoint(),
@@ -538,9 +541,17 @@ def plan_backup(facts: BackupFacts, request: BackupRequest) -> Plan:
                 "changed since, in a burst the workload does not notice",
             ),
         )
-        if request.wait_for_checkpoint
-        else ()
-    )
+    elif request.wait_for_checkpoint:
+        waits = (
+            Step.of(
+                "wait-checkpoint",
+                WaitForCheckpoint(until="due"),
+                description="wait until PostgreSQL's next timed checkpoint is due",
+                reason="the gentlest backup: its spread checkpoint then takes the place of "
+                "the one PostgreSQL was about to begin, so the workload sees no "
+                "checkpoint it would not have had",
+            ),
+        )
     steps = (
         *waits,
         Step.of(

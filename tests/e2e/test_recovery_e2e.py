@@ -8,6 +8,7 @@ recovered server. Refused plans are checked to touch nothing.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -361,6 +362,69 @@ def test_a_gentle_backup_waits_for_the_next_checkpoint_and_recovers(e2e_env: Any
     assert LSN.parse(after) > LSN.parse(before)
     with pytest.raises(InputError, match="checkpoint must be one of"):
         env.cluster.plan_backup(checkpoint="gentle")
+
+    env.write(2)
+    env.switch_wal()
+    env.crash()
+    env.lose_data()
+    env.cluster.execute(env.cluster.plan_recovery(RecoveryTarget.latest()))
+    assert env.batches() == env.expect(1, 2)
+
+
+@pytest.mark.parametrize("volume_mode", ["directories"])
+def test_a_scheduled_backup_takes_the_place_of_the_next_timed_checkpoint(e2e_env: Any) -> None:
+    """Issue 27: ``checkpoint="scheduled"`` waits until PostgreSQL's next timed
+    checkpoint is due and starts backup mode then with a spread checkpoint, so the
+    server makes no checkpoint it would not have made: the first checkpoint after the
+    schedule's origin is the backup's (``force wait``, not ``immediate``), begun just
+    before the timed one was due; and the backup recovers."""
+    import threading
+
+    env: Env = e2e_env()
+    env.create_table()
+    env.write(1)
+    env.server.configure(
+        {"checkpoint_timeout": "30s", "checkpoint_completion_target": 0.1, "log_checkpoints": "on"}
+    )
+    env.server.reload()
+    env.server.sql("CREATE TABLE filler (n int)")
+    env.server.sql("CHECKPOINT")  # the schedule's origin: the next timed one is 30 s on
+    origin = env.server.sql("SELECT checkpoint_time FROM pg_control_checkpoint()")[0][0]
+    offset = env.server.log_file.stat().st_size
+    done = threading.Event()
+
+    def keep_writing() -> None:  # a server that writes nothing skips its timed checkpoint
+        while not done.wait(0.2):
+            env.server.sql("INSERT INTO filler SELECT generate_series(1, 100)")
+
+    plan = env.cluster.plan_backup("scheduled", checkpoint="scheduled")
+    assert [s.id for s in plan.steps][:2] == ["wait-checkpoint", "backup-start"]
+    assert "spread checkpoint" in plan.steps[1].description
+    events: list[Event] = []
+    ended: list[dt.datetime] = []
+
+    def seen(event: Event) -> None:
+        events.append(event)
+        if event.step_id == "wait-checkpoint" and event.kind is EventKind.FINISHED:
+            ended.append(env.now())  # the server's clock
+
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        env.cluster.execute(plan, on_event=seen)
+    finally:
+        done.set()
+        writer.join()
+    record = env.cluster.backup_of(plan)
+    assert record.state is BackupState.DONE
+    assert any(e.kind is EventKind.PROGRESS and e.step_id == "wait-checkpoint" for e in events)
+    due = origin + dt.timedelta(seconds=30)
+    assert len(ended) == 1 and due - dt.timedelta(seconds=4) <= ended[0] <= due, (ended, due)
+    with open(env.server.log_file, errors="replace") as f:
+        f.seek(offset)
+        log = f.read()
+    starts = re.findall(r"checkpoint starting: ([a-z ]+)", log)
+    assert starts and starts[0].strip() == "force wait", starts
 
     env.write(2)
     env.switch_wal()
