@@ -64,10 +64,11 @@ the three rows:
    the backup's window) as a share of TPS in the ``--baseline`` seconds before it,
    the slowest second overlapping the window, and the window's length. Two modes:
    *fast* (``pgsnap backup``, pgBackRest ``start-fast=y``, ``pg_basebackup -c
-   fast``) and *gentle* (``pgsnap backup --checkpoint next``: it waits for
-   PostgreSQL's next timed checkpoint, then starts with a fast one that has little
-   to write; pgBackRest ``--no-start-fast``, ``pg_basebackup -c spread``), plus a
-   **no backup** control run. During this row
+   fast``) and *gentle* (``pgsnap backup --checkpoint scheduled``: it waits until
+   PostgreSQL's next checkpoint is due and starts with a spread one in its place;
+   pgBackRest ``--no-start-fast``, ``pg_basebackup -c spread``), plus pgsnap's
+   ``--checkpoint next`` (PostgreSQL's next checkpoint, then a fast one) and
+   ``--spread`` (a spread checkpoint begun at once), and a **no backup** control run. During this row
    ``checkpoint_timeout`` is ``--checkpoint-timeout`` (default 60s) so that a spread
    checkpoint ends within the run, and ``checkpoint_completion_target`` is
    ``--completion-target`` (default 0.9, PostgreSQL's; ``--smoke`` 0.1); both are put
@@ -180,7 +181,8 @@ METHODS = ("pgsnap", "pgbackrest", "pg_basebackup")
 LABEL = {"pgsnap": "pgsnap", "pgbackrest": "pgBackRest", "pg_basebackup": "pg_basebackup"}
 COMMAND = {
     ("pgsnap", "fast"): "pgsnap backup",
-    ("pgsnap", "gentle"): "pgsnap backup --checkpoint next",
+    ("pgsnap", "gentle"): "pgsnap backup --checkpoint scheduled",
+    ("pgsnap", "next"): "pgsnap backup --checkpoint next",
     ("pgsnap", "spread"): "pgsnap backup --spread",
     ("pgbackrest", "fast"): "pgbackrest backup --type=full (start-fast=y)",
     ("pgbackrest", "gentle"): "pgbackrest backup --type=full --no-start-fast",
@@ -682,14 +684,18 @@ class Scale:
     # ----------------------------------------------------------------- backups
 
     def start_backup(self, method: str, mode: str) -> Child:
-        """Start a backup: ``mode`` is fast, gentle, or (pgsnap only) spread."""
+        """Start a backup: ``mode`` is fast, gentle, or (pgsnap only) next or spread."""
         gentle = mode != "fast"
         assert self.config is not None
         if method == "pgsnap":
             argv: list[Any] = [self.pgsnap, "backup", "-c", self.config, "--json-events"]
             # Gentle: wait for PostgreSQL's next scheduled checkpoint, then a fast one
             # (docs/concepts.md, "Fast or gentle"); --spread is PostgreSQL's spread.
-            extra = {"gentle": ["--checkpoint", "next"], "spread": ["--spread"]}.get(mode, [])
+            extra = {
+                "gentle": ["--checkpoint", "scheduled"],
+                "next": ["--checkpoint", "next"],
+                "spread": ["--spread"],
+            }.get(mode, [])
             return Child([*argv, *extra], self.tmp)
         if method == "pgbackrest":
             extra = ["--no-start-fast"] if gentle else []
@@ -786,7 +792,7 @@ class Scale:
         args = self.args
         gentle = mode != "fast"
         need = args.at + (2 * self.spread_seconds() if gentle else 0.0)
-        if mode == "gentle" and method == "pgsnap":  # waits for the next timed checkpoint
+        if method == "pgsnap" and mode in ("gentle", "next"):  # waits for PostgreSQL's
             need = args.at + args.checkpoint_timeout * (1 + args.completion_target)
         need += 1.5 * self.estimate(method) + args.tail
         return max(int(args.duration), math.ceil(float(need)))
@@ -794,7 +800,8 @@ class Scale:
     def row_tps(self, n: int) -> None:
         args = self.args
         runs = [(m, mode) for mode in ("fast", "gentle") for m in METHODS]
-        runs.append(("pgsnap", "spread"))  # PostgreSQL's spread checkpoint, for comparison
+        runs.append(("pgsnap", "next"))  # PostgreSQL's checkpoint, then a fast one
+        runs.append(("pgsnap", "spread"))  # a spread checkpoint begun at once, for comparison
         lengths = {(m, mode): self.planned_length(m, mode) for m, mode in runs}
         control_len = max(lengths.values())
         order: list[tuple[str, str]] = [*runs, ("none", "control")]
@@ -1326,7 +1333,7 @@ def report_tps(
     )
     rows = []
     for sc in scales:
-        for mode in ("fast", "gentle", "spread"):
+        for mode in ("fast", "gentle", "next", "spread"):
             for m in METHODS:
                 rs = [
                     r
