@@ -68,8 +68,8 @@ the three rows:
    PostgreSQL's next checkpoint is due and starts with a spread one in its place;
    pgBackRest ``--no-start-fast``, ``pg_basebackup -c spread``), plus pgsnap's
    ``--checkpoint next`` (PostgreSQL's next checkpoint, then a fast one) and
-   ``--spread`` (a spread checkpoint begun at once), and a **no backup** control run. During this row
-   ``checkpoint_timeout`` is ``--checkpoint-timeout`` (default 60s) so that a spread
+   ``--spread`` (a spread checkpoint begun at once), and a **no backup** control run.
+   During this row ``checkpoint_timeout`` is ``--checkpoint-timeout`` (default 60s) so that a spread
    checkpoint ends within the run, and ``checkpoint_completion_target`` is
    ``--completion-target`` (default 0.9, PostgreSQL's; ``--smoke`` 0.1); both are put
    back afterwards. Each run's LENGTH is at least
