@@ -126,7 +126,8 @@ import posixpath
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
@@ -526,6 +527,16 @@ def _device(mount: Mount) -> str:
     return source
 
 
+def _reads_only(argv: Sequence[str]) -> bool:
+    """Whether a command only reads: the view stays true after it."""
+    head = tuple(argv[:3])
+    return (
+        head[:1] == ("test",)
+        or head in (("btrfs", "subvolume", "list"), ("btrfs", "subvolume", "show"))
+        or (head[:2] == ("sh", "-c") and argv[2] == _READ_GROUPS_SCRIPT)
+    )
+
+
 def _under(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
@@ -651,6 +662,7 @@ class BtrfsBackend(CommandBackend):
         self._timeout = float(command_timeout)
         self._clock = clock or _utcnow
         self._lock = threading.RLock()
+        self._seen = threading.local()  # this thread's view in an observation()
 
     # ------------------------------------------------------------------ basics
 
@@ -1004,6 +1016,7 @@ class BtrfsBackend(CommandBackend):
                     path=vol.path,
                 )
             self._delete_paths([vol.path], path=vol.path)
+            self._forget_view()
             self._host_call(f"removing {mark}", lambda: self._host.remove([mark]))
             log.debug("btrfs: deleted clone %s", vol.path)
 
@@ -1089,6 +1102,34 @@ class BtrfsBackend(CommandBackend):
             result = CommandResult(argv or ("sh",), returncode, b"", stderr.encode())
             raise classify_failure(result, what=what) from exc
 
+    @contextmanager
+    def observation(self) -> Iterator[None]:
+        """Within this block, this thread's calls that only read share one view of the
+        file system (the snapshot directory resolved, the mounts, two subvolume
+        listings) instead of four commands per call; any command that changes something
+        drops it. Observing a cluster asks for its volumes, their locations, restore
+        profiles and snapshots: one view instead of one per question. A new block looks
+        again, so a plan's freshness check sees what another process changed since."""
+        depth = getattr(self._seen, "depth", 0)
+        if depth == 0:
+            self._seen.view = None
+        self._seen.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._seen.depth = depth
+            if depth == 0:
+                self._seen.view = None
+
+    def _forget_view(self) -> None:
+        if getattr(self._seen, "view", None) is not None:
+            self._seen.view = None
+
+    def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
+        if not _reads_only(argv):
+            self._forget_view()  # what was seen may have changed
+        return super()._run(argv, timeout=timeout)
+
     def _realpath(self, path: str) -> str:
         resolved: str = self._host_call(f"resolving {path}", lambda: self._host.realpath(path))
         return resolved
@@ -1103,9 +1144,11 @@ class BtrfsBackend(CommandBackend):
         return self._run(["test", "-L", path]).ok
 
     def _make_dir(self, path: str) -> None:
+        self._forget_view()
         self._host_call(f"creating {path}", lambda: self._host.make_dirs(path, mode=0o700))
 
     def _write(self, path: str, text: str) -> None:
+        self._forget_view()
         self._host_call(
             f"writing {path}", lambda: self._host.write_atomic(path, text.encode(), mode=0o600)
         )
@@ -1121,7 +1164,17 @@ class BtrfsBackend(CommandBackend):
     # ------------------------------------------------------------------ internals: the view
 
     def _view(self) -> _View:
-        """The mount holding the snapshot directory and the file system's subvolumes."""
+        """The mount holding the snapshot directory and the file system's subvolumes
+        (within an :meth:`observation`, the one already seen)."""
+        seen: _View | None = getattr(self._seen, "view", None)
+        if seen is not None:
+            return seen
+        view = self._look()
+        if getattr(self._seen, "depth", 0):
+            self._seen.view = view
+        return view
+
+    def _look(self) -> _View:
         snapdir = self._realpath(self._snapdir)
         mounts: tuple[Mount, ...] = self._host_call("listing mounts", self._host.mounts)
         best: Mount | None = None
@@ -1371,6 +1424,7 @@ class BtrfsBackend(CommandBackend):
         the directory stays, with a warning.
         """
         try:
+            self._forget_view()
             self._host_call(f"removing {gdir}", lambda: self._host.remove([gdir], recursive=True))
         except BtrfsError as exc:
             log.warning("btrfs: cannot remove %s: %s", gdir, exc)

@@ -83,6 +83,8 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 _INDEX = ".index"
 _FIELDS: tuple[str, ...] = tuple(f.name for f in attrs.fields(BackupRecord))
+_START_TIME: Final = _FIELDS.index("start_time")
+_Documents = list[dict[str, Any]]
 _INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(_FIELDS)}
 """The first line of ``.index``. Each further line is ``["put", id, identity,
 [the record's values in the order of "fields"]]`` or ``["delete", id]``: values
@@ -475,13 +477,7 @@ class DirectoryCatalog:
         unreadable = []
         for entry, backup_id, exc in sorted(bad, key=lambda b: b[1]):
             self._reported.add(self._identity(entry))
-            unreadable.append(
-                UnreadableEntry(
-                    path=str(self.path / entry.name),
-                    backup_id=backup_id,
-                    error=str(getattr(exc, "reason", exc.message)),
-                )
-            )
+            unreadable.append(_unreadable(str(self.path / entry.name), backup_id, exc))
         return CatalogScan(tuple(sorted(records, key=_sort_key)), tuple(unreadable))
 
     @staticmethod
@@ -506,6 +502,56 @@ class DirectoryCatalog:
                 self._reported.add(identity)
                 log.warning("skipping catalog entry %s: %s", entry.name, exc)
         return tuple(sorted(records, key=_sort_key))
+
+    def documents(self) -> tuple[_Documents, tuple[UnreadableEntry, ...]]:
+        """Every readable record as :func:`~pgsnap.model.to_dict` gives it (oldest start
+        time first), and every unreadable entry, as :meth:`scan` finds them; what
+        ``pgsnap list --json`` prints.
+
+        Where the index holds a record whose file is unchanged, its document comes
+        from the index's values without building the record (ten thousand in a tenth
+        of the time); any other file is read and checked as :meth:`get` checks it.
+        """
+        with _gc_paused():
+            index, _lines = self._read_index()
+            found: list[tuple[dt.datetime, str, list[Any]]] = []
+            bad: list[UnreadableEntry] = []
+            with os.scandir(self.path) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if not name.endswith(".json") or name.startswith("."):
+                        continue
+                    backup_id = name[: -len(".json")]
+                    try:
+                        ident = _identity(entry.stat())
+                    except FileNotFoundError:
+                        continue  # deleted while listing
+                    except OSError:
+                        ident = (0, 0, 0)
+                    cached = index.get(backup_id)
+                    values = cached[1] if cached is not None and cached[0] == ident else None
+                    start = _start_of(values)
+                    if values is None or start is None:
+                        try:
+                            if not is_valid_backup_id(backup_id):
+                                _bad_name(self.path / name, backup_id)
+                            record = self.get(backup_id)
+                        except BackupNotFound:
+                            continue
+                        except CatalogError as exc:
+                            bad.append(_unreadable(str(self.path / name), backup_id, exc))
+                            continue
+                        document = to_dict(record)
+                        values = [document.get(field) for field in _FIELDS]
+                        start = record.start_time
+                    found.append((start, backup_id, values))
+        found.sort(key=lambda f: (f[0], f[1]))
+        docs = []
+        for _start, _id, values in found:
+            doc: dict[str, Any] = {"format_version": FORMAT_VERSION, "type": "BackupRecord"}
+            doc.update(zip(_FIELDS, values, strict=True))
+            docs.append(doc)
+        return docs, tuple(sorted(bad, key=lambda b: b.backup_id))
 
     def document(self, record: BackupRecord) -> dict[str, Any]:
         """``to_dict(record)``, from the values this object read for it when ``record``
@@ -972,6 +1018,23 @@ def _dir_mtime(path: Path) -> int:
 
 def _identity(st: os.stat_result) -> _Identity:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _start_of(values: list[Any] | None) -> dt.datetime | None:
+    """The start time (aware) of the index's values of a record, or None."""
+    if values is None:
+        return None
+    try:
+        start = dt.datetime.fromisoformat(values[_START_TIME])
+    except (TypeError, ValueError):
+        return None
+    return start if start.tzinfo is not None else None
+
+
+def _unreadable(path: str, backup_id: str, exc: CatalogError) -> UnreadableEntry:
+    return UnreadableEntry(
+        path=path, backup_id=backup_id, error=str(getattr(exc, "reason", exc.message))
+    )
 
 
 def _json_or_none(line: bytes) -> Any:

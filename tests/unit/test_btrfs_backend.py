@@ -659,3 +659,35 @@ def test_a_volume_a_process_still_uses_is_not_swapped(backend, runner: FakeRunne
     assert info.value.details["holders"] == ("pid 777 postgres (user postgres)",)
     assert runner.btrfs_calls() == []
     assert not [c for c in runner.calls if c[0] == "mv"]
+
+
+def test_an_observation_looks_at_the_file_system_once(backend, runner: FakeRunner) -> None:
+    """Issue 27 ("fewer storage calls"): the questions one observation asks share one
+    view (realpath, findmnt and two subvolume listings: four commands a question
+    before); a change drops it; the next observation looks again, so a freshness check
+    sees what another process changed meanwhile."""
+
+    def looks() -> int:
+        return sum(1 for c in runner.calls if c[0] == "findmnt")
+
+    sid = add_snapshot_of_data(runner)
+    with backend.observation():
+        backend.list_volumes()
+        backend.locate(DATA)
+        backend.restore_profile(DATA)
+        backend.list_snapshots()
+        with backend.observation():  # nested: the same view
+            backend.get_volume(DATA)
+        assert looks() == 1
+        backend.delete_snapshot(sid)  # a change
+        after = looks()
+        backend.list_volumes()
+        backend.list_volumes()
+        assert looks() == after + 1  # looked once again after the change, then shared
+    backend.list_volumes()
+    backend.list_volumes()
+    assert looks() == after + 3  # outside an observation: every call looks
+    with backend.observation():
+        runner.listing = runner.listing.replace("path @/srv/pg/snapshots/", "path @/gone/")
+        runner.readonly = runner.readonly.replace("path @/srv/pg/snapshots/", "path @/gone/")
+        assert backend.list_snapshots(DATA) == ()  # another process's change is seen

@@ -219,6 +219,8 @@ def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
         documents = [to_dict(r) for r in expected]
         for reader in (cat, DirectoryCatalog(path)):  # from memory, from the index
             assert [reader.document(r) for r in reader.list()] == documents
+        # list --json's documents, from the index without building records
+        assert DirectoryCatalog(path).documents() == (documents, ())
         done = [r for r in expected if r.is_usable]
         newest = DirectoryCatalog(path).newest()
         assert (newest.id if newest else None) == (done[-1].id if done else None)
@@ -352,3 +354,23 @@ def test_an_index_removed_under_a_long_lived_catalog_is_written_again(tmp_path):
     (path / ".index").unlink()
     assert [r.id for r in cat.list()] == ["b-000", "b-001", "b-002"]
     assert len((path / ".index").read_text().splitlines()) == 1 + 3
+
+
+def test_documents_report_unreadable_files_as_a_scan_does(tmp_path):
+    """``documents()`` (``pgsnap list --json``) skips what :meth:`scan` skips and names
+    the same unreadable entries: a damaged file, a file whose name is no backup id, a
+    file edited by hand to a bad value while its index entry still says otherwise."""
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(4):
+        cat.put(_rec(i))
+    (path / "b-001.json").write_text("{not json")
+    (path / "not a backup id.json").write_text(to_json(_rec(7)))
+    text = (path / "b-002.json").read_text().replace("0/4000028", "not an LSN")
+    (path / "b-002.json").write_text(text)
+    scan = DirectoryCatalog(path).scan()
+    docs, unreadable = DirectoryCatalog(path).documents()
+    assert docs == [to_dict(r) for r in scan.records]
+    assert [d["id"] for d in docs] == ["b-000", "b-003"]
+    assert unreadable == scan.unreadable
+    assert {u.backup_id for u in unreadable} == {"b-001", "b-002", "not a backup id"}
