@@ -375,11 +375,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     if args.json and not _has_policy(args):
         catalog = _catalog_of(args)
-        documents = getattr(catalog, "documents", None)
+        documents = getattr(catalog, "documents_text", None)
         if callable(documents):  # without building the records
-            docs, unreadable = documents()
+            text, unreadable = documents()
             _warn_unreadable_entries(unreadable)
-            _out(_json_out(docs))
+            _out(json.dumps(json.loads(text), indent=2) if sys.stdout.isatty() else text)
             return EXIT_OK
     cluster = _load(args)[0]
     backups = _listed_backups(args, cluster)

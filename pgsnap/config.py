@@ -771,10 +771,10 @@ def parse_duration(value: Any, where: str) -> dt.timedelta:
 def _copy_retention(section: dict[str, Any]) -> CopyRetentionPolicy | None:
     """``[copies.retention]``: the copies' own retention policy (None: not configured,
     and then copy retention deletes nothing)."""
-    from pgsnap.planner.copy_expiry import CopyRetentionPolicy  # noqa: PLC0415 - on use
-
     if "retention" not in section:
         return None
+    from pgsnap.planner.copy_expiry import CopyRetentionPolicy  # noqa: PLC0415 - on use
+
     table = section["retention"]
     if not isinstance(table, dict):
         raise ConfigurationError(

@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -84,6 +84,13 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _INDEX = ".index"
 _FIELDS: tuple[str, ...] = tuple(f.name for f in attrs.fields(BackupRecord))
 _START_TIME: Final = _FIELDS.index("start_time")
+_DOCUMENTS = ".documents"
+_DOCUMENTS_HEADER = {
+    "format": "pgsnap-catalog-documents",
+    "version": 1,
+    "record_format": FORMAT_VERSION,
+    "fields": list(_FIELDS),
+}
 _Documents = list[dict[str, Any]]
 _INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(_FIELDS)}
 """The first line of ``.index``. Each further line is ``["put", id, identity,
@@ -505,53 +512,135 @@ class DirectoryCatalog:
 
     def documents(self) -> tuple[_Documents, tuple[UnreadableEntry, ...]]:
         """Every readable record as :func:`~pgsnap.model.to_dict` gives it (oldest start
-        time first), and every unreadable entry, as :meth:`scan` finds them; what
-        ``pgsnap list --json`` prints.
+        time first), and every unreadable entry, as :meth:`scan` finds them.
 
         Where the index holds a record whose file is unchanged, its document comes
         from the index's values without building the record (ten thousand in a tenth
         of the time); any other file is read and checked as :meth:`get` checks it.
         """
+        docs, bad, _seen = self._documents()
+        return docs, bad
+
+    def documents_text(self) -> tuple[str, tuple[UnreadableEntry, ...]]:
+        """:meth:`documents` as one line of JSON (``json.dumps`` of the list), and the
+        unreadable entries: what ``pgsnap list --json`` prints.
+
+        The text is kept in ``.documents`` beside the records with the identity (inode,
+        size, modification time) of every file it was made from. While no file was
+        added, removed or changed since, it is read back instead of made again: at
+        ten thousand backups, a listing of the directory and one file read. Best
+        effort: a catalog that cannot keep it makes the text each time.
+        """
+        seen = self._entries()
+        cached = self._read_documents(seen)
+        if cached is not None:
+            return cached
+        docs, bad, seen = self._documents()
+        text = json.dumps(docs, check_circular=False)
+        self._write_documents(seen, bad, text)
+        return text, bad
+
+    def _entries(self) -> dict[str, _Identity]:
+        """The identity of every record file (and every other ``*.json``), by name."""
+        seen: dict[str, _Identity] = {}
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                name = entry.name
+                if not name.endswith(".json") or name.startswith("."):
+                    continue
+                try:
+                    seen[name] = _identity(entry.stat())
+                except FileNotFoundError:
+                    continue
+                except OSError:
+                    seen[name] = (0, 0, 0)
+        return seen
+
+    def _documents(
+        self,
+    ) -> tuple[_Documents, tuple[UnreadableEntry, ...], dict[str, _Identity]]:
         with _gc_paused():
+            seen = self._entries()
             index, _lines = self._read_index()
             found: list[tuple[dt.datetime, str, list[Any]]] = []
             bad: list[UnreadableEntry] = []
-            with os.scandir(self.path) as entries:
-                for entry in entries:
-                    name = entry.name
-                    if not name.endswith(".json") or name.startswith("."):
-                        continue
-                    backup_id = name[: -len(".json")]
+            for name, ident in seen.items():
+                backup_id = name[: -len(".json")]
+                cached = index.get(backup_id)
+                values = cached[1] if cached is not None and cached[0] == ident else None
+                start = _start_of(values)
+                if values is None or start is None:
                     try:
-                        ident = _identity(entry.stat())
-                    except FileNotFoundError:
-                        continue  # deleted while listing
-                    except OSError:
-                        ident = (0, 0, 0)
-                    cached = index.get(backup_id)
-                    values = cached[1] if cached is not None and cached[0] == ident else None
-                    start = _start_of(values)
-                    if values is None or start is None:
-                        try:
-                            if not is_valid_backup_id(backup_id):
-                                _bad_name(self.path / name, backup_id)
-                            record = self.get(backup_id)
-                        except BackupNotFound:
-                            continue
-                        except CatalogError as exc:
-                            bad.append(_unreadable(str(self.path / name), backup_id, exc))
-                            continue
-                        document = to_dict(record)
-                        values = [document.get(field) for field in _FIELDS]
-                        start = record.start_time
-                    found.append((start, backup_id, values))
+                        if not is_valid_backup_id(backup_id):
+                            _bad_name(self.path / name, backup_id)
+                        record = self.get(backup_id)
+                    except BackupNotFound:
+                        continue
+                    except CatalogError as exc:
+                        bad.append(_unreadable(str(self.path / name), backup_id, exc))
+                        continue
+                    document = to_dict(record)
+                    values = [document.get(field) for field in _FIELDS]
+                    start = record.start_time
+                found.append((start, backup_id, values))
         found.sort(key=lambda f: (f[0], f[1]))
         docs = []
         for _start, _id, values in found:
             doc: dict[str, Any] = {"format_version": FORMAT_VERSION, "type": "BackupRecord"}
             doc.update(zip(_FIELDS, values, strict=True))
             docs.append(doc)
-        return docs, tuple(sorted(bad, key=lambda b: b.backup_id))
+        return docs, tuple(sorted(bad, key=lambda b: b.backup_id)), seen
+
+    def _read_documents(
+        self, seen: dict[str, _Identity]
+    ) -> tuple[str, tuple[UnreadableEntry, ...]] | None:
+        """The kept text when it was made from exactly the files ``seen``, else None."""
+        try:
+            with open(self.path / _DOCUMENTS, "rb") as fh:
+                header = _json_or_none(fh.readline())
+                sources = _json_or_none(fh.readline())
+                text = fh.readline()
+        except OSError:
+            return None
+        if header != _DOCUMENTS_HEADER or not isinstance(sources, dict):
+            return None
+        files, bad = sources.get("files"), sources.get("unreadable")
+        if not isinstance(files, dict) or not isinstance(bad, list):
+            return None
+        if len(files) != len(seen) or any(
+            files.get(name) != list(ident) for name, ident in seen.items()
+        ):
+            return None
+        if not text.endswith(b"\n"):
+            return None  # cut short
+        try:
+            unreadable = tuple(UnreadableEntry(*map(str, entry)) for entry in bad)
+            return text[:-1].decode(), unreadable
+        except (TypeError, ValueError):
+            return None
+
+    def _write_documents(
+        self, seen: dict[str, _Identity], bad: Sequence[UnreadableEntry], text: str
+    ) -> None:
+        sources = {
+            "files": {name: list(ident) for name, ident in seen.items()},
+            "unreadable": [[u.path, u.backup_id, u.error] for u in bad],
+        }
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".documents.", suffix=".tmp", dir=self.path)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    os.fchmod(fh.fileno(), 0o600)
+                    fh.write(json.dumps(_DOCUMENTS_HEADER) + "\n")
+                    fh.write(json.dumps(sources, separators=(",", ":")) + "\n")
+                    fh.write(text + "\n")
+                os.replace(tmp, self.path / _DOCUMENTS)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            log.debug("catalog %s: documents not kept: %s", self.path, exc)
 
     def document(self, record: BackupRecord) -> dict[str, Any]:
         """``to_dict(record)``, from the values this object read for it when ``record``

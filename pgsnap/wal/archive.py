@@ -34,7 +34,6 @@ from pgsnap.wal.names import (
     WalFileKind,
     parse_archive_name,
 )
-from pgsnap.wal.reader import WalDirectory
 from pgsnap.wal.timelines import TimelineGraph, TimelineHistory, parse_history
 
 __all__ = [
@@ -118,7 +117,14 @@ class DirectoryWalArchive:
         """
         self._path = os.path.abspath(os.fspath(path))
         self._gzip = gzip
-        self._files = WalDirectory(self._path)
+        self._files: WalFiles | None = None  # the WAL reader's, made on first use
+
+    def _directory(self) -> WalFiles:
+        if self._files is None:
+            from pgsnap.wal.reader import WalDirectory  # noqa: PLC0415 - the reader on use
+
+            self._files = WalDirectory(self._path)
+        return self._files
 
     @property
     def path(self) -> str:
@@ -321,7 +327,7 @@ class DirectoryWalArchive:
         ``content_size``: its size, or a gzip file's ISIZE trailer); None when there
         is none, or no archive directory. ``ArchiveError`` when that cannot be told
         (permission denied, I/O error); ``WalNameError`` for a name with ``/``."""
-        return self._files.stat(name)
+        return self._directory().stat(name)
 
     # -- reading ----------------------------------------------------------------------
 
@@ -331,7 +337,7 @@ class DirectoryWalArchive:
         with the ``lz4``/``zstandard`` module or the ``lz4``/``zstd`` program).
         ``ArchiveError`` when it is missing (with a hint), cannot be opened or has
         no decompressor here; reading it raises ``ArchiveError`` for damaged data."""
-        return self._files.open(name)
+        return self._directory().open(name)
 
     def read_bytes(self, name: str, *, max_size: int = MAX_TEXT_FILE_SIZE) -> bytes:
         """The content of a small file, decompressed if its name ends in ``.gz``,

@@ -8,6 +8,7 @@ the index), after writes through pgsnap and changes made behind its back.
 import datetime as dt
 import json
 import shutil
+from typing import Any
 
 import attrs
 from hypothesis import HealthCheck, given, settings
@@ -219,8 +220,11 @@ def test_the_index_never_changes_what_a_listing_says(tmp_path, ops):
         documents = [to_dict(r) for r in expected]
         for reader in (cat, DirectoryCatalog(path)):  # from memory, from the index
             assert [reader.document(r) for r in reader.list()] == documents
-        # list --json's documents, from the index without building records
+        # list --json's documents, from the index without building records, and its
+        # text, kept beside the records while no file changes
         assert DirectoryCatalog(path).documents() == (documents, ())
+        for _ in range(2):  # made (after a change), then read back
+            assert DirectoryCatalog(path).documents_text() == (json.dumps(documents), ())
         done = [r for r in expected if r.is_usable]
         newest = DirectoryCatalog(path).newest()
         assert (newest.id if newest else None) == (done[-1].id if done else None)
@@ -374,3 +378,44 @@ def test_documents_report_unreadable_files_as_a_scan_does(tmp_path):
     assert [d["id"] for d in docs] == ["b-000", "b-003"]
     assert unreadable == scan.unreadable
     assert {u.backup_id for u in unreadable} == {"b-001", "b-002", "not a backup id"}
+
+
+def test_the_documents_text_is_kept_until_a_file_changes(tmp_path, monkeypatch):
+    """``pgsnap list --json`` at ten thousand backups: the text is read back while no
+    record file was added, removed or changed, and made again (with the unreadable
+    entries named again) when one was; a kept text cut short or of another format is
+    not trusted."""
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    (path / "b-009.json").write_text("{not json")
+    made: list[int] = []
+    real = DirectoryCatalog._documents
+
+    def counted(self: DirectoryCatalog) -> Any:
+        made.append(1)
+        return real(self)
+
+    monkeypatch.setattr(DirectoryCatalog, "_documents", counted)
+
+    def listed() -> tuple[list[str], list[str]]:
+        text, bad = DirectoryCatalog(path).documents_text()
+        return [d["id"] for d in json.loads(text)], [u.backup_id for u in bad]
+
+    assert listed() == (["b-000", "b-001", "b-002"], ["b-009"]) and len(made) == 1
+    assert listed() == (["b-000", "b-001", "b-002"], ["b-009"]) and len(made) == 1
+    cat.put(_rec(3))  # added
+    assert listed()[0] == ["b-000", "b-001", "b-002", "b-003"] and len(made) == 2
+    cat.delete("b-001")  # removed
+    assert listed()[0] == ["b-000", "b-002", "b-003"] and len(made) == 3
+    (path / "b-000.json").write_text(to_json(attrs.evolve(_rec(0), label="by hand")))
+    text, _ = DirectoryCatalog(path).documents_text()  # changed by hand
+    assert json.loads(text)[0]["label"] == "by hand" and len(made) == 4
+    assert listed() and len(made) == 4
+    kept = path / ".documents"
+    kept.write_bytes(kept.read_bytes()[:-40])  # cut short
+    assert listed()[0] == ["b-000", "b-002", "b-003"] and len(made) == 5
+    lines = kept.read_text().splitlines(keepends=True)
+    kept.write_text(lines[0].replace('"version": 1', '"version": 99') + "".join(lines[1:]))
+    assert listed()[1] == ["b-009"] and len(made) == 6
