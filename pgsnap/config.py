@@ -800,8 +800,6 @@ def load_copy_retention(source: Source) -> CopyRetentionPolicy | None:
 def _copy_settings(section: dict[str, Any]) -> dict[str, Any]:
     """``[copies] parallel`` (upload threads, a whole number) and ``bandwidth_limit``
     (bytes a second: a number, or text with a unit such as ``"50MiB"``)."""
-    from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415 - on use
-
     out: dict[str, Any] = {}
     parallel = section.get("parallel")
     if parallel is not None:
@@ -813,6 +811,8 @@ def _copy_settings(section: dict[str, Any]) -> dict[str, Any]:
         out["copy_parallel"] = parallel
     limit = section.get("bandwidth_limit")
     if limit is not None:
+        from pgsnap.copies.bandwidth import parse_size  # noqa: PLC0415 - on use
+
         out["copy_bandwidth_limit"] = parse_size(limit, "[copies] bandwidth_limit")
     return out
 
