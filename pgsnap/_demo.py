@@ -308,7 +308,8 @@ def _kept(server: PgServer, fs: LoopBtrfs | None, config: Path | None) -> list[s
             f"losetup -d {shlex.quote(str(fs.device))}",
             f"rm -r {shlex.quote(str(fs.base))}",
         ]
-    removal.append(f"rm -r {shlex.quote(str(server.base_dir))}")
+    if fs is None or not server.base_dir.is_relative_to(fs.base):
+        removal.append(f"rm -r {shlex.quote(str(server.base_dir))}")  # else gone with fs.base
     lines.append("to remove it all: " + " && ".join(removal))
     return lines
 

@@ -34,3 +34,37 @@ def test_without_npm_the_not_found_error_stands(monkeypatch):
     monkeypatch.setattr("pgsnap._demo.shutil.which", lambda name: None)
     with pytest.raises(ConfigurationError, match="no PostgreSQL server"):
         demo._server_binaries(lambda m: None)
+
+
+def test_the_removal_line_of_a_kept_btrfs_demo_removes_each_thing_once(tmp_path):
+    """``pgsnap demo --keep --backend btrfs``: the cluster lives on the loop-mounted
+    file system, so the line that removes it all ends with the file system's directory
+    (a ``rm -r`` of the cluster's directory after it would fail: it went with the
+    unmount); the mock demo's cluster directory is removed by itself."""
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from pgsnap.testing.btrfs import LoopBtrfs
+
+    fs = LoopBtrfs(tmp_path / "fs")
+    fs.device = "/dev/loop7"
+    server = cast(
+        Any,
+        SimpleNamespace(
+            base_dir=fs.mount_point / "pgsnap-abc",
+            port=5432,
+            os_user="postgres",
+            bindir=Path("/usr/lib/postgresql/15/bin"),
+            data_dir=fs.mount_point / "pgsnap-abc" / "data",
+        ),
+    )
+    (line,) = [x for x in demo._kept(server, fs, None) if x.startswith("to remove it all")]
+    steps = line.removeprefix("to remove it all: ").split(" && ")
+    assert steps[1:] == [
+        f"umount {fs.mount_point}",
+        "losetup -d /dev/loop7",
+        f"rm -r {fs.base}",
+    ]
+    server.base_dir = tmp_path / "mock" / "pgsnap-abc"
+    (line,) = [x for x in demo._kept(server, None, None) if x.startswith("to remove it all")]
+    assert line.endswith(f" && rm -r {server.base_dir}")
