@@ -1182,11 +1182,29 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
+def _index_run_json(run: Any) -> dict[str, Any]:
+    """``pgsnap wal --index --json``: what the run read, as plain data."""
+    return {
+        "backup_id": run.backup_id,
+        "timeline": run.timeline,
+        "start": None if run.start is None else str(run.start),
+        "end": None if run.end is None else str(run.end),
+        "read": run.read,
+        "indexed": run.indexed,
+        "added": run.added,
+    }
+
+
 def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
     cluster = _load(args)[0]
     backups = cluster.backups()
     _warn_unreadable_entries(backups.unreadable)
+    if args.index:
+        quiet = getattr(args, "quiet", False)
+        run = cluster.index_wal(None if quiet else lambda message, _data: _err(message))
+        _out(_json_out(_index_run_json(run)) if args.json else run.explain())
+        return EXIT_OK
     report = cluster.wal_report()
     _out(_json_out(report.to_dict()) if args.json else report.explain())
     return EXIT_OK
@@ -1763,6 +1781,13 @@ def _parser() -> argparse.ArgumentParser:
         "wal", parents=[common], help="the WAL archive per timeline: ranges and gaps"
     )
     with_config(w)
+    w.add_argument(
+        "--index",
+        action="store_true",
+        help="read the WAL a recovery from the newest backup reads into the WAL index "
+        "(after backups, or from a timer), so that a later recovery plan to a time, xid "
+        "or restore point reads only the segment of its target",
+    )
     w.set_defaults(func=cmd_wal)
     tl = sub.add_parser(
         "timeline",

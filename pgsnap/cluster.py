@@ -81,7 +81,7 @@ from pgsnap.model import (
     decode_value,
     from_dict,
 )
-from pgsnap.observe import EmptyArchive, Observer
+from pgsnap.observe import EmptyArchive, Observer, WalIndexRun
 from pgsnap.operations.copy_retention import gc_report
 from pgsnap.operations.db import WriteBackupLabel
 from pgsnap.plan import Plan
@@ -912,6 +912,17 @@ class Cluster:
             now=now,
             drills=self.catalog.list_drills(),
         )
+
+    def index_wal(
+        self, on_progress: Callable[[str, Mapping[str, Any]], None] | None = None
+    ) -> WalIndexRun:
+        """Read the archived WAL a recovery from the newest backup reads into the WAL
+        index (``pgsnap wal --index``), so that a later plan of a time, xid or
+        restore-point target reads only the segment that holds its target instead of
+        all the WAL since the backup: run it after backups, or from a timer. Segments
+        already indexed are not read again. Returns what it read
+        (:class:`~pgsnap.observe.WalIndexRun`); ``on_progress`` is told as it goes."""
+        return self.observer.index_wal(on_progress)
 
     def wal_report(self, segment_size: int | None = None) -> ArchiveReport:
         """The WAL archive per timeline (``pgsnap wal``): present runs of segments,

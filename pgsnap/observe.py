@@ -28,6 +28,7 @@ from pgsnap.copies import open_target
 from pgsnap.errors import (
     ArchiveError,
     CommandError,
+    ConfigurationError,
     HostError,
     HostFileNotFound,
     PgsnapError,
@@ -424,6 +425,36 @@ def _one_listing(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return typing.cast(_F, observed)
+
+
+_INDEX_STRETCH: Final = 64
+"""Segments :meth:`Observer.index_wal` reads between two progress reports."""
+
+
+@attrs.frozen
+class WalIndexRun:
+    """What :meth:`Observer.index_wal` did: the backup and timeline it followed, the
+    WAL from ``start`` to ``end``, the segments ``read`` (and so indexed: ``added``
+    summaries stored) and those ``indexed`` already. Nothing when there is no usable
+    backup (``backup_id`` None)."""
+
+    backup_id: str | None = None
+    timeline: int | None = None
+    start: LSN | None = None
+    end: LSN | None = None
+    read: int = 0
+    indexed: int = 0
+    added: int = 0
+
+    def explain(self) -> str:
+        """One line for a person."""
+        if self.backup_id is None or self.start is None:
+            return "WAL index: no usable backup, so no WAL a recovery would read"
+        return (
+            f"WAL index: {self.added} segment(s) indexed now, {self.indexed} before "
+            f"({self.read} read); the WAL a recovery from backup {self.backup_id} reads "
+            f"on timeline {self.timeline}, {self.start} to {self.end}"
+        )
 
 
 @attrs.define
@@ -1117,6 +1148,72 @@ class Observer:
             # The WAL is read here: a surviving pg_wal only when it is on this machine.
             sources.append(local_dir)
         return self._scan_candidates(scanner, sources, facts, request, index, candidates)
+
+    def index_wal(
+        self, progress: Callable[[str, Mapping[str, Any]], None] | None = None
+    ) -> WalIndexRun:
+        """Read into the WAL index the archived WAL a recovery from the newest usable
+        backup reads: from its start to the end of the archive, along the timeline a
+        recovery to the latest point follows. A later plan of a time, xid or
+        restore-point target then finds those segments there and reads only the one
+        that holds its target. Segments already indexed are not read again.
+        ``progress`` is told how far it got after each stretch of segments."""
+        if self.wal_index is None:
+            raise ConfigurationError(
+                "this cluster keeps no WAL index ([catalog] wal_index = false)",
+                hint="set [catalog] wal_index (default: wal-index in the catalog directory)",
+            )
+        request = RecoveryRequest(lost=frozenset({VolumeRole.DATA, VolumeRole.WAL}))
+        facts = self.recovery_facts(request, read_wal=False)
+        usable = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
+        if not usable:
+            return WalIndexRun()
+        newest = usable[-1]
+        seg = facts.archive.segment_size
+        cand = next(iter(iter_candidates(facts, request, [])), None)
+        if cand is None:
+            return WalIndexRun(backup_id=newest.id)
+        b = cand.backup
+        reach = check(
+            facts.archive, (b.start_timeline, b.start_lsn), None, cand.timeline, facts.timelines
+        )
+        run = WalIndexRun(
+            backup_id=b.id, timeline=cand.timeline, start=b.start_lsn, end=reach.reachable_lsn
+        )
+        at = segment_start(b.start_lsn.value // seg, seg)  # whole segments are indexed
+        while at < reach.reachable_lsn:
+            upto = min(reach.reachable_lsn, segment_start(at.value // seg + _INDEX_STRETCH, seg))
+            found = read_events(
+                [self.archive],
+                reach.path,
+                at,
+                upto,
+                segment_size=seg,
+                system_identifier=b.system_identifier,
+                major=b.server_version // 10000,
+                index=self.wal_index,
+            )
+            run = attrs.evolve(
+                run,
+                read=run.read + found.read,
+                indexed=run.indexed + found.indexed,
+                added=run.added + found.added,
+            )
+            if progress is not None:
+                progress(
+                    f"WAL indexed to {upto} of {reach.reachable_lsn} ({run.read} segments "
+                    f"read, {run.indexed} already indexed)",
+                    {"lsn": str(upto), "end": str(reach.reachable_lsn), "read": run.read},
+                )
+            at = upto
+        log.info(
+            "WAL index: %d segments read, %d already indexed, from backup %s to %s",
+            run.read,
+            run.indexed,
+            b.id,
+            reach.reachable_lsn,
+        )
+        return run
 
     def _scanner(self, major: int, system_identifier: str, segment_size: int) -> _Scanner | None:
         """What reads the WAL: pgsnap's own reader, or the ``pg_waldump`` given (which

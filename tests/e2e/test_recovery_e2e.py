@@ -372,6 +372,55 @@ def test_a_gentle_backup_waits_for_the_next_checkpoint_and_recovers(e2e_env: Any
 
 
 @pytest.mark.parametrize("volume_mode", ["directories"])
+def test_an_indexed_archive_lets_a_time_target_plan_read_only_its_segment(
+    e2e_env: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 27: ``index_wal`` (``pgsnap wal --index``) reads the WAL a recovery from
+    the newest backup reads into the WAL index, once; a plan to a time then reads
+    only what holds its target, and recovers the right rows."""
+    env: Env = e2e_env()
+    record = backed_up(env)
+    env.switch_wal()
+    for batch in (2, 3):
+        env.write(batch)
+        env.switch_wal()
+    target = env.now()
+    for batch in range(4, 14):  # past the plan's first window of 8 segments
+        env.write(batch)
+        env.switch_wal()
+
+    run = env.cluster.index_wal()
+    assert run.backup_id == record.id and run.start is not None, run
+    assert run.start <= record.start_lsn < LSN(run.start.value + 1024 * 1024), run
+    assert run.read >= 13 and run.added >= run.read - 1, run  # the last may be partial
+    again = env.cluster.index_wal()
+    assert again.read <= 1 and again.indexed >= run.read - 1, again
+
+    def reads() -> tuple[int, int]:
+        found = [
+            re.search(r"(\d+) segments read, (\d+) from the index", r.getMessage())
+            for r in caplog.records
+        ]
+        return (
+            sum(int(m.group(1)) for m in found if m),
+            sum(int(m.group(2)) for m in found if m),
+        )
+
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="pgsnap.observe"):
+        plan = env.cluster.plan_recovery(RecoveryTarget.time(target), lost=[DATA, WAL])
+    read, from_index = reads()
+    # Read: the backup's first segment (the plan starts inside it), the target's, and
+    # the one after each, to finish their records; the rest came from the index.
+    assert read <= 4 and from_index >= 6, [r.getMessage() for r in caplog.records]
+    env.crash()
+    env.lose_data()
+    env.lose_wal()
+    env.cluster.execute(plan)
+    assert env.batches() == env.expect(1, 2, 3)
+
+
+@pytest.mark.parametrize("volume_mode", ["directories"])
 def test_a_scheduled_backup_takes_the_place_of_the_next_timed_checkpoint(e2e_env: Any) -> None:
     """Issue 27: ``checkpoint="scheduled"`` waits until PostgreSQL's next timed
     checkpoint is due and starts backup mode then with a spread checkpoint, so the

@@ -104,6 +104,13 @@ def test_backup_plan_and_recover_to_a_time(cli_env: CliEnv) -> None:
     start_segment = record["labelfile"].split("(file ", 1)[1].split(")", 1)[0]
     assert first <= start_segment < last
 
+    # wal --index: the WAL a recovery from the backup reads, indexed once.
+    indexed = env.run_json("wal", "--index")
+    assert indexed["backup_id"] == record["id"] and indexed["added"] >= 1, indexed
+    code, out, err = env.run("wal", "--index")
+    assert code == 0 and out.startswith("WAL index: 0 segment(s) indexed now"), (out, err)
+    assert "WAL indexed to" in err  # progress on stderr
+
     # A time after the backup: a plan (exit 0) that restores the data volume only.
     plan = env.run_json("plan-recovery", "--time", target.isoformat())
     assert plan["kind"] == "recovery"
