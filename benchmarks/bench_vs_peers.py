@@ -85,7 +85,8 @@ the three rows:
    backup (untimed here, rotated order, nothing written between them), then
    ``--pitr-load`` seconds of pgbench (2 clients) during which marker rows are
    inserted (``bench_marker``: 5 rows, the time T read from the server's clock, 5
-   more rows); the WAL switched and archived; then for each method, rotated: a crash
+   more rows); the WAL switched and archived (with ``--warm-index``, then ``pgsnap wal
+   --index``, untimed, as a timer would have run it); then for each method, rotated: a crash
    (``pg_ctl stop -m immediate``), then, timed:
 
    - ``pgsnap recover -c pgsnap.toml --time T --timeline current --yes
@@ -955,6 +956,11 @@ class Scale:
         srv.wait_for_archive_idle(timeout=1800)
         lsn_end = srv.sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0]
         t_text = target.isoformat(sep=" ")
+        if args.warm_index:  # untimed: what a timer running `pgsnap wal --index` did
+            done = Child([self.pgsnap, "wal", "-c", self.config, "--index", "-q"], self.tmp).wait(
+                timeout=3600
+            )
+            say(f"  round {n + 1} PITR: pgsnap wal --index {done.wall:.2f} s: {done.out.strip()}")
         say(
             f"  round {n + 1} PITR: target {t_text}; WAL from before the backups to the "
             f"target {(int(lsn_t) - int(lsn0)) / MB:.0f} MB (to the end "
@@ -1648,6 +1654,13 @@ def machine_short(bindir: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add = parser.add_argument
+    add(
+        "--warm-index",
+        action="store_true",
+        help="row 3: run `pgsnap wal --index` (untimed) after the WAL is archived and "
+        "before the crash, as a timer would: pgsnap's plan then reads only its target's "
+        "segment, not all the WAL since the backup",
+    )
     add(
         "--scales",
         default="100",
