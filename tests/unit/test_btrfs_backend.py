@@ -472,7 +472,7 @@ def test_a_busy_swap_changes_nothing(backend, runner) -> None:
     ]
 
 
-def test_a_swap_runs_snapshot_rename_rename_delete_sync(backend, runner) -> None:
+def test_a_swap_runs_snapshot_rename_rename_sync_delete(backend, runner) -> None:
     sid = add_snapshot_of_data(runner)
     backend.restore_volume(DATA, sid)
     steps = [c for c in runner.calls if c[0] == "mv" or (c[0] == "btrfs" and c[2] != "list")]
@@ -483,8 +483,8 @@ def test_a_swap_runs_snapshot_rename_rename_delete_sync(backend, runner) -> None
         ["btrfs", "subvolume", "snapshot", snap_path, staging],
         ["mv", "-T", "--", DATA, old],
         ["mv", "-T", "--", staging, DATA],
-        ["btrfs", "subvolume", "delete", old],
         ["btrfs", "filesystem", "sync", "/mnt/root/srv/pg"],
+        ["btrfs", "subvolume", "delete", old],
     ]
 
 
