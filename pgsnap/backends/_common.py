@@ -12,7 +12,9 @@ writes against :class:`~pgsnap.protocols.StorageBackend`, not this.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pgsnap.errors import (
@@ -78,6 +80,38 @@ class CommandBackend:
 
     _host: Host
     _timeout: float
+    _seen: threading.local
+    """This thread's answers within an :meth:`observation` (made by the subclass)."""
+
+    @contextmanager
+    def observation(self) -> Iterator[None]:
+        """Within this block, this thread's calls that only read share what the storage
+        was seen to hold (:meth:`_observed`) instead of asking again per call; any
+        command that changes something drops it (:meth:`_forget_observed`). Observing a
+        cluster asks for its volumes, their locations, restore profiles and snapshots:
+        one look instead of one per question. A new block looks again, so a plan's
+        freshness check sees what another process changed since."""
+        depth = getattr(self._seen, "depth", 0)
+        if depth == 0:
+            self._seen.memo = {}
+        self._seen.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._seen.depth = depth
+            if depth == 0:
+                self._seen.memo = {}
+
+    def _observed(self) -> dict[str, Any] | None:
+        """What this thread's observation has seen so far (None outside one)."""
+        if not getattr(self._seen, "depth", 0):
+            return None
+        memo: dict[str, Any] = self._seen.memo
+        return memo
+
+    def _forget_observed(self) -> None:
+        """Drop what the observation has seen: something changed."""
+        getattr(self._seen, "memo", {}).clear()
 
     def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
         """Run a command on the host; the runner's failures become backend errors."""

@@ -126,8 +126,8 @@ import posixpath
 import re
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+import typing
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
@@ -1016,7 +1016,7 @@ class BtrfsBackend(CommandBackend):
                     path=vol.path,
                 )
             self._delete_paths([vol.path], path=vol.path)
-            self._forget_view()
+            self._forget_observed()
             self._host_call(f"removing {mark}", lambda: self._host.remove([mark]))
             log.debug("btrfs: deleted clone %s", vol.path)
 
@@ -1102,32 +1102,9 @@ class BtrfsBackend(CommandBackend):
             result = CommandResult(argv or ("sh",), returncode, b"", stderr.encode())
             raise classify_failure(result, what=what) from exc
 
-    @contextmanager
-    def observation(self) -> Iterator[None]:
-        """Within this block, this thread's calls that only read share one view of the
-        file system (the snapshot directory resolved, the mounts, two subvolume
-        listings) instead of four commands per call; any command that changes something
-        drops it. Observing a cluster asks for its volumes, their locations, restore
-        profiles and snapshots: one view instead of one per question. A new block looks
-        again, so a plan's freshness check sees what another process changed since."""
-        depth = getattr(self._seen, "depth", 0)
-        if depth == 0:
-            self._seen.view = None
-        self._seen.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._seen.depth = depth
-            if depth == 0:
-                self._seen.view = None
-
-    def _forget_view(self) -> None:
-        if getattr(self._seen, "view", None) is not None:
-            self._seen.view = None
-
     def _run(self, argv: Sequence[str], *, timeout: float | None = None) -> CommandResult:
         if not _reads_only(argv):
-            self._forget_view()  # what was seen may have changed
+            self._forget_observed()  # what was seen may have changed
         return super()._run(argv, timeout=timeout)
 
     def _realpath(self, path: str) -> str:
@@ -1144,11 +1121,11 @@ class BtrfsBackend(CommandBackend):
         return self._run(["test", "-L", path]).ok
 
     def _make_dir(self, path: str) -> None:
-        self._forget_view()
+        self._forget_observed()
         self._host_call(f"creating {path}", lambda: self._host.make_dirs(path, mode=0o700))
 
     def _write(self, path: str, text: str) -> None:
-        self._forget_view()
+        self._forget_observed()
         self._host_call(
             f"writing {path}", lambda: self._host.write_atomic(path, text.encode(), mode=0o600)
         )
@@ -1166,12 +1143,12 @@ class BtrfsBackend(CommandBackend):
     def _view(self) -> _View:
         """The mount holding the snapshot directory and the file system's subvolumes
         (within an :meth:`observation`, the one already seen)."""
-        seen: _View | None = getattr(self._seen, "view", None)
-        if seen is not None:
-            return seen
+        seen = self._observed()
+        if seen is not None and "view" in seen:
+            return typing.cast(_View, seen["view"])
         view = self._look()
-        if getattr(self._seen, "depth", 0):
-            self._seen.view = view
+        if seen is not None:
+            seen["view"] = view
         return view
 
     def _look(self) -> _View:
@@ -1424,7 +1401,7 @@ class BtrfsBackend(CommandBackend):
         the directory stays, with a warning.
         """
         try:
-            self._forget_view()
+            self._forget_observed()
             self._host_call(f"removing {gdir}", lambda: self._host.remove([gdir], recursive=True))
         except BtrfsError as exc:
             log.warning("btrfs: cannot remove %s: %s", gdir, exc)

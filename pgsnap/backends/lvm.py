@@ -115,8 +115,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
@@ -1317,25 +1316,6 @@ class LvmBackend(CommandBackend):
 
     # ------------------------------------------------------------------ internals: commands
 
-    @contextmanager
-    def observation(self) -> Iterator[None]:
-        """Within this block, this thread's calls that only read share one listing of
-        each volume group (``lvs``) instead of listing again per call; any command that
-        changes something drops it. Observing a cluster asks for its volumes, their
-        locations, restore profiles and snapshots: one listing instead of one per
-        question. A new block lists again, so a plan's freshness check, which observes
-        anew, sees what another process changed since."""
-        depth = getattr(self._seen, "depth", 0)
-        if depth == 0:
-            self._seen.listings = {}
-        self._seen.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._seen.depth = depth
-            if depth == 0:
-                self._seen.listings = {}
-
     def _lvm(
         self,
         vg: str,
@@ -1347,7 +1327,7 @@ class LvmBackend(CommandBackend):
     ) -> CommandResult:
         """One lvm command on ``vg``, alone among this backend's commands on that VG."""
         if args and args[0] not in _READ_ONLY:
-            getattr(self._seen, "listings", {}).clear()  # what was listed may have changed
+            self._forget_observed()  # what was listed may have changed
         lock = self._vg_locks.get(vg) or threading.Lock()
         with lock:
             log.debug("lvm: %s", " ".join(args))
@@ -1359,9 +1339,7 @@ class LvmBackend(CommandBackend):
     def _lvs(self, vgs: Iterable[str] | None = None) -> tuple[LogicalVolume, ...]:
         groups = tuple(vgs) if vgs is not None else self._vgs
         out: list[LogicalVolume] = []
-        listings: dict[str, tuple[LogicalVolume, ...]] | None = (
-            self._seen.listings if getattr(self._seen, "depth", 0) else None
-        )
+        listings = self._observed()  # by volume group
         for vg in groups:
             if listings is not None and vg in listings:
                 out.extend(listings[vg])
