@@ -379,19 +379,11 @@ class DirectoryCatalog:
         another process writes the catalog, or when the directory is read-only)."""
         try:
             with self._locked(wait=False):
-                fd, tmp = tempfile.mkstemp(prefix=".index.", suffix=".tmp", dir=self.path)
-                try:
-                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                        os.fchmod(fh.fileno(), 0o600)
-                        fh.write(json.dumps(_INDEX_HEADER) + "\n")
-                        for backup_id, (ident, values) in records.items():
-                            entry = ["put", backup_id, ident, values]
-                            fh.write(json.dumps(entry, separators=(",", ":")) + "\n")
-                    os.replace(tmp, self.path / _INDEX)
-                except BaseException:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-                    raise
+                entries = (
+                    json.dumps(["put", backup_id, ident, values], separators=(",", ":"))
+                    for backup_id, (ident, values) in records.items()
+                )
+                self._replace(_INDEX, [json.dumps(_INDEX_HEADER), *entries])
         except (OSError, CatalogLockedError) as exc:
             log.debug("catalog %s: index not rewritten: %s", self.path, exc)
             return
@@ -619,6 +611,21 @@ class DirectoryCatalog:
         except (TypeError, ValueError):
             return None
 
+    def _replace(self, name: str, lines: Sequence[str]) -> None:
+        """Write ``lines`` to a temporary file (mode 0600) and rename it to ``name`` in
+        the catalog directory: a reader sees the old file or the new one, whole."""
+        fd, tmp = tempfile.mkstemp(prefix=f"{name}.", suffix=".tmp", dir=self.path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fh.fileno(), 0o600)
+                for line in lines:
+                    fh.write(line + "\n")
+            os.replace(tmp, self.path / name)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
     def _write_documents(
         self, seen: dict[str, _Identity], bad: Sequence[UnreadableEntry], text: str
     ) -> None:
@@ -626,19 +633,13 @@ class DirectoryCatalog:
             "files": {name: list(ident) for name, ident in seen.items()},
             "unreadable": [[u.path, u.backup_id, u.error] for u in bad],
         }
+        lines = [
+            json.dumps(_DOCUMENTS_HEADER),
+            json.dumps(sources, separators=(",", ":")),
+            text,
+        ]
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".documents.", suffix=".tmp", dir=self.path)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    os.fchmod(fh.fileno(), 0o600)
-                    fh.write(json.dumps(_DOCUMENTS_HEADER) + "\n")
-                    fh.write(json.dumps(sources, separators=(",", ":")) + "\n")
-                    fh.write(text + "\n")
-                os.replace(tmp, self.path / _DOCUMENTS)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+            self._replace(_DOCUMENTS, lines)
         except OSError as exc:
             log.debug("catalog %s: documents not kept: %s", self.path, exc)
 
