@@ -44,7 +44,8 @@ It needs about 200 MB and one inode per file; the script checks
   snapshots (the ids the in-memory ``MockBackend`` gives, see below).
 
 Time runs with the WAL: segment ``n`` covers 36 s from 2020-01-01 00:00 UTC +
-``36 n`` s; its commits are at +2 s, +8 s and +20 s. A backup starts at the
+``36 n`` s (from earlier for an archive that would end after 2026: 10,000,000
+segments span 11 years); its commits are at +2 s, +8 s and +20 s. A backup starts at the
 first record of its segment at that segment's time, and stops 5 s later at the
 second record. The time target is the newest backup's stop time + 10 minutes
 (about 17 segments after the backup's start, inside the real WAL).
@@ -85,7 +86,9 @@ time, not the CPU time):
 7. ``Cluster.plan_expiry`` (issue 13; target under 2 s) with the clock an hour
    after the newest backup: a steady-state policy (redundancy of all but ten
    backups: ten go) and a first expiry (redundancy 100 and a 30-day window:
-   most of the catalog and of the archive go).
+   most of the catalog and of the archive go). Like the warm plans, each runs
+   after an unmeasured plan on the machine (an expiry timer runs where backups
+   are planned), so the archive's state is known and probed by name.
 
 The planning rows also show, from the DEBUG log of ``pgsnap.observe``
 ("N segments read, M from the index"), how many segments each plan read and
@@ -126,6 +129,9 @@ SEG = 16 * 1024 * 1024
 PAGE = 8192
 SYSID = 7_000_000_000_000_000_001
 T0 = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+LATEST_END = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+"""An archive whose segments, 36 s each from :data:`T0`, would end after this starts
+earlier (:attr:`Shape.t0`): its time target must be in the past."""
 SEGMENT_SECONDS = 36
 FIRST_BACKUP_SEGNO = 20
 MIN_REAL = 300
@@ -150,8 +156,8 @@ METHODS: dict[str, str] = {
     "rec-time-warm": "plan_recovery(time), index warm",
     "backup-plan": "plan_backup() (real server)",
     "catalog-list": "Catalog.list() (the --catalog)",
-    "expiry-steady": "plan_expiry(redundancy backups-10)",
-    "expiry-first": "plan_expiry(redundancy 100, window 30d)",
+    "expiry-steady": "plan_expiry(redundancy backups-10), archive known",
+    "expiry-first": "plan_expiry(redundancy 100, window 30d), archive known",
     "archive-index": "DirectoryWalArchive.index(names)",
     "index-build": "ArchiveIndex.build(names)",
     "listdir": "os.listdir(archive) (floor)",
@@ -173,6 +179,13 @@ class Shape:
 
     segments: int
     backups: int
+
+    @property
+    def t0(self) -> dt.datetime:
+        """When segment 0 begins: :data:`T0`, or earlier for an archive so large
+        (10,000,000 segments are 11 years) that it would end after :data:`LATEST_END`."""
+        span = dt.timedelta(seconds=SEGMENT_SECONDS * self.segments)
+        return min(T0, LATEST_END - span)
 
     @property
     def fork1(self) -> int:
@@ -232,12 +245,12 @@ class Shape:
         return None
 
 
-def segment_time(segno: int) -> dt.datetime:
-    return T0 + dt.timedelta(seconds=SEGMENT_SECONDS * segno)
+def segment_time(shape: Shape, segno: int) -> dt.datetime:
+    return shape.t0 + dt.timedelta(seconds=SEGMENT_SECONDS * segno)
 
 
 def backup_times(shape: Shape, i: int) -> tuple[dt.datetime, dt.datetime]:
-    start = segment_time(shape.backup_segno(i))
+    start = segment_time(shape, shape.backup_segno(i))
     return start, start + dt.timedelta(seconds=5)
 
 
@@ -310,7 +323,7 @@ def generate(root: Path, shape: Shape) -> None:
     xid = 1000
     real_bytes = 0
     for segno in range(shape.real_first, shape.last + 1):
-        when = segment_time(segno)
+        when = segment_time(shape, segno)
         writer.commit(xid, when + dt.timedelta(seconds=2))
         second, _ = writer.commit(xid + 1, when + dt.timedelta(seconds=8))
         writer.commit(xid + 2, when + dt.timedelta(seconds=20))
@@ -493,7 +506,7 @@ def _recovery_cluster(root: Path, shape: Shape, conninfo: str | None) -> Any:
     from pgsnap.model import Layout, Volume, VolumeRole  # noqa: PLC0415
     from pgsnap.wal.archive import DirectoryWalArchive  # noqa: PLC0415
 
-    now = [T0]
+    now = [shape.t0]
     backend = MockBackend(clock=lambda: now[0])
     backend.add_volume("pgdata", volume_id="vol-0001")
     backend.add_volume("pgwal", volume_id="vol-0002")
@@ -1121,8 +1134,9 @@ def launcher(args: argparse.Namespace) -> int:
             for method in order:
                 if method.endswith("-cold"):
                     remove_index(root)
-                elif method.endswith("-warm"):
-                    prime = measure("prime-" + method.split("-")[1], common)
+                elif method.endswith("-warm") or method.startswith("expiry-"):
+                    which = "latest" if method.startswith("expiry-") else method.split("-")[1]
+                    prime = measure("prime-" + which, common)
                     if "error" in prime:
                         say(f"round {n + 1}: priming for {method} FAILED: {prime['error'][:300]}")
                 r = measure(method, common)

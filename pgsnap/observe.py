@@ -614,10 +614,28 @@ class Observer:
     @_one_listing
     def expiry_facts(self) -> ExpiryFacts:
         """Observe what the expiry planner needs: the catalog, the storage's snapshots,
-        the archive (one listing, names only) and its timeline histories."""
+        the archive and its timeline histories.
+
+        The archive is listed (names only), or, when its state is known from an
+        earlier run (:mod:`pgsnap.wal.known`), probed by name: new segments and
+        timelines after what is known, each run's first segment (a run an
+        expiry cut short is bisected), and the ``.backup`` files of the
+        catalog's backups. An expiry deletes only below the WAL its kept
+        backups need, which the catalog and the histories decide, so what a
+        probe may miss (a segment older than any known) is kept, never lost."""
         scan = scan_catalog(self.catalog)
         backups = scan.records
-        index = self.archive.index(self._segment_size(backups), check_sizes=False)
+        seg = self._segment_size(backups)
+        known = self.known_archive(seg)
+        probed = None if known is None else known.probed()
+        trimmed = None if known is None or probed is None else known.trimmed(probed)
+        if known is not None and trimmed is not None:
+            known.save(trimmed)
+            index = trimmed
+            names = {backup_file_name(b.start_lsn, b.start_timeline, seg) for b in backups}
+            index = attrs.evolve(index, backup_names=known.present(sorted(names)))
+        else:
+            index = self._listed(seg)
         return ExpiryFacts(
             backups=backups,
             snapshots=self.backend.list_snapshots(),

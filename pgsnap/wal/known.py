@@ -35,6 +35,8 @@ import tempfile
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
+import attrs
+
 from pgsnap.wal.continuity import ArchiveIndex, SegmentRange
 from pgsnap.wal.names import segment_name, validate_segment_size
 
@@ -135,8 +137,9 @@ class KnownArchive:
     def probed(self) -> ArchiveIndex | None:
         """The saved index extended by name: new ``.history`` files after the newest
         known, and new segments after the end of each timeline (and from the start of
-        each new timeline). None when nothing is saved, or when a segment is present
-        within :data:`_LOOKAHEAD` names past a missing one (list the archive instead).
+        each new timeline). None when nothing is saved, when the newest timeline had
+        no segment when it was saved, or when a segment is present within
+        :data:`_LOOKAHEAD` names past a missing one (list the archive instead).
         The start of a new timeline is its switch point, in its ``.history`` file.
         """
         known = self.load()
@@ -145,6 +148,7 @@ class KnownArchive:
         present = _Present(self._archive)
         histories = list(known.history_names)
         timelines = {t for t in map(_timeline_of, histories) if t is not None}
+        known_timelines = {1, *timelines}
         newest = max(timelines, default=1)
         probe, misses = newest + 1, 0
         while misses < 2:  # as the backup planner finds timelines: two misses in a row
@@ -160,6 +164,13 @@ class KnownArchive:
         ends: dict[int, int] = {}
         for r in known.segment_ranges:
             ends[r.timeline] = r.last
+        growing = max(timelines, default=1)
+        if growing not in ends and growing in known_timelines:
+            # The timeline the archiver appends to had no segment when it was last
+            # known (never archived, or all expired): where its next one is, only a
+            # listing says.
+            log.debug("archive %s: no segment of timeline %d known", self._location, growing)
+            return None
         # Timelines without a segment yet (new, or known by their history alone):
         # their first segment is at their switch point.
         bare = sorted(timelines - ends.keys())
@@ -216,6 +227,44 @@ class KnownArchive:
                 if not present(name):
                     return f"{name} is no longer in the archive"
         return None
+
+    def trimmed(self, index: ArchiveIndex) -> ArchiveIndex | None:
+        """``index`` with each run starting where the archive's segments now start.
+
+        An expiry (this one's, another host's, another tool's) deletes the oldest
+        segments of a run, so where a run's first segment is gone, its new first
+        is found by bisection, as if a prefix went: about 24 stats for a run of
+        ten million. None when a whole run went (list the archive: what was
+        archived on its timeline since is not probed). A segment deleted by hand
+        further in is not looked for: it can only make the index know less than
+        the archive holds (an expiry then deletes less, and a recovery plan's
+        :meth:`confirm` lists the archive)."""
+        present = _Present(self._archive)
+        seg = self._segment_size
+        kept: list[SegmentRange] = []
+        for r in index.segment_ranges:
+            if present(segment_name(r.timeline, r.first, seg)):
+                kept.append(r)
+                continue
+            low, high = r.first + 1, r.last + 1  # the first present is in [low, high]
+            while low < high:
+                mid = (low + high) // 2
+                if present(segment_name(r.timeline, mid, seg)):
+                    high = mid
+                else:
+                    low = mid + 1
+            if low > r.last:
+                log.debug("archive %s: a run of timeline %d went", self._location, r.timeline)
+                return None
+            kept.append(SegmentRange(r.timeline, low, r.last))
+        if kept != list(index.segment_ranges):
+            log.debug("archive %s: its oldest segments went since it was known", self._location)
+        return attrs.evolve(index, segment_ranges=kept)
+
+    def present(self, names: Iterable[str]) -> tuple[str, ...]:
+        """Which of ``names`` are in the archive (a stat each)."""
+        present = _Present(self._archive)
+        return tuple(n for n in names if present(n))
 
 
 class _Present:

@@ -22,6 +22,7 @@ from pgsnap import errors
 from pgsnap.model import RecoveryTarget, VolumeRole
 from pgsnap.planner.expiry import RetentionPolicy
 from pgsnap.wal import segment_name
+from pgsnap.wal.archive import DirectoryWalArchive
 from tests.e2e.conftest import Env
 
 DATA = VolumeRole.DATA
@@ -44,7 +45,7 @@ def _segments(env: Env) -> list[str]:
 
 
 def test_redundancy_deletes_the_oldest_backup_and_its_wal_then_the_rest_recovers(
-    e2e_env: Any,
+    e2e_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     env: Env = e2e_env()
     a, b, c = _three_backups(env)
@@ -54,7 +55,18 @@ def test_redundancy_deletes_the_oldest_backup_and_its_wal_then_the_rest_recovers
     assert _segments(env) == before
     assert any(a.id in line for line in dry.lost)
 
+    # Issue 27: the archive is known now (the dry run listed it): the expiry and the
+    # plans after it probe it by name, also once the expiry cut its runs short.
+    listings: list[object] = []
+    listed = DirectoryWalArchive.index
+
+    def counted(self: DirectoryWalArchive, *args: Any, **kwargs: Any) -> Any:
+        listings.append(self.path)
+        return listed(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectoryWalArchive, "index", counted)
     plan = env.cluster.expire(RetentionPolicy(redundancy=2))
+    assert plan.steps == dry.steps
     assert [r.id for r in env.cluster.backups()] == [b.id, c.id]
     assert not (set(a.snapshots.values()) & env.snapshot_ids())  # its snapshots went
     assert set(b.snapshots.values()) | set(c.snapshots.values()) <= env.snapshot_ids()
@@ -66,6 +78,7 @@ def test_redundancy_deletes_the_oldest_backup_and_its_wal_then_the_rest_recovers
     assert any(line.startswith(f"backup {a.id}") for line in plan.lost)
     # Planning again deletes nothing.
     assert env.cluster.plan_expiry(RetentionPolicy(redundancy=2)).steps == ()
+    assert listings == [], "an expiry listed an archive it knew"
 
     # The kept backups still recover: to the end of the WAL, and the oldest one
     # to its consistency point (on timeline 1, where it was taken).

@@ -18,6 +18,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,3 +206,102 @@ def test_a_gap_known_from_a_listing_and_filled_since_is_listed_again(tmp_path: P
     why = known.confirm(probed, 1, 5)
     assert why is not None and "gap" in why
     assert known.confirm(probed, 1, 11) is None
+
+
+expiry_ops = st.one_of(
+    st.tuples(st.just("archive"), st.integers(1, 30)),
+    st.tuples(st.just("expire"), st.integers(0, 3), st.integers(1, 60)),
+    st.tuples(st.just("promote")),
+    st.tuples(st.just("compress"), st.integers(0, 200)),
+    st.tuples(st.just("plan")),
+)
+
+
+@settings(max_examples=200)
+@given(st.lists(expiry_ops, min_size=1, max_size=25), st.booleans())
+def test_after_expiries_a_trimmed_probe_is_what_a_listing_says(
+    steps: list[tuple[object, ...]], gzipped: bool
+) -> None:
+    """Expiries (this host's or another's) delete the oldest segments of a timeline's
+    run while the archiver appends: an expiry planned by name (:meth:`KnownArchive.probed`
+    then :meth:`KnownArchive.trimmed`) sees every run as a listing does, or is told to
+    list (a whole run gone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "archive").mkdir()
+        archive = _Archive(root / "archive")
+        directory = DirectoryWalArchive(archive.path, gzip=gzipped)
+        known = KnownArchive(root / "index", directory, SEG)
+        archive.archive(5)
+        known.save(directory.index(SEG, check_sizes=False))
+        for step in steps:
+            kind = step[0]
+            names = archive.segments()
+            if kind == "archive":
+                archive.archive(int(step[1]))  # type: ignore[call-overload]
+            elif kind == "expire":
+                timelines = sorted({int(n[:8], 16) for n in names})
+                if timelines:
+                    tli = timelines[int(step[1]) % len(timelines)]  # type: ignore[call-overload]
+                    oldest = [n for n in names if int(n[:8], 16) == tli]
+                    for name in oldest[: int(step[2])]:  # type: ignore[call-overload]
+                        for path in archive.path.glob(name + "*"):
+                            path.unlink()
+            elif kind == "promote":
+                archive.promote()
+            elif kind == "compress" and names and gzipped:  # (else it is a hole)
+                name = names[int(step[1]) % len(names)]  # type: ignore[call-overload]
+                plain = archive.path / name
+                if plain.exists():
+                    plain.unlink()
+                    (archive.path / f"{name}.gz").write_bytes(gzip.compress(b""))
+            elif kind == "plan":
+                listed = directory.index(SEG, check_sizes=False)
+                probed = known.probed()
+                trimmed = None if probed is None else known.trimmed(probed)
+                if trimmed is None:  # the caller lists the archive, and keeps it
+                    known.save(listed)
+                    continue
+                assert trimmed.segment_ranges == listed.segment_ranges
+                assert trimmed.history_names == listed.history_names
+                known.save(trimmed)
+
+
+def test_a_run_cut_short_is_bisected_and_a_run_gone_is_listed(tmp_path: Path) -> None:
+    archive = _Archive(tmp_path / "archive")
+    archive.path.mkdir()
+    directory = DirectoryWalArchive(archive.path)
+    known = KnownArchive(tmp_path / "index", directory, SEG)
+    archive.archive(50)
+    archive.promote()
+    archive.archive(5)  # timeline 2: 40..44
+    index = directory.index(SEG, check_sizes=False)
+    known.save(index)
+    for segno in range(17):  # an expiry kept timeline 1 from segment 17 on
+        (archive.path / segment_name(1, segno, SEG)).unlink()
+    stats: list[str] = []
+    real_isfile = os.path.isfile
+
+    def counted(path: str) -> bool:
+        stats.append(path)
+        return real_isfile(path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pgsnap.wal.known.os.path.isfile", counted)
+        trimmed = known.trimmed(index)
+    assert trimmed is not None
+    assert trimmed.segment_ranges == (SegmentRange(1, 17, 49), SegmentRange(2, SWITCH, 44))
+    assert len(stats) <= 2 + 6  # each run's first, then a bisection of 49 names
+    assert known.present(["00000002.history", "00000003.history"]) == ("00000002.history",)
+
+    # A segment deleted by hand inside a run is not looked for: the index knows more
+    # than the archive holds there, which an expiry deletes again (nothing) and a
+    # recovery plan's confirmation does not let by.
+    (archive.path / segment_name(1, 30, SEG)).unlink()
+    again = known.trimmed(trimmed)
+    assert again is not None and again.segment_ranges == trimmed.segment_ranges
+    assert known.confirm(again, 1, 20) is not None
+
+    for segno in range(17, 50):  # timeline 1 expired whole
+        (archive.path / segment_name(1, segno, SEG)).unlink(missing_ok=True)
+    assert known.trimmed(trimmed) is None
