@@ -170,7 +170,13 @@ def test_point_in_time_recovery_through_the_cluster(thin_ext4: LvmPostgres) -> N
     assert set(record.snapshots.values()) <= names  # a copy was swapped in; the backup stays
 
 
-def test_complete_recovery_restores_data_and_keeps_the_wal_volume(thin_ext4: LvmPostgres) -> None:
+def test_complete_recovery_waits_out_a_busy_file_system_and_keeps_the_wal_volume(
+    thin_ext4: LvmPostgres,
+) -> None:
+    """Only the data volume is lost: the WAL volume is kept and its unarchived WAL
+    replayed. First a process (not the server, which the plan stops) holds the data
+    volume's file system: the plan's unmount fails with MountBusyError naming it, the
+    run is undone, everything stays mounted; once it is gone a new plan recovers."""
     env = thin_ext4
     # The running server holds the data volume: unmounting it is refused, naming
     # the holder, and everything stays mounted.
@@ -187,28 +193,6 @@ def test_complete_recovery_restores_data_and_keeps_the_wal_volume(thin_ext4: Lvm
     expected = batches(env)
     env.crash()
     assert not (env.archive_dir / current).exists()
-    env.lose(PGDATA)
-
-    plan = recover(env, RecoveryTarget.latest(), [DATA])
-    assert [s.params["volume_id"] for s in plan.steps if s.id.startswith("restore-")] == [
-        f"{VG}/data"
-    ]
-    assert batches(env) == expected, env.server_log()
-    assert 6 in expected
-
-
-def test_a_busy_file_system_stops_the_recovery_and_leaves_it_mounted(
-    thin_ext4: LvmPostgres,
-) -> None:
-    """A process (not the server, which the plan stops) holds the data volume's file
-    system: the plan's unmount fails with MountBusyError naming it, the run is undone,
-    everything stays mounted; once it is gone a new plan recovers."""
-    env = thin_ext4
-    env.cluster.backup("lvm-e2e-busy")
-    write(env, 11)
-    env.switch_wal()
-    expected = batches(env)
-    env.crash()
     env.lose(PGDATA)
     env.host.run(
         [
@@ -229,8 +213,13 @@ def test_a_busy_file_system_stops_the_recovery_and_leaves_it_mounted(
     finally:
         env.host.run(["sh", "-c", "kill $(cat /tmp/holder)"])
     time.sleep(1)
-    recover(env, RecoveryTarget.latest(), [DATA])
+
+    plan = recover(env, RecoveryTarget.latest(), [DATA])
+    assert [s.params["volume_id"] for s in plan.steps if s.id.startswith("restore-")] == [
+        f"{VG}/data"
+    ]
     assert batches(env) == expected, env.server_log()
+    assert 6 in expected
 
 
 # --------------------------------------------------------------------------- faults
@@ -435,15 +424,14 @@ def _mounts(env: LvmPostgres) -> list[str]:
     return sorted(env.host.run(["findmnt", "-rn", "-o", "SOURCE,TARGET"]).text.splitlines())
 
 
-def test_a_clone_and_a_drill_on_thin_volumes_never_touch_production(
-    thin_ext4: LvmPostgres,
-) -> None:
+def test_a_clone_on_thin_volumes_never_touches_production(thin_ext4: LvmPostgres) -> None:
     """Issue 22 on real lvm2: the clone's data volume is a thin snapshot of the backup's
     thin snapshot, active and mounted read-write beside production; its server runs in
     the VM on a port of its own (reached over TCP, as production is), replays from the
     shared archive to a time target while production keeps writing, and holds exactly
-    the rows of the target. Destroyed, it leaves no LV, no mount, no directory; a drill
-    of the newest backup then passes its checks."""
+    the rows of the target. Destroyed, it leaves no LV, no mount, no directory. (A drill
+    is this clone plus checks that do not depend on the storage: its e2e tests run on
+    btrfs, the mock and the PowerFlex simulator, not again here under TCG.)"""
     env = thin_ext4
     write(env, 201)
     record = env.cluster.backup("lvm-e2e-clone")
@@ -489,14 +477,6 @@ def test_a_clone_and_a_drill_on_thin_volumes_never_touch_production(
     assert _lvs_names(env) == lvs_before
     assert _mounts(env) == mounts_before
     assert not env.host.exists(clone.at)
-
-    drill = env.cluster.drill(
-        checks=["SELECT count(*) > 0 FROM rows WHERE batch = 205"], port=env.clone_ports[1]
-    )
-    assert drill.ok, drill.checks
-    assert {c.name for c in drill.checks} >= {"reached target", "amcheck", "server log"}
-    assert drill.rto_seconds is not None and drill.wal_bytes > 0
-    assert env.cluster.clones() == () and _lvs_names(env) == lvs_before
 
 
 def test_a_clone_of_classic_snapshots_is_refused_before_anything_is_made(
