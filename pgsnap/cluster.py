@@ -1773,8 +1773,16 @@ class Cluster:
     ) -> ExecutionResult:
         """Run a plan (checking first that its facts still hold). ``alone``: hold the
         cluster lock exclusively, so that no other run overlaps this one, not even a
-        backup beside a backup (what a scheduled run wants: no pile-up)."""
-        return self.executor(on_event, alone=alone).run(plan, dry_run=dry_run)
+        backup beside a backup (what a scheduled run wants: no pile-up).
+
+        Work a backend left running behind a step (btrfs deletes the subvolume a
+        restore replaced while the server starts) has ended when this returns."""
+        try:
+            return self.executor(on_event, alone=alone).run(plan, dry_run=dry_run)
+        finally:
+            settle = getattr(self.backend, "settle", None)
+            if callable(settle):
+                settle()
 
     def resume(
         self, *, on_event: Callable[[Event], None] | None = None

@@ -28,7 +28,11 @@ Volumes, snapshots and restores
   then ``mv`` the live subvolume aside (``.<name>.pgsnap-old-<t>``), ``mv``
   the new one to the volume's path, ``btrfs filesystem sync`` (the swap is
   durable before PostgreSQL starts), and ``btrfs subvolume delete`` of the
-  old one (a failure there is a warning naming it: the restore is done). The
+  old one, in a thread of its own: the kernel drops the old subvolume's pages
+  from memory as it deletes it (1.7 s for 15 GB cached after a crash), while
+  the recovery goes on (:meth:`BtrfsBackend.settle` waits for it, and so does
+  the interpreter's exit; a failure there is a warning naming it: the restore
+  is done). The
   subvolume's root keeps its owner and mode, as a snapshot copies them. A
   volume whose path is missing (a restore interrupted between the two
   renames) is recreated from a snapshot of that path. A volume holding nested
@@ -126,6 +130,7 @@ import posixpath
 import re
 import secrets
 import threading
+import time
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
@@ -663,6 +668,7 @@ class BtrfsBackend(CommandBackend):
         self._clock = clock or _utcnow
         self._lock = threading.RLock()
         self._seen = threading.local()  # this thread's view in an observation()
+        self._deleting: list[threading.Thread] = []  # old subvolumes of swaps, being deleted
 
     # ------------------------------------------------------------------ basics
 
@@ -1498,16 +1504,48 @@ class BtrfsBackend(CommandBackend):
             raise
         self._sync(parent)
         log.info("btrfs: restored %s from %s", path, sid)
-        try:
-            self._delete_paths([old], volume_id=path)
-        except PgsnapError as exc:
-            log.warning(
-                "btrfs: %s was restored, but its old subvolume %s could not be deleted (%s); "
-                "delete it with btrfs subvolume delete once you no longer need it",
-                path,
-                old,
-                exc,
-            )
+        self._delete_behind(old, path)
+
+    def _delete_behind(self, old: str, path: str) -> None:
+        """Delete ``old``, the subvolume a swap replaced at ``path``, in a thread.
+
+        Deleting a subvolume drops its files' pages from the page cache, in the
+        command: about 0.1 s per GB a crashed server left cached. Nothing that
+        follows a restore needs it gone, so the recovery goes on meanwhile;
+        :meth:`settle` waits for it (a non-daemon thread: the interpreter's exit
+        does too). A failure is a warning naming the subvolume, as before.
+        """
+
+        def delete() -> None:
+            try:
+                self._delete_paths([old], volume_id=path)
+            except PgsnapError as exc:
+                log.warning(
+                    "btrfs: %s was restored, but its old subvolume %s could not be deleted "
+                    "(%s); delete it with btrfs subvolume delete once you no longer need it",
+                    path,
+                    old,
+                    exc,
+                )
+
+        thread = threading.Thread(target=delete, name=f"pgsnap-btrfs-delete {old}")
+        with self._lock:
+            self._deleting = [t for t in self._deleting if t.is_alive()]
+            self._deleting.append(thread)
+        thread.start()
+
+    def settle(self, timeout: float | None = None) -> bool:
+        """Wait until the subvolumes that restores replaced are deleted (they are
+        deleted behind the restore, see the module docstring); False when
+        ``timeout`` seconds passed first."""
+        with self._lock:
+            pending = list(self._deleting)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in pending:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            self._deleting = [t for t in self._deleting if t.is_alive()]
+            return not self._deleting
 
     def _forget(self, path: str) -> None:
         try:

@@ -16,6 +16,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -228,6 +229,7 @@ class LocalRunner:
         )
         if not _findable(args[0], env.get("PATH")):
             return CommandResult(args, 127, b"", f"{args[0]}: command not found\n".encode())
+        started = time.monotonic()
         try:
             returncode, stdout, stderr = _execute(
                 [*prefix, *args], stdin=stdin, timeout=timeout, env=env
@@ -256,7 +258,12 @@ class LocalRunner:
                 f"cannot run {shlex.join(args)}: {exc.strerror or exc}",
                 host=self.description,
             ) from exc
-        _log.debug("local: %s exited with status %d", args[0], returncode)
+        _log.debug(
+            "local: %s exited with status %d in %.3f s",
+            args[0],
+            returncode,
+            time.monotonic() - started,
+        )
         return CommandResult(args, returncode, stdout, stderr)
 
     def process_argv(

@@ -163,6 +163,7 @@ def test_restore_swaps_in_a_writable_snapshot_and_deletes_the_old_subvolume(fs, 
     before = subvolumes(fs)["vols/data"][0]
 
     backend.restore_volume(str(data), snap.id)
+    assert backend.settle(timeout=60)  # the old subvolume is deleted behind the restore
 
     after = subvolumes(fs)
     assert after["vols/data"][0] != before  # a new subvolume at the same path...
