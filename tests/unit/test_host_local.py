@@ -242,39 +242,6 @@ class TestHostFiles:
             assert host.read_bytes(str(path)) == name.encode() + b"\xff\x00end"
             assert host.read_text(str(path)) == name + "\udcff\x00end"
 
-    def test_reads_here_ask_the_kernel_not_a_command(self, host, public_dir, monkeypatch):
-        """On this machine the reading file methods run no process (3-6 ms each: a
-        recovery asked about 50 of them); what a command would say is what the
-        tests above check, and tests/integration/test_ssh.py runs them as commands."""
-        (public_dir / "d").mkdir()
-        (public_dir / "d" / "f").write_bytes(b"abc")
-        os.symlink(public_dir / "d", public_dir / "link")
-        ran: list[list[str]] = []
-        real = LocalRunner.run
-
-        def counted(self: LocalRunner, argv: Any, **kwargs: Any) -> Any:
-            ran.append(list(argv))
-            return real(self, argv, **kwargs)
-
-        monkeypatch.setattr(LocalRunner, "run", counted)
-        base = str(public_dir)
-        assert host.read_bytes(f"{base}/link/f", offset=1) == b"bc"
-        info = host.stat(f"{base}/link/f")
-        assert info is not None and info.size == 3
-        assert host.stat(f"{base}/missing") is None
-        assert host.exists(f"{base}/d") and not host.exists(f"{base}/missing")
-        assert host.realpath(f"{base}/link/f") == os.path.realpath(f"{base}/d/f")
-        assert host.list_dir(f"{base}/link") == ("f",)
-        with pytest.raises(HostFileNotFound):
-            host.read_bytes(f"{base}/missing")
-        assert ran == []
-        # What the kernel cannot answer simply is asked of the command, whose error
-        # reads the same on every host.
-        with pytest.raises(HostError, match="not a directory"):
-            host.list_dir(f"{base}/d/f")
-        assert host.realpath(f"{base}/missing/../x") == f"{base}/x"
-        assert [a[0] for a in ran] == ["find", "realpath"]
-
     def test_read_bytes_of_a_missing_file(self, host, public_dir):
         missing = str(public_dir / "missing")
         with pytest.raises(HostFileNotFound) as info:
@@ -666,3 +633,38 @@ def test_read_heads_follows_a_directory_given_as_a_symbolic_link(tmp_path):
     (tmp_path / "real" / "seg").write_bytes(b"abcd")
     (tmp_path / "mount").symlink_to(tmp_path / "real")
     assert Host().read_heads(str(tmp_path / "mount"), 2) == {"seg": b"ab"}
+
+
+def test_local_reads_ask_the_kernel_not_a_command(public_dir, monkeypatch):
+    """On this machine the reading file methods run no process (3-6 ms each: a
+    recovery asked about 50 of them); what a command would say is what the
+    tests above check, and tests/integration/test_ssh.py runs them as commands."""
+    host = Host(LocalRunner())
+    (public_dir / "d").mkdir()
+    (public_dir / "d" / "f").write_bytes(b"abc")
+    os.symlink(public_dir / "d", public_dir / "link")
+    ran: list[list[str]] = []
+    real = LocalRunner.run
+
+    def counted(self: LocalRunner, argv: Any, **kwargs: Any) -> Any:
+        ran.append(list(argv))
+        return real(self, argv, **kwargs)
+
+    monkeypatch.setattr(LocalRunner, "run", counted)
+    base = str(public_dir)
+    assert host.read_bytes(f"{base}/link/f", offset=1) == b"bc"
+    info = host.stat(f"{base}/link/f")
+    assert info is not None and info.size == 3
+    assert host.stat(f"{base}/missing") is None
+    assert host.exists(f"{base}/d") and not host.exists(f"{base}/missing")
+    assert host.realpath(f"{base}/link/f") == os.path.realpath(f"{base}/d/f")
+    assert host.list_dir(f"{base}/link") == ("f",)
+    with pytest.raises(HostFileNotFound):
+        host.read_bytes(f"{base}/missing")
+    assert ran == []
+    # What the kernel cannot answer simply is asked of the command, whose error
+    # reads the same on every host.
+    with pytest.raises(HostError, match="not a directory"):
+        host.list_dir(f"{base}/d/f")
+    assert host.realpath(f"{base}/missing/../x") == f"{base}/x"
+    assert [a[0] for a in ran] == ["find", "realpath"]
