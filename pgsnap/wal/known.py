@@ -148,7 +148,6 @@ class KnownArchive:
         present = _Present(self._archive)
         histories = list(known.history_names)
         timelines = {t for t in map(_timeline_of, histories) if t is not None}
-        known_timelines = {1, *timelines}
         newest = max(timelines, default=1)
         probe, misses = newest + 1, 0
         while misses < 2:  # as the backup planner finds timelines: two misses in a row
@@ -164,12 +163,11 @@ class KnownArchive:
         ends: dict[int, int] = {}
         for r in known.segment_ranges:
             ends[r.timeline] = r.last
-        growing = max(timelines, default=1)
-        if growing not in ends and growing in known_timelines:
-            # The timeline the archiver appends to had no segment when it was last
-            # known (never archived, or all expired): where its next one is, only a
-            # listing says.
-            log.debug("archive %s: no segment of timeline %d known", self._location, growing)
+        if newest not in ends:
+            # The timeline the archiver appended to when the state was kept had no
+            # segment then (never archived, or all expired): where its next ones
+            # are, even if a newer timeline has begun since, only a listing says.
+            log.debug("archive %s: no segment of timeline %d known", self._location, newest)
             return None
         # Timelines without a segment yet (new, or known by their history alone):
         # their first segment is at their switch point.
