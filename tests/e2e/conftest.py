@@ -218,6 +218,22 @@ def pitr_setup(env: Env, kind: str) -> RecoveryTarget:
     return target
 
 
+def count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """From now on, the directory archives listed (``DirectoryWalArchive.index``), one
+    entry per listing: what a plan that probes the archive by name must not do."""
+    from pgsnap.wal.archive import DirectoryWalArchive
+
+    listings: list[str] = []
+    listed = DirectoryWalArchive.index
+
+    def counted(self: DirectoryWalArchive, *args: Any, **kwargs: Any) -> Any:
+        listings.append(self.path)
+        return listed(self, *args, **kwargs)
+
+    monkeypatch.setattr(DirectoryWalArchive, "index", counted)
+    return listings
+
+
 def assert_not_in_backup_mode(env: Env) -> None:
     """No pgsnap backup session is left, and a new backup can start and stop."""
     assert_server_not_in_backup_mode(env.server)

@@ -22,8 +22,7 @@ from pgsnap import errors
 from pgsnap.model import RecoveryTarget, VolumeRole
 from pgsnap.planner.expiry import RetentionPolicy
 from pgsnap.wal import segment_name
-from pgsnap.wal.archive import DirectoryWalArchive
-from tests.e2e.conftest import Env
+from tests.e2e.conftest import Env, count_listings
 
 DATA = VolumeRole.DATA
 
@@ -57,14 +56,7 @@ def test_redundancy_deletes_the_oldest_backup_and_its_wal_then_the_rest_recovers
 
     # Issue 27: the archive is known now (the dry run listed it): the expiry and the
     # plans after it probe it by name, also once the expiry cut its runs short.
-    listings: list[object] = []
-    listed = DirectoryWalArchive.index
-
-    def counted(self: DirectoryWalArchive, *args: Any, **kwargs: Any) -> Any:
-        listings.append(self.path)
-        return listed(self, *args, **kwargs)
-
-    monkeypatch.setattr(DirectoryWalArchive, "index", counted)
+    listings = count_listings(monkeypatch)
     plan = env.cluster.expire(RetentionPolicy(redundancy=2))
     assert plan.steps == dry.steps
     assert [r.id for r in env.cluster.backups()] == [b.id, c.id]

@@ -34,7 +34,7 @@ from pgsnap.errors import (
 from pgsnap.executor import Event, EventKind
 from pgsnap.model import LSN, BackupState, RecoveryTarget, VolumeRole
 
-from .conftest import Env, assert_not_in_backup_mode, backed_up, pitr_setup
+from .conftest import Env, assert_not_in_backup_mode, backed_up, count_listings, pitr_setup
 
 pytestmark = pytest.mark.postgres
 
@@ -284,8 +284,6 @@ def test_plans_probe_the_archive_by_name_and_still_see_a_segment_deleted_since(
     """Issue 27: a plan does not list the archive when an earlier run knows it (it
     probes names from there and confirms what the plan rests on), and a segment
     deleted by hand since is still a gap for ``latest``."""
-    from pgsnap.wal.archive import DirectoryWalArchive
-
     env: Env = e2e_env()
     backed_up(env)
     env.write(2)
@@ -301,14 +299,7 @@ def test_plans_probe_the_archive_by_name_and_still_see_a_segment_deleted_since(
     env.lose_data()
     env.lose_wal()
     lost = [DATA, WAL]
-    listings: list[str] = []
-    listed = DirectoryWalArchive.index
-
-    def counted(self: DirectoryWalArchive, *args: Any, **kwargs: Any) -> Any:
-        listings.append(self.path)
-        return listed(self, *args, **kwargs)
-
-    monkeypatch.setattr(DirectoryWalArchive, "index", counted)
+    listings = count_listings(monkeypatch)
     first = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=lost)
     assert len(listings) == 1  # nothing known yet: listed, and kept
     second = env.cluster.plan_recovery(RecoveryTarget.latest(), lost=lost)

@@ -13,9 +13,11 @@ caller lists the archive).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,13 @@ class _Archive:
         self.timeline = 2
         self.next[2] = SWITCH
 
+    def compress(self, name: str) -> None:
+        """Replace a plain segment by its ``.gz`` (as a compressing archive_command)."""
+        plain = self.path / name
+        if plain.exists():
+            plain.unlink()
+            (self.path / f"{name}.gz").write_bytes(gzip.compress(b""))
+
     def refill(self, pick: int) -> None:
         """Put back a segment that went missing (a copy restored by hand)."""
         have = set(self.segments())
@@ -78,6 +87,22 @@ class _Archive:
         ]
         if missing:
             (self.path / missing[pick % len(missing)]).touch()
+
+
+@contextlib.contextmanager
+def _five_segments_known(
+    gzipped: bool,
+) -> Iterator[tuple[_Archive, DirectoryWalArchive, KnownArchive]]:
+    """A new archive of five segments on timeline 1, its state saved as known."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "archive").mkdir()
+        archive = _Archive(root / "archive")
+        directory = DirectoryWalArchive(archive.path, gzip=gzipped)
+        known = KnownArchive(root / "index", directory, SEG)
+        archive.archive(5)
+        known.save(directory.index(SEG, check_sizes=False))
+        yield archive, directory, known
 
 
 def _tail(index: ArchiveIndex, from_segno: int) -> list[SegmentRange]:
@@ -93,14 +118,7 @@ def _tail(index: ArchiveIndex, from_segno: int) -> list[SegmentRange]:
 def test_a_probed_and_confirmed_archive_is_what_a_listing_says(
     steps: list[tuple[object, ...]], gzipped: bool
 ) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "archive").mkdir()
-        archive = _Archive(root / "archive")
-        directory = DirectoryWalArchive(archive.path, gzip=gzipped)
-        known = KnownArchive(root / "index", directory, SEG)
-        archive.archive(5)
-        known.save(directory.index(SEG, check_sizes=False))
+    with _five_segments_known(gzipped) as (archive, directory, known):
         confirmed = 0
         for step in steps:
             kind = step[0]
@@ -119,11 +137,7 @@ def test_a_probed_and_confirmed_archive_is_what_a_listing_says(
             elif kind == "promote":
                 archive.promote()
             elif kind == "compress" and names:
-                name = names[int(step[1]) % len(names)]  # type: ignore[call-overload]
-                plain = archive.path / name
-                if plain.exists():
-                    plain.unlink()
-                    (archive.path / f"{name}.gz").write_bytes(gzip.compress(b""))
+                archive.compress(names[int(step[1]) % len(names)])  # type: ignore[call-overload]
             elif kind == "refill":
                 archive.refill(int(step[1]))  # type: ignore[call-overload]
             elif kind == "damage_state":
@@ -226,14 +240,7 @@ def test_after_expiries_a_trimmed_probe_is_what_a_listing_says(
     run while the archiver appends: an expiry planned by name (:meth:`KnownArchive.probed`
     then :meth:`KnownArchive.trimmed`) sees every run as a listing does, or is told to
     list (a whole run gone)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        (root / "archive").mkdir()
-        archive = _Archive(root / "archive")
-        directory = DirectoryWalArchive(archive.path, gzip=gzipped)
-        known = KnownArchive(root / "index", directory, SEG)
-        archive.archive(5)
-        known.save(directory.index(SEG, check_sizes=False))
+    with _five_segments_known(gzipped) as (archive, directory, known):
         for step in steps:
             kind = step[0]
             names = archive.segments()
@@ -250,11 +257,7 @@ def test_after_expiries_a_trimmed_probe_is_what_a_listing_says(
             elif kind == "promote":
                 archive.promote()
             elif kind == "compress" and names and gzipped:  # (else it is a hole)
-                name = names[int(step[1]) % len(names)]  # type: ignore[call-overload]
-                plain = archive.path / name
-                if plain.exists():
-                    plain.unlink()
-                    (archive.path / f"{name}.gz").write_bytes(gzip.compress(b""))
+                archive.compress(names[int(step[1]) % len(names)])  # type: ignore[call-overload]
             elif kind == "plan":
                 listed = directory.index(SEG, check_sizes=False)
                 probed = known.probed()
