@@ -598,11 +598,23 @@ class Scale:
         help_walls = [
             Child([self.pgsnap, "--help"], self.tmp).wait(timeout=60).wall for _ in range(3)
         ]
+        floors = {  # what any process pays before pgsnap's own work (best of 3)
+            what: min(
+                Child([sys.executable, "-c", code], self.tmp).wait(timeout=60).wall
+                for _ in range(3)
+            )
+            for what, code in (
+                ("python_seconds", "pass"),
+                ("psycopg_seconds", "import psycopg"),
+                ("imports_seconds", "import psycopg, pgsnap.cli, pgsnap.cluster"),
+            )
+        }
         pgbr_options = ", ".join(f"{k}={v}" for k, v in PGBACKREST_OPTIONS.items())
         self.facts = {
             "init_seconds": init.wall,
             "db_bytes": db,
             "help_seconds": min(help_walls),
+            **floors,
         }
         say(
             f"  pgbench -i -q -s {self.scale}: {init.wall:.1f} s; database {db / MB:.0f} MB; "
@@ -1336,7 +1348,19 @@ def report_backups(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
                 [
                     "reference: `pgsnap --help` (best of 3)",
                     *(f"{sc.facts['help_seconds']:.3f}" for sc in scales),
-                ]
+                ],
+                [
+                    "reference: `python -c pass` (best of 3)",
+                    *(f"{sc.facts['python_seconds']:.3f}" for sc in scales),
+                ],
+                [
+                    "reference: `python -c 'import psycopg'` (best of 3)",
+                    *(f"{sc.facts['psycopg_seconds']:.3f}" for sc in scales),
+                ],
+                [
+                    "reference: psycopg and the backup's pgsnap modules imported (best of 3)",
+                    *(f"{sc.facts['imports_seconds']:.3f}" for sc in scales),
+                ],
             ],
             ["part", *(f"scale {sc.scale}" for sc in scales)],
         )
