@@ -34,6 +34,7 @@ import functools
 import gc
 import json
 import logging
+import operator
 import os
 import re
 import tempfile
@@ -48,6 +49,7 @@ import attrs
 
 from pgsnap.errors import BackupNotFound, CatalogError, CatalogLockedError, PgsnapError
 from pgsnap.locks import FileClusterLock, MemoryClusterLock
+from pgsnap.model import _LSN_RE as _LSN_RE  # the one spelling of an LSN
 from pgsnap.model import (
     FORMAT_VERSION,
     LSN,
@@ -55,12 +57,14 @@ from pgsnap.model import (
     BackupState,
     CloneRecord,
     DrillRecord,
+    Layout,
     SafetySnapshot,
     decode_value,
     encode_value,
     from_dict,
     from_json,
     to_dict,
+    utc_time,
 )
 
 if TYPE_CHECKING:
@@ -104,6 +108,12 @@ _Table = dict[str, list[Any]]
 """``.newest``'s table: ``"*"`` or a timeline → [start time, backup id, file identity]."""
 _Identity = tuple[int, int, int]
 """A record file's inode, size and modification time (ns): a rewrite changes it."""
+_Source = list[Any] | bytes
+"""A record's values for the index: its ``put`` line as the index holds it (kept as
+bytes, which the garbage collector never visits), or the values of a record read
+from its file."""
+_Entry = tuple[_Identity, list[Any], bytes]
+"""An index entry: the file's identity, the record's values and the entry's line."""
 
 
 def is_valid_backup_id(value: object) -> bool:
@@ -124,9 +134,11 @@ def _check_id(backup_id: str) -> str:
     return backup_id
 
 
-def _sort_key(record: BackupRecord) -> tuple[dt.datetime, str]:
-    # By instant, never by text: "03:30+02:00" is before "02:45+00:00".
-    return (record.start_time, record.id)
+_sort_key: Callable[[BackupRecord], tuple[dt.datetime, str]] = operator.attrgetter(
+    "start_time", "id"
+)
+"""A record's place in a listing: by instant, never by text ("03:30+02:00" is before
+"02:45+00:00"), then by id."""
 
 
 @attrs.frozen
@@ -195,7 +207,7 @@ class DirectoryCatalog:
         self.path = Path(path)
         self.lock_timeout = lock_timeout
         self._reported: set[tuple[str, int, int]] = set()
-        self._decoded: dict[str, tuple[_Identity, BackupRecord, list[Any]]] = {}
+        self._decoded: dict[str, tuple[_Identity, BackupRecord, _Source]] = {}
         """The records this object read, by id: the file's identity, the record and its
         index values (a second listing reads neither the files nor the index)."""
         try:
@@ -339,7 +351,7 @@ class DirectoryCatalog:
         except OSError as exc:
             log.debug("catalog %s: index not updated: %s", self.path, exc)
 
-    def _read_index(self) -> tuple[dict[str, tuple[_Identity, list[Any]]], int]:
+    def _read_index(self) -> tuple[dict[str, _Entry], int]:
         """The index's entries by backup id (the last entry of an id wins; a deletion
         removes it), and how many lines it has. Damaged lines are skipped."""
         try:
@@ -355,9 +367,9 @@ class DirectoryCatalog:
             parsed: list[Any] = json.loads(b"[" + b",".join(body) + b"]")
         except ValueError:
             parsed = [_json_or_none(line) for line in body]
-        entries: dict[str, tuple[_Identity, list[Any]]] = {}
+        entries: dict[str, _Entry] = {}
         width = len(_FIELDS)
-        for item in parsed:
+        for item, line in zip(parsed, body, strict=True):
             if not isinstance(item, list) or len(item) < 2:
                 continue
             if item[0] == "delete":
@@ -371,17 +383,20 @@ class DirectoryCatalog:
                     and isinstance(values, list)
                     and len(values) == width
                 ):
-                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values)
+                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values, line)
         return entries, len(body)
 
-    def _rewrite_index(self, records: dict[str, tuple[_Identity, list[Any]]]) -> None:
+    def _rewrite_index(self, records: dict[str, tuple[_Identity, BackupRecord, _Source]]) -> None:
         """Replace ``.index`` by one entry per record (atomic rename; skipped while
-        another process writes the catalog, or when the directory is read-only)."""
+        another process writes the catalog, or when the directory is read-only). An
+        entry read from the index is written back as it was."""
         try:
             with self._locked(wait=False):
                 entries = (
-                    json.dumps(["put", backup_id, ident, values], separators=(",", ":"))
-                    for backup_id, (ident, values) in records.items()
+                    values.decode()
+                    if isinstance(values, bytes)
+                    else json.dumps(["put", backup_id, ident, values], separators=(",", ":"))
+                    for backup_id, (ident, _record, values) in records.items()
                 )
                 self._replace(_INDEX, [json.dumps(_INDEX_HEADER), *entries])
         except (OSError, CatalogLockedError) as exc:
@@ -404,13 +419,12 @@ class DirectoryCatalog:
     def _load_all(
         self,
     ) -> tuple[list[BackupRecord], list[tuple[os.DirEntry[str], str, CatalogError]]]:
-        index: dict[str, tuple[_Identity, list[Any]]] | None = None
+        index: dict[str, _Entry] | None = None
         lines = 0
         records: list[BackupRecord] = []
         unreadable: list[tuple[os.DirEntry[str], str, CatalogError]] = []
-        fresh: dict[str, tuple[_Identity, list[Any]]] = {}
         missed = 0
-        decoded: dict[str, tuple[_Identity, BackupRecord, list[Any]]] = {}
+        decoded: dict[str, tuple[_Identity, BackupRecord, _Source]] = {}
         memory = self._decoded
         with os.scandir(self.path) as entries:
             for entry in entries:
@@ -428,7 +442,6 @@ class DirectoryCatalog:
                 if known is not None and known[0] == ident:  # read by this object: unchanged
                     decoded[backup_id] = known
                     records.append(known[1])
-                    fresh[backup_id] = (ident, known[2])
                     continue
                 if index is None:  # read only when a record is not in memory
                     index, lines = self._read_index()
@@ -449,21 +462,21 @@ class DirectoryCatalog:
                     unreadable.append((entry, backup_id, exc))
                     continue
                 records.append(record)
+                source: _Source
                 if in_index and cached is not None:
-                    values = cached[1]
+                    source = cached[2]  # its line: the parsed values are let go
                 else:  # the index will learn it
                     missed += 1
                     document = to_dict(record)
-                    values = [document.get(field) for field in _FIELDS]
-                fresh[backup_id] = (ident, values)
-                decoded[backup_id] = (ident, record, values)
+                    source = [document.get(field) for field in _FIELDS]
+                decoded[backup_id] = (ident, record, source)
         self._decoded = decoded
         if index is not None:
-            gone = len(index.keys() - fresh.keys())  # files removed (or spoilt) behind our back
-            if missed or gone or lines > 2 * len(fresh) + 16:
-                self._rewrite_index(fresh)
-        elif len(fresh) < len(memory) or not (self.path / _INDEX).exists():
-            self._rewrite_index(fresh)  # records removed, or the index, since the last read
+            gone = len(index.keys() - decoded.keys())  # files removed (or spoilt) behind our back
+            if missed or gone or lines > 2 * len(decoded) + 16:
+                self._rewrite_index(decoded)
+        elif len(decoded) < len(memory) or not (self.path / _INDEX).exists():
+            self._rewrite_index(decoded)  # records removed, or the index, since the last read
         return records, unreadable
 
     def scan(self) -> CatalogScan:
@@ -649,8 +662,11 @@ class DirectoryCatalog:
         known = self._decoded.get(record.id)
         if known is None or known[1] is not record:
             return to_dict(record)
+        values = known[2]
+        if isinstance(values, bytes):  # the index's line, as read
+            values = json.loads(values)[3]
         document: dict[str, Any] = {"format_version": FORMAT_VERSION, "type": "BackupRecord"}
-        document.update(zip(_FIELDS, known[2], strict=True))
+        document.update(zip(_FIELDS, values, strict=True))
         return document
 
     def newest(self, timeline: int | None = None) -> BackupRecord | None:
@@ -708,14 +724,14 @@ class DirectoryCatalog:
         ranked = sorted(
             (
                 (str(values[start]), backup_id)
-                for backup_id, (_ident, values) in index.items()
+                for backup_id, (_ident, values, _line) in index.items()
                 if values[state] == BackupState.DONE.value
                 and (timeline is None or (values[stop_tli] or values[start_tli]) == timeline)
             ),
             reverse=True,
         )
         for _start, backup_id in ranked:
-            ident, values = index[backup_id]
+            ident, values, _line = index[backup_id]
             path = self._file(backup_id)
             try:
                 current: _Identity | None = _identity(os.stat(path))
@@ -829,7 +845,7 @@ class DirectoryCatalog:
             _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
         )
         table: _Table = {}
-        for backup_id, (ident, values) in index.items():
+        for backup_id, (ident, values, _line) in index.items():
             if values[state] != BackupState.DONE.value:
                 continue
             for key in ("*", str(values[stop_tli] or values[start_tli])):
@@ -969,7 +985,7 @@ class DirectoryCatalog:
                 matched += 1
             else:
                 if matched == len(index):  # no entry whose file is gone
-                    return frozenset(str(values[at]) for _ident, values in index.values())
+                    return frozenset(str(values[at]) for _ident, values, _line in index.values())
         return frozenset(r.system_identifier for r in self.list())
 
     def delete(self, backup_id: str) -> None:
@@ -1006,7 +1022,8 @@ _Convert = Callable[[Any], Any]
 @functools.cache
 def _index_plan() -> tuple[tuple[str, _Convert | None, _Convert | None], ...]:
     """Per field of BackupRecord: its name, what makes its JSON value a Python value
-    (None: it is one already), and the field's attrs converter. Built once."""
+    (None: it is one already), and the field's attrs converter (None where the first
+    already gives what the converter would). Built once."""
     hints = typing.get_type_hints(BackupRecord)
     plan: list[tuple[str, _Convert | None, _Convert | None]] = []
     for f in attrs.fields(BackupRecord):
@@ -1014,20 +1031,89 @@ def _index_plan() -> tuple[tuple[str, _Convert | None, _Convert | None], ...]:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         core = args[0] if len(args) == 1 and type(None) in typing.get_args(tp) else tp
         leaf: _Convert | None
+        convert = f.converter if callable(f.converter) else None
         if core in (str, int, float, bool):
             leaf = None
         elif core == Mapping[str, str]:
             leaf = dict  # of strings, as pgsnap wrote it (the converter sorts it)
         elif core is LSN:
-            leaf = LSN.parse
+            leaf, convert = _lsn_leaf(), None  # what LSN.parse and the converter give
         elif core is dt.datetime:
-            leaf = dt.datetime.fromisoformat
+            leaf, convert = _utc_leaf(), None  # what fromisoformat and utc_time give
         elif isinstance(core, type) and issubclass(core, enum.Enum):
-            leaf = core
+            leaf = {m.value: m for m in core}.__getitem__  # a KeyError for another value
+        elif core is Layout:
+            leaf = _layout_leaf(functools.partial(decode_value, tp, where=f.name))
+        elif typing.get_origin(core) is tuple:
+            leaf = _empty_or(functools.partial(decode_value, tp, where=f.name), convert)
+            convert = None
         else:
             leaf = functools.partial(decode_value, tp, where=f.name)
-        plan.append((f.name, leaf, f.converter if callable(f.converter) else None))
+        plan.append((f.name, leaf, convert))
     return tuple(plan)
+
+
+def _lsn_leaf() -> _Convert:
+    """``LSN.parse`` of index text, without the attrs ``__init__`` and its validator:
+    1 to 8 hex digits a half cannot leave an LSN's range."""
+    match = _LSN_RE.match
+    new = object.__new__
+    set_value = LSN.__dict__["value"].__set__
+
+    def lsn(text: str) -> LSN:
+        m = match(text)  # (a TypeError for anything but text)
+        if m is None:
+            raise ValueError(f"malformed LSN {text!r}")
+        record = new(LSN)
+        set_value(record, (int(m[1], 16) << 32) | int(m[2], 16))
+        return record
+
+    return lsn
+
+
+def _utc_leaf() -> _Convert:
+    """``utc_time(datetime.fromisoformat(text))``, with the times pgsnap writes (UTC
+    already) returned as parsed."""
+    parse = dt.datetime.fromisoformat
+    utc = dt.UTC
+
+    def when(text: str) -> dt.datetime:
+        value = parse(text)
+        return value if value.tzinfo is utc else utc_time(value)
+
+    return when
+
+
+def _layout_leaf(decode: _Convert) -> _Convert:
+    """``decode`` of a layout, once per distinct layout: a cluster's records mostly
+    share one, and a Layout is immutable, so they share the object too (one object
+    instead of ten thousand, for the garbage collector to visit)."""
+    seen: list[tuple[Any, Any]] = []  # (the JSON value, its Layout), the newest last
+
+    def layout(value: Any) -> Any:
+        for known_value, known in reversed(seen):
+            if known_value == value:
+                return known
+        decoded = decode(value)  # (not kept when it fails)
+        if len(seen) >= 8:  # many layouts: keep the newest few
+            del seen[0]
+        seen.append((value, decoded))
+        return decoded
+
+    return layout
+
+
+def _empty_or(decode: _Convert, convert: _Convert | None) -> _Convert:
+    """``decode`` (then the field's converter), with the empty list most records hold
+    for a sequence field (no copies, no orphans) made an empty tuple at once."""
+
+    def value(data: Any) -> Any:
+        if data.__class__ is list and not data:
+            return ()
+        decoded = decode(data)
+        return decoded if convert is None else convert(decoded)
+
+    return value
 
 
 def _from_index(values: list[Any]) -> BackupRecord | None:
@@ -1060,7 +1146,7 @@ def _index_builder() -> Callable[[list[Any]], Any]:
         if leaf is not None:
             scope[f"leaf{i}"] = leaf
             expr = f"leaf{i}({expr})"
-        if convert is not None and leaf is not LSN.parse:  # (LSN.parse gives the LSN)
+        if convert is not None:
             scope[f"convert{i}"] = convert
             expr = f"convert{i}({expr})"
         if expr != f"v{i}":

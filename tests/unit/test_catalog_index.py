@@ -307,6 +307,66 @@ def test_a_record_from_the_index_equals_the_checked_decoding(
     assert _from_index(values[:-1]) is None  # a value short
 
 
+def test_records_from_the_index_share_a_layout_object_only_when_equal():
+    """Records with the same layout share one (immutable) Layout; another layout, or a
+    layout value written otherwise than pgsnap writes it, is decoded as the checked way
+    does, and never mistaken for one seen before."""
+    from pgsnap.catalog import _FIELDS, _from_index
+    from pgsnap.model import Layout, Volume, VolumeRole, from_dict
+
+    def values(rec):
+        document = to_dict(rec)
+        return json.loads(json.dumps([document.get(name) for name in _FIELDS]))
+
+    data = Volume("v1", "data", VolumeRole.DATA, "/pg")
+    wal = Volume("v2", "wal", VolumeRole.WAL, "/wal")
+    one = attrs.evolve(_record(), layout=Layout((data, wal)))
+    other = attrs.evolve(_record(), layout=Layout((data, attrs.evolve(wal, mount_point="/x"))))
+    a, b, c = (_from_index(values(r)) for r in (one, one, other))
+    assert a == b == one and c == other
+    assert a.layout is b.layout and c.layout is not a.layout
+    assert c.layout == other.layout != one.layout
+
+    odd = values(one)
+    where = _FIELDS.index("layout")
+    odd[where] = {**odd[where], "unknown": 1}  # not how pgsnap writes a layout
+    document = to_dict(one) | {"layout": odd[where]}
+    assert _from_index(odd) == from_dict(BackupRecord, document)
+    odd[where] = {"volumes": [[1, 2]]}  # a volume that is not an object: the checked way
+    assert _from_index(odd) is None
+
+
+@given(
+    field=st.sampled_from(
+        ["state", "start_lsn", "start_time", "stop_time", "layout", "copies", "taken_on"]
+    ),
+    value=st.sampled_from(
+        [
+            *("", "x", "0/0/0", "1/2", "2026-13-01", 7, [1], {"a": 1}, ["x"], []),
+            *("2026-03-01T12:00:00", "2026-03-01T12:00:00+02:00", "done", "standby"),
+        ]
+    ),
+)
+def test_a_value_the_fast_path_cannot_convert_is_decoded_the_checked_way(field, value):
+    """Whatever an index entry holds, the record built from it is either the one the
+    checked decoder makes from the same values, or None (the caller then reads the
+    record's file): never a record the checked decoder would refuse."""
+    from pgsnap.catalog import _FIELDS, _from_index
+    from pgsnap.errors import PgsnapError
+    from pgsnap.model import from_dict
+
+    document = to_dict(_record())
+    values = json.loads(json.dumps([document.get(name) for name in _FIELDS]))
+    values[_FIELDS.index(field)] = value
+    fast = _from_index(values)
+    try:
+        checked = from_dict(BackupRecord, document | {field: value})
+    except (PgsnapError, TypeError, ValueError):
+        checked = None
+    if fast is not None:
+        assert fast == checked
+
+
 def test_newest_in_constant_time_reads_one_file(tmp_path, monkeypatch):
     """Issue 9: the newest backup (per timeline) without parsing the index or listing:
     `.newest`, kept by every write, names it; one record file is read."""
