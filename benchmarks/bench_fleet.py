@@ -255,7 +255,11 @@ def backup_times(shape: Shape, i: int) -> tuple[dt.datetime, dt.datetime]:
 
 
 def target_time(shape: Shape) -> dt.datetime:
-    return backup_times(shape, shape.backups - 1)[1] + TARGET_AFTER
+    """The newest backup's stop + :data:`TARGET_AFTER`, or the newest segment's start
+    when backups lie closer together than that (then the target is still before the
+    last commit)."""
+    after = backup_times(shape, shape.backups - 1)[1] + TARGET_AFTER
+    return min(after, segment_time(shape, shape.last))
 
 
 def seg_name(tli: int, segno: int) -> str:
@@ -1100,7 +1104,10 @@ def launcher(args: argparse.Namespace) -> int:
         f"catalog: {args.backups:,} DONE records, {disk['catalog'] / MiB:,.1f} MiB on disk; "
         f"newest backup starts at {nb['start_lsn']} ({nb['start_time']}), stops {nb['stop_time']}"
     )
-    say(f"time target: {manifest['target_time']} (newest backup's stop + 10 min)")
+    say(
+        f"time target: {target_time(shape).isoformat()} (newest backup's stop + 10 min, or "
+        "the newest segment's start if sooner)"
+    )
     say(
         f"runs: {args.runs} of each, order rotated; launcher's own peak RSS "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
