@@ -323,6 +323,7 @@ def test_records_from_the_index_share_a_layout_object_only_when_equal():
     one = attrs.evolve(_record(), layout=Layout((data, wal)))
     other = attrs.evolve(_record(), layout=Layout((data, attrs.evolve(wal, mount_point="/x"))))
     a, b, c = (_from_index(values(r)) for r in (one, one, other))
+    assert a is not None and b is not None and c is not None
     assert a == b == one and c == other
     assert a.layout is b.layout and c.layout is not a.layout
     assert c.layout == other.layout != one.layout
