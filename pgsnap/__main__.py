@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from pgsnap._entry import main
+from pgsnap._entry import script
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script())

@@ -1,0 +1,62 @@
+"""The ``pgsnap`` console script's own process settings (pgsnap._entry.script)."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from pgsnap import _entry
+
+
+@pytest.fixture
+def collector():
+    """The collector's thresholds and frozen objects put back after the test."""
+    before = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*before)
+
+
+def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
+    monkeypatch, collector
+):
+    seen: list[tuple[int, ...]] = []
+
+    def command() -> int:
+        seen.append(gc.get_threshold())
+        assert gc.get_freeze_count() == 0  # nothing frozen while the command runs
+        return 3
+
+    gc.set_threshold(700, 10, 10)
+    monkeypatch.setattr(_entry, "main", command)
+    assert _entry.script() == 3  # the command's exit code
+    assert seen == [(_entry._FIRST_THRESHOLD, 10, 10)]
+    assert gc.get_freeze_count() > 0
+    assert gc.isenabled()
+
+
+def test_a_higher_threshold_of_the_callers_is_kept(monkeypatch, collector):
+    monkeypatch.setattr(_entry, "main", lambda: 0)
+    gc.set_threshold(10 * _entry._FIRST_THRESHOLD, 5, 5)
+    _entry.script()
+    assert gc.get_threshold() == (10 * _entry._FIRST_THRESHOLD, 5, 5)
+
+
+def test_the_console_script_and_python_m_pgsnap_are_the_script():
+    """Both ways of running the command go through script(), and its exit code and
+    output are the command's."""
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["pgsnap"] == "pgsnap._entry:script"
+    main_module = (Path(_entry.__file__).parent / "__main__.py").read_text()
+    assert "sys.exit(script())" in main_module
+    done = subprocess.run(
+        [sys.executable, "-m", "pgsnap", "--help"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: pgsnap")
