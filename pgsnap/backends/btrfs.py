@@ -238,6 +238,37 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+def _read_groups_here(snapdir: str) -> list[tuple[bytes, bytes, bytes]] | None:
+    """What :data:`_READ_GROUPS_SCRIPT` prints, as (kind, group directory, group.json)
+    triples, read in this process: the script runs a ``cat`` per group (70 ms for 70
+    groups, growing with every backup kept). None when something fails that the
+    script should report (it runs then, and its error says why)."""
+    try:
+        with os.scandir(snapdir if snapdir.startswith("/") else "/" + snapdir) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except FileNotFoundError:
+        return []  # as the script: no snapshot directory yet, no groups
+    except OSError:
+        return None
+    found: list[tuple[bytes, bytes, bytes]] = []
+    for entry in entries:
+        if not entry.name.startswith("cg-"):
+            continue
+        name = os.fsencode(entry.name)
+        meta = os.path.join(entry.path, _GROUP_FILE)
+        try:
+            if not entry.is_dir():  # (following a symbolic link, as [ -d ])
+                continue
+            if not os.path.isfile(meta):
+                found.append((b"I", name, b""))
+                continue
+            with open(meta, "rb") as fh:
+                found.append((b"G", name, fh.read()))
+        except OSError:
+            return None
+    return found
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -1289,15 +1320,22 @@ class BtrfsBackend(CommandBackend):
     # ------------------------------------------------------------------ internals: groups
 
     def _read_groups(self) -> tuple[dict[str, str], list[str]]:
-        """``({group id: group.json text}, [incomplete group ids])`` (one command)."""
-        result = self._run(["sh", "-c", _READ_GROUPS_SCRIPT, "sh", self._snapdir])
-        if not result.ok:
-            raise classify_failure(result, what=f"reading the snapshot metadata in {self._snapdir}")
-        fields = result.stdout.split(b"\0")
+        """``({group id: group.json text}, [incomplete group ids])``: one command, or
+        none on this machine (:func:`_read_groups_here`)."""
+        found = _read_groups_here(self._snapdir) if self._host.local else None
+        if found is None:
+            result = self._run(["sh", "-c", _READ_GROUPS_SCRIPT, "sh", self._snapdir])
+            if not result.ok:
+                raise classify_failure(
+                    result, what=f"reading the snapshot metadata in {self._snapdir}"
+                )
+            fields = result.stdout.split(b"\0")
+            found = [
+                (fields[i], fields[i + 1], fields[i + 2]) for i in range(0, len(fields) - 2, 3)
+            ]
         complete: dict[str, str] = {}
         incomplete: list[str] = []
-        for i in range(0, len(fields) - 2, 3):
-            kind, name, body = fields[i], fields[i + 1], fields[i + 2]
+        for kind, name, body in found:
             gid = name.decode("utf-8", "surrogateescape")
             if not _GROUP_RE.match(gid):
                 continue

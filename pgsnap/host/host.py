@@ -181,13 +181,18 @@ class Host:
         )
 
     @property
-    def _here(self) -> bool:
-        """Whether the runner is this machine's own (not a subclass, not a test's):
-        then the file methods that read ask the kernel in this process, for what
-        a command there would print (a process each costs 3-6 ms; a recovery
-        asked about 50 such questions). A failure other than a missing file
-        runs the command after all, so errors read the same on every host."""
+    def local(self) -> bool:
+        """Whether the runner is this machine's own (a :class:`LocalRunner`, not a
+        subclass, not a test's): then the file methods that read ask the kernel in
+        this process, for what a command there would print (a process each costs
+        3-6 ms; a recovery asked about 50 such questions), and a backend may read
+        its own files so too. A failure other than a missing file runs the command
+        after all, so errors read the same on every host."""
         return type(self._runner) is LocalRunner
+
+    @property
+    def _here(self) -> bool:
+        return self.local
 
     # ------------------------------------------------------------------ files
 
