@@ -244,7 +244,7 @@ def _read_groups_here(snapdir: str) -> list[tuple[bytes, bytes, bytes]] | None:
     groups, growing with every backup kept). None when something fails that the
     script should report (it runs then, and its error says why)."""
     try:
-        with os.scandir(snapdir if snapdir.startswith("/") else "/" + snapdir) as it:
+        with os.scandir(snapdir) as it:  # (an absolute path: the constructor checked)
             entries = sorted(it, key=lambda e: e.name)
     except FileNotFoundError:
         return []  # as the script: no snapshot directory yet, no groups

@@ -190,10 +190,6 @@ class Host:
         after all, so errors read the same on every host."""
         return type(self._runner) is LocalRunner
 
-    @property
-    def _here(self) -> bool:
-        return self.local
-
     # ------------------------------------------------------------------ files
 
     def read_bytes(
@@ -209,7 +205,7 @@ class Host:
             raise InputError(f"offset and limit must not be negative (got {offset}, {limit})")
         if limit == 0:
             return b""
-        if user is None and self._here:
+        if user is None and self.local:
             try:
                 with open(_from_root(path), "rb") as fh:
                     fh.seek(offset)
@@ -239,7 +235,7 @@ class Host:
         (:attr:`FileKind.SYMLINK`).
         """
         _check_path(path)
-        if self._here:
+        if self.local:
             try:
                 st = os.stat(_from_root(path), follow_symlinks=follow)
             except FileNotFoundError:
@@ -296,7 +292,7 @@ class Host:
     def exists(self, path: str) -> bool:
         """True when the path exists (a dangling symlink does not)."""
         _check_path(path)
-        if self._here:
+        if self.local:
             return os.path.exists(_from_root(path))  # as test -e: False on any failure
         result = self.run(["test", "-e", path], check=False)
         if result.returncode in (0, 1):
@@ -306,7 +302,7 @@ class Host:
     def realpath(self, path: str) -> str:
         """The path with every symlink resolved (missing components allowed)."""
         _check_path(path)
-        if self._here:
+        if self.local:
             here = _realpath_here(path)
             if here is not None:
                 return here
@@ -329,7 +325,7 @@ class Host:
             _check_path(path)
         if not items:
             return ()
-        if self._here:
+        if self.local:
             resolved = [_realpath_here(p) for p in items]
             if all(r is not None for r in resolved):
                 return tuple(r for r in resolved if r is not None)
@@ -355,7 +351,7 @@ class Host:
         directory. A symbolic link to a directory is listed.
         """
         _check_path(path)
-        if self._here:
+        if self.local:
             try:
                 return tuple(sorted(os.listdir(_from_root(path))))
             except FileNotFoundError:
@@ -391,7 +387,7 @@ class Host:
         _check_path(directory)
         if not 0 < size <= 65536:
             raise InputError(f"read_heads reads 1 to 65536 bytes per file, not {size}")
-        if self._here:
+        if self.local:
             return self._read_heads_here(directory, size)
         result = self._script(_HEADS_SCRIPT, [_operand(directory), str(size)], timeout=300.0)
         if not result.ok:
