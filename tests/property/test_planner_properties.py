@@ -356,12 +356,16 @@ def target_timeline(sc: Scenario, b: BackupRecord) -> int:
 
 
 def on_history(sc: Scenario, b: BackupRecord) -> bool:
+    """The backup's WAL, start to the last byte before its stop LSN, is on the target
+    timeline's history: a timeline that forks exactly at the stop LSN holds all of it
+    (PostgreSQL allows a switchpoint not before minRecoveryPoint)."""
     g, tli = sc.facts.timelines, target_timeline(sc, b)
     assert b.stop_lsn is not None
+    last_byte = LSN(max(b.stop_lsn.value - 1, b.start_lsn.value))
     return (
         tli in g
         and g.contains(b.start_timeline, b.start_lsn, tli)
-        and g.contains(b.stop_timeline or b.start_timeline, b.stop_lsn, tli)
+        and g.contains(b.stop_timeline or b.start_timeline, last_byte, tli)
     )
 
 
