@@ -179,9 +179,17 @@ MB = 1000**2
 STANZA = "bench"
 GNU_TIME = "/usr/bin/time"
 METHODS = ("pgsnap", "pgbackrest", "pg_basebackup")
-LABEL = {"pgsnap": "pgsnap", "pgbackrest": "pgBackRest", "pg_basebackup": "pg_basebackup"}
+AGENT = "pgsnap-agent"
+"""Row 1 with ``--agent``: ``pgsnap backup`` asked of a running ``pgsnap agent``."""
+LABEL = {
+    "pgsnap": "pgsnap",
+    AGENT: "pgsnap (agent)",
+    "pgbackrest": "pgBackRest",
+    "pg_basebackup": "pg_basebackup",
+}
 COMMAND = {
     ("pgsnap", "fast"): "pgsnap backup",
+    (AGENT, "fast"): "pgsnap backup, PGSNAP_AGENT set",
     ("pgsnap", "gentle"): "pgsnap backup --checkpoint scheduled",
     ("pgsnap", "next"): "pgsnap backup --checkpoint next",
     ("pgsnap", "spread"): "pgsnap backup --spread",
@@ -527,6 +535,7 @@ class Scale:
         self.pitr: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.slowest_backup: dict[str, float] = {}
+        self.agent: subprocess.Popen[bytes] | None = None
 
     # ----------------------------------------------------------------- setup, cleanup
 
@@ -661,9 +670,42 @@ class Scale:
         """``pgbackrest --config ... --stanza=bench ARGS`` as the server's OS user."""
         return Child(self.pgbackrest_argv(*args), self.tmp, user=self.srv.os_user).wait(timeout)
 
+    @property
+    def agent_socket(self) -> Path:
+        return self.tmp / "agent.sock"
+
+    def start_agent(self) -> None:
+        """``--agent``: a ``pgsnap agent`` for row 1's agent runs (its start untimed)."""
+        log = open(self.tmp / "agent.log", "wb")  # noqa: SIM115 - the agent's, closed with it
+        self.agent = subprocess.Popen(
+            [self.pgsnap, "agent", "--socket", str(self.agent_socket)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        log.close()
+        deadline = time.monotonic() + 60
+        while not self.agent_socket.exists():
+            if self.agent.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"pgsnap agent did not start: {(self.tmp / 'agent.log').read_text()}"
+                )
+            time.sleep(0.05)
+
+    def stop_agent(self) -> None:
+        if self.agent is not None and self.agent.poll() is None:
+            self.agent.terminate()
+            try:
+                self.agent.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.agent.kill()
+                self.agent.wait()
+        self.agent = None
+
     def cleanup(self) -> None:
         """Kill what runs, stop the server, unmount, detach, delete: every step tried."""
         Child.kill_all()
+        self.stop_agent()
         if self.server is not None:
             with contextlib.suppress(Exception):
                 if self.server.is_running():
@@ -720,6 +762,10 @@ class Scale:
         """Start a backup: ``mode`` is fast, gentle, or (pgsnap only) next or spread."""
         gentle = mode != "fast"
         assert self.config is not None
+        if method == AGENT:
+            env = {**os.environ, "PGSNAP_AGENT": str(self.agent_socket)}
+            asked = [self.pgsnap, "backup", "-c", self.config, "--json-events"]
+            return Child(asked, self.tmp, env=env)
         if method == "pgsnap":
             argv: list[Any] = [self.pgsnap, "backup", "-c", self.config, "--json-events"]
             # Gentle: wait for PostgreSQL's next scheduled checkpoint, then a fast one
@@ -765,7 +811,7 @@ class Scale:
             "checkpoint": backup_checkpoint(lines),
             "error": None if done.code == 0 else (done.out + done.err)[-1500:],
         }
-        if method == "pgsnap":
+        if method in ("pgsnap", AGENT):
             r.update(pgsnap_split(done))
             ckpt = (r["checkpoint"] or {}).get("total")
             snap = r["steps"].get("snapshot")
@@ -781,7 +827,7 @@ class Scale:
             if ckpt
             else f"{r['wall']:.3f} s, peak RSS {r['rss'] or 0:.0f} MB; its checkpoint: not found"
         )
-        if r["method"] == "pgsnap" and r.get("steps"):
+        if r["method"] in ("pgsnap", AGENT) and r.get("steps"):
             steps = ", ".join(f"{k} {v:.3f}" for k, v in r["steps"].items())
             text += (
                 f"; start-up {r['startup']:.3f}, steps: {steps}; end {r['end']:.3f}; beyond "
@@ -794,7 +840,10 @@ class Scale:
     # ----------------------------------------------------------------- row 1
 
     def row_backup(self, n: int) -> None:
-        for method in rotated(METHODS, n):
+        methods = (*METHODS, AGENT) if self.args.agent else METHODS
+        if self.args.agent and self.agent is None:
+            self.start_agent()
+        for method in rotated(methods, n):
             prep = self.prepare(self.args.load)
             load0 = loadavg()
             offset = self.srv.log_file.stat().st_size
@@ -1271,7 +1320,7 @@ def report_backups(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
     rows = []
     for sc in scales:
         ref = median([r["wall"] for r in ok_backups(sc, "pgsnap")])
-        for m in METHODS:
+        for m in (*METHODS, AGENT):
             rs = ok_backups(sc, m)
             if not rs:
                 continue
@@ -1281,13 +1330,13 @@ def report_backups(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
                     str(sc.scale),
                     f"{sc.facts['db_bytes'] / GB:.2f}",
                     COMMAND[(m, "fast")],
-                    spread([r["wall"] for r in rs], 3 if m == "pgsnap" else 1),
+                    spread([r["wall"] for r in rs], 3 if m in ("pgsnap", AGENT) else 1),
                     spread([ckpt_total(r) for r in rs], 3),
                     spread([r["rss"] for r in rs], 0),
                     spread([r["load"][0] for r in rs], 2)
                     + " -> "
                     + spread([r["load"][1] for r in rs], 2),
-                    ratio(wall, ref) if m != "pgsnap" else "",
+                    ratio(wall, ref) if m not in ("pgsnap", AGENT) else "",
                     f"{len(rs)}/{len([r for r in sc.backups if r['method'] == m])}",
                 ]
             )
@@ -1316,9 +1365,10 @@ def report_backups(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
             lambda r: r["startup"],
         ),
     ]
+    columns = [(sc, m) for sc in scales for m in ("pgsnap", AGENT) if ok_backups(sc, m)]
     steps: list[str] = []
-    for sc in scales:
-        for r in ok_backups(sc, "pgsnap"):
+    for sc, m in columns:
+        for r in ok_backups(sc, m):
             steps += [k for k in r["steps"] if k not in steps]
 
     def step(name: str) -> Callable[[dict[str, Any]], float | None]:
@@ -1341,28 +1391,28 @@ def report_backups(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
     say(
         table(
             [
-                [name, *(spread([f(r) for r in ok_backups(sc, "pgsnap")], 3) for sc in scales)]
+                [name, *(spread([f(r) for r in ok_backups(sc, m)], 3) for sc, m in columns)]
                 for name, f in parts
             ]
             + [
                 [
                     "reference: `pgsnap --help` (best of 3)",
-                    *(f"{sc.facts['help_seconds']:.3f}" for sc in scales),
+                    *(f"{sc.facts['help_seconds']:.3f}" for sc, _m in columns),
                 ],
                 [
                     "reference: `python -c pass` (best of 3)",
-                    *(f"{sc.facts['python_seconds']:.3f}" for sc in scales),
+                    *(f"{sc.facts['python_seconds']:.3f}" for sc, _m in columns),
                 ],
                 [
                     "reference: `python -c 'import psycopg'` (best of 3)",
-                    *(f"{sc.facts['psycopg_seconds']:.3f}" for sc in scales),
+                    *(f"{sc.facts['psycopg_seconds']:.3f}" for sc, _m in columns),
                 ],
                 [
                     "reference: psycopg and the backup's pgsnap modules imported (best of 3)",
-                    *(f"{sc.facts['imports_seconds']:.3f}" for sc in scales),
+                    *(f"{sc.facts['imports_seconds']:.3f}" for sc, _m in columns),
                 ],
             ],
-            ["part", *(f"scale {sc.scale}" for sc in scales)],
+            ["part", *(f"scale {sc.scale}, {LABEL[m]}" for sc, m in columns)],
         )
     )
     for sc in scales:
@@ -1548,14 +1598,16 @@ def report_targets(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
     say("== Targets ==")
     for sc in scales:
         s = sc.scale
-        beyond = [r["beyond"] for r in ok_backups(sc, "pgsnap") if r.get("beyond") is not None]
-        if beyond:
-            m = median(beyond) or 0.0
-            say(
-                f"scale {s}: pgsnap backup beyond checkpoint + snapshot: median {m:.3f} s "
-                f"({spread(beyond, 3)}) (target <= {TARGET_BACKUP_OVERHEAD_SECONDS} s): "
-                f"{met(m <= TARGET_BACKUP_OVERHEAD_SECONDS)}"
-            )
+        for method in ("pgsnap", AGENT):
+            beyond = [r["beyond"] for r in ok_backups(sc, method) if r.get("beyond") is not None]
+            if beyond:
+                m = median(beyond) or 0.0
+                target = TARGET_BACKUP_OVERHEAD_SECONDS
+                say(
+                    f"scale {s}: {COMMAND[(method, 'fast')]}: beyond checkpoint + snapshot: "
+                    f"median {m:.3f} s ({spread(beyond, 3)}) (target <= {target} s): "
+                    f"{met(m <= target)}"
+                )
         ref = median([r["wall"] for r in ok_backups(sc, "pgsnap")])
         for peer in ("pgbackrest", "pg_basebackup"):
             w = median([r["wall"] for r in ok_backups(sc, peer)])
@@ -1726,6 +1778,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="pgbench scales, comma-separated (default 100; 1000 = 15 GB)",
     )
     add("--rounds", type=int, default=3, help="rounds, the order rotated (default 3)")
+    add(
+        "--agent",
+        action="store_true",
+        help="row 1: also `pgsnap backup` with PGSNAP_AGENT set, asked of a `pgsnap agent` "
+        "started (untimed) for the scale: the command without its start-up",
+    )
     add("--rows", default="1,2,3", help="which rows: 1 backup, 2 TPS, 3 PITR (default 1,2,3)")
     add(
         "--load",

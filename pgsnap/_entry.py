@@ -5,34 +5,19 @@ every other command to :mod:`pgsnap.cli`."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 from collections.abc import Sequence
 
+from pgsnap._argv import WAL_COMMANDS, subcommand
+
 __all__ = ["main", "script"]
-
-_WAL: tuple[str, ...] = ("wal-push", "wal-get", "wal-prefetch")
-
-
-def _command(argv: Sequence[str]) -> str | None:
-    """The subcommand of ``argv`` (the first word that is not an option or its value)."""
-    skip = False
-    for word in argv:
-        if skip:
-            skip = False
-            continue
-        if word in ("-c", "--config"):
-            skip = True
-            continue
-        if word.startswith("-"):
-            continue
-        return word
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``pgsnap`` command; its exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if _command(args) in _WAL:
+    if subcommand(args) in WAL_COMMANDS:
         from pgsnap.archives.commands import main as wal_main  # noqa: PLC0415 - lean
 
         return wal_main(args)
@@ -52,6 +37,9 @@ def script() -> int:
     """The ``pgsnap`` console script and ``python -m pgsnap``: :func:`main` in a process of
     its own, with the cyclic garbage collector set for one.
 
+    With ``PGSNAP_AGENT`` set (and the command not ``agent`` itself), the agent at that
+    socket runs the command (:mod:`pgsnap.agent`); when it does not, this process does.
+
     The collector runs less often (:data:`_FIRST_THRESHOLD`), and what is alive when
     the command ends is frozen (``gc.freeze``): the interpreter's last collection at
     exit skips it, and the process's memory goes with the process. Files, logs and
@@ -59,8 +47,16 @@ def script() -> int:
     cycles of objects nothing refers to). :func:`main` itself, which tests and
     programs call in their own process, leaves the collector alone.
     """
+    args = sys.argv[1:]
+    agent = os.environ.get("PGSNAP_AGENT")
+    if agent and subcommand(args) != "agent":
+        from pgsnap.agent import request  # noqa: PLC0415 - the standard library only
+
+        served = request(agent, args)
+        if served is not None:
+            return served
     first, *older = gc.get_threshold()
     gc.set_threshold(max(first, _FIRST_THRESHOLD), *older)
-    code = main()
+    code = main(args)
     gc.freeze()
     return code

@@ -1177,6 +1177,37 @@ def cmd_drill(args: argparse.Namespace) -> int:
     return EXIT_OK if all(d.ok for d in drills) else EXIT_FAILED
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    from pgsnap.agent import ENV, serve  # noqa: PLC0415
+
+    path = args.socket or os.environ.get(ENV)
+    if not path:
+        raise ConfigurationError(
+            "the agent needs a socket to listen on",
+            hint=f"pass --socket PATH, or set {ENV}=PATH (the same the commands are given)",
+        )
+    quiet = args.quiet
+
+    def ready() -> None:
+        if not quiet:
+            _err(f"pgsnap agent: serving on {path} (process {os.getpid()}); SIGTERM ends it")
+
+    serve(os.path.abspath(path), command=_forked, on_ready=ready)
+    return EXIT_OK
+
+
+def _forked(argv: list[str]) -> int:
+    """What the agent's forks run: the ``pgsnap`` command, routed as its entry point
+    routes it (``wal-push``, ``wal-get``, ``wal-prefetch`` to their own module)."""
+    from pgsnap._argv import WAL_COMMANDS, subcommand  # noqa: PLC0415
+
+    if subcommand(argv) in WAL_COMMANDS:
+        from pgsnap.archives.commands import main as wal_main  # noqa: PLC0415
+
+        return wal_main(argv)
+    return main(argv)
+
+
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
@@ -1798,6 +1829,18 @@ def _parser() -> argparse.ArgumentParser:
     tl.add_argument("--svg", metavar="FILE", help="write the picture as an SVG file")
     tl.add_argument("--html", metavar="FILE", help="write a page with the picture")
     tl.set_defaults(func=cmd_timeline)
+    ag = sub.add_parser(
+        "agent",
+        parents=[common],
+        help="serve pgsnap commands without their start-up: with PGSNAP_AGENT=SOCKET set, "
+        "the pgsnap command asks this process to run it (docs/reference/agent.md)",
+    )
+    ag.add_argument(
+        "--socket",
+        metavar="PATH",
+        help="the Unix socket to listen on (made mode 0600; default: $PGSNAP_AGENT)",
+    )
+    ag.set_defaults(func=cmd_agent)
     return p
 
 

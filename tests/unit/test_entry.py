@@ -25,7 +25,7 @@ def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
 ):
     seen: list[tuple[int, ...]] = []
 
-    def command() -> int:
+    def command(argv) -> int:
         seen.append(gc.get_threshold())
         assert gc.get_freeze_count() == 0  # nothing frozen while the command runs
         return 3
@@ -39,7 +39,7 @@ def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
 
 
 def test_a_higher_threshold_of_the_callers_is_kept(monkeypatch, collector):
-    monkeypatch.setattr(_entry, "main", lambda: 0)
+    monkeypatch.setattr(_entry, "main", lambda argv: 0)
     gc.set_threshold(10 * _entry._FIRST_THRESHOLD, 5, 5)
     _entry.script()
     assert gc.get_threshold() == (10 * _entry._FIRST_THRESHOLD, 5, 5)
@@ -60,3 +60,40 @@ def test_the_console_script_and_python_m_pgsnap_are_the_script():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: pgsnap")
+
+
+def test_with_pgsnap_agent_set_the_agent_runs_the_command(monkeypatch, collector):
+    """The agent's exit code is the command's; when it does not take the command (None),
+    this process runs it; ``pgsnap agent`` itself never asks an agent."""
+    from pgsnap import agent
+
+    asked: list[tuple[str, list[str]]] = []
+    answer: list[int | None] = [4]
+
+    def request(path, argv):
+        asked.append((path, list(argv)))
+        return answer[0]
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(agent, "request", request)
+
+    def main(argv):
+        ran.append(list(argv))
+        return 0
+
+    monkeypatch.setattr(_entry, "main", main)
+    monkeypatch.setenv("PGSNAP_AGENT", "/run/pgsnap.sock")
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "list", "-c", "x.toml"])
+    assert _entry.script() == 4
+    assert asked == [("/run/pgsnap.sock", ["list", "-c", "x.toml"])] and ran == []
+    answer[0] = None
+    assert _entry.script() == 0
+    assert ran == [["list", "-c", "x.toml"]]
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "agent", "--socket", "/run/pgsnap.sock"])
+    asked.clear()
+    _entry.script()
+    assert asked == [] and ran[-1] == ["agent", "--socket", "/run/pgsnap.sock"]
+    monkeypatch.delenv("PGSNAP_AGENT")
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "list"])
+    _entry.script()
+    assert asked == [] and ran[-1] == ["list"]

@@ -44,10 +44,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "pgsnap._journal",
         "pgsnap.locks",
         "pgsnap._registry",
+        "pgsnap.agent",  # commands run in forks of a process that imported pgsnap once
     ),
     ("pgsnap.stores",),  # object stores: a directory, an S3 bucket
     ("pgsnap.model",),
-    ("pgsnap.errors", "pgsnap._version", "pgsnap._moved"),
+    ("pgsnap.errors", "pgsnap._version", "pgsnap._moved", "pgsnap._argv"),
 )
 """Top to bottom. A component (a top-level module or subpackage of pgsnap) imports
 only components of the layers below its own; those of one layer do not import
