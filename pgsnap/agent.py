@@ -89,7 +89,7 @@ def _std_fds() -> tuple[list[int], list[int]]:
             fd = os.open(os.devnull, mode)  # noqa: PLW2901
             opened.append(fd)
         fds.append(fd)
-    cwd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    cwd = os.open(".", os.O_PATH | os.O_DIRECTORY)  # needs no read permission
     opened.append(cwd)
     fds.append(cwd)
     return fds, opened
@@ -184,7 +184,11 @@ def _ask(path: str, argv: Sequence[str], forwarder: _Forwarder) -> int | None:
             why = exc.strerror or str(exc)
             _say(f"pgsnap: no agent at {path} ({why}); running in this process")
             return None
-        fds, opened = _std_fds()
+        try:
+            fds, opened = _std_fds()
+        except OSError as exc:
+            _say(f"pgsnap: cannot hand this command to an agent ({exc}); running in this process")
+            return None
         try:
             body = json.dumps(
                 {
@@ -552,6 +556,7 @@ def _become(body: Mapping[str, Any], fds: Sequence[int], *, close: Sequence[Any]
     """Make this fork the process the client would have been: its session, signals,
     descriptors, directory, umask, environment, command line, streams and logging."""
     import io  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
     import time  # noqa: PLC0415
 
     signal.set_wakeup_fd(-1)
@@ -571,6 +576,7 @@ def _become(body: Mapping[str, Any], fds: Sequence[int], *, close: Sequence[Any]
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(body["env"]).items()})
     time.tzset()
+    tempfile.tempdir = None  # TMPDIR again, should the agent have looked it up
     sys.argv = [str(a) for a in body["argv"]]
     encoding, errors = sys.stdout.encoding, sys.stdout.errors
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding=encoding)

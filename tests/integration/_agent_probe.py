@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def probe(argv: list[str]) -> int:
             "pid": os.getpid(),
             "sid": os.getsid(0),
             "tz": time.strftime("%Z"),
+            "tmp": tempfile.gettempdir(),
         }
         print(json.dumps(report), flush=True)
         print("said on stderr", file=sys.stderr)
@@ -64,4 +66,5 @@ def probe(argv: list[str]) -> int:
 if __name__ == "__main__":
     from pgsnap.agent import serve
 
+    tempfile.gettempdir()  # cached here, as a module of the agent's might have
     serve(sys.argv[1], command=probe, on_ready=lambda: print("ready", flush=True))

@@ -134,7 +134,7 @@ def test_the_command_has_the_callers_streams_directory_environment_and_umask(
         "3",
         stdin=b"from the caller",
         cwd=tmp_path,
-        env=_env(PROBE="the caller's", TZ="Asia/Tokyo"),
+        env=_env(PROBE="the caller's", TZ="Asia/Tokyo", TMPDIR=str(tmp_path)),
         preexec_fn=lambda: os.umask(0o027),
     )
     assert code == 3, err  # the command's exit code
@@ -143,6 +143,7 @@ def test_the_command_has_the_callers_streams_directory_environment_and_umask(
     assert report["cwd"] == str(tmp_path)
     assert report["probe"] == "the caller's"
     assert report["tz"] == "JST"  # the caller's time zone, not the agent's
+    assert report["tmp"] == str(tmp_path)  # and temporary directory
     assert report["umask"] == 0o027
     assert report["stdin"] == "from the caller"
     assert not report["stdin_tty"] and not report["stdout_tty"]
