@@ -467,8 +467,10 @@ class _Agent:
         try:
             conn.settimeout(_REQUEST_SECONDS)
             refusal, body, fds = self._receive(conn)
-            if refusal is not None:
+            if refusal:
                 self._refuse(conn, refusal)
+                return
+            if refusal is not None:
                 return
             assert body is not None
             pid = os.fork()
@@ -489,12 +491,15 @@ class _Agent:
                 conn.close()
 
     def _receive(self, conn: socket.socket) -> tuple[str | None, dict[str, Any] | None, list[int]]:
-        """The request on ``conn``: (why it is refused or None, its body, its fds)."""
+        """The request on ``conn``: (why it is refused, ``""`` when nothing was asked,
+        or None to run it; its body; its fds)."""
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid():
             return (f"it serves user id {os.getuid()} only, not {uid}", None, [])
         data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 4)
+        if not data and not fds:
+            return ("", None, [])  # connected and left without asking: nothing to say
         if len(fds) != 4:
             return ("the request came without its four file descriptors", None, fds)
         while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
@@ -619,8 +624,10 @@ def _watch(conn: socket.socket) -> None:
 
 def _command_name(argv: Sequence[str]) -> str:
     """The subcommand's name, for the log (never its arguments: they may name secrets)."""
-    words = [str(a) for a in argv if not str(a).startswith("-")]
-    return repr(words[0]) if words else "no command"
+    from pgsnap._argv import subcommand  # noqa: PLC0415
+
+    word = subcommand([str(a) for a in argv])
+    return "no command" if word is None else repr(word)
 
 
 def serve(

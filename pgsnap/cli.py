@@ -1192,20 +1192,22 @@ def cmd_agent(args: argparse.Namespace) -> int:
         if not quiet:
             _err(f"pgsnap agent: serving on {path} (process {os.getpid()}); SIGTERM ends it")
 
-    serve(os.path.abspath(path), command=_forked, on_ready=ready)
+    parser = _parser()  # built once here, not in every fork (20 ms of a command)
+
+    def forked(argv: list[str]) -> int:
+        """What the agent's forks run: the ``pgsnap`` command, routed as its entry
+        point routes it (``wal-push``, ``wal-get``, ``wal-prefetch`` to their own
+        module)."""
+        from pgsnap._argv import WAL_COMMANDS, subcommand  # noqa: PLC0415
+
+        if subcommand(argv) in WAL_COMMANDS:
+            from pgsnap.archives.commands import main as wal_main  # noqa: PLC0415
+
+            return wal_main(argv)
+        return _guarded(argv, parser)
+
+    serve(os.path.abspath(path), command=forked, on_ready=ready)
     return EXIT_OK
-
-
-def _forked(argv: list[str]) -> int:
-    """What the agent's forks run: the ``pgsnap`` command, routed as its entry point
-    routes it (``wal-push``, ``wal-get``, ``wal-prefetch`` to their own module)."""
-    from pgsnap._argv import WAL_COMMANDS, subcommand  # noqa: PLC0415
-
-    if subcommand(argv) in WAL_COMMANDS:
-        from pgsnap.archives.commands import main as wal_main  # noqa: PLC0415
-
-        return wal_main(argv)
-    return main(argv)
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -1903,8 +1905,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     :data:`EXIT_BROKEN_PIPE` (141, as a command killed by SIGPIPE); what
     the command had done by then stands.
     """
+    return _guarded(argv, _parser())
+
+
+def _guarded(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
+    """:func:`main` with its parser given (the agent builds it once for all its forks)."""
     try:
-        return _main(argv)
+        return _main(argv, parser)
     except BrokenPipeError:
         # Python's advice (signal module docs, "Note on SIGPIPE"): point stdout at
         # devnull so that the interpreter's final flush does not fail again.
@@ -2007,9 +2014,9 @@ def _run_all(args: argparse.Namespace, fleet: Any, argv: list[str]) -> int:
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: Sequence[str] | None, parser: argparse.ArgumentParser) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, or a usage error argparse already reported
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     level = logging.WARNING - 10 * min(args.verbose, 2)

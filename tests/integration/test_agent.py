@@ -400,8 +400,22 @@ def test_backup_list_and_recovery_through_a_real_agent(cli_env: CliEnv, tmp_path
         assert env.batches() == {1: 3, 2: 3}
         code, out, err = pgsnap("recover", "--yes", "--xid", "x")
         assert code == 2 and "usage" in err  # a usage error: argparse's exit, passed on
+        # wal-push, as PostgreSQL runs it, goes to its own module in the fork too.
+        done = subprocess.run(
+            [sys.executable, "-m", "pgsnap", "-c", str(tmp_path / "no.toml"), "wal-push", "x"],
+            env=_env(PGSNAP_AGENT=str(sock)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2
+        assert done.stderr == (
+            f"pgsnap ERROR: wal-push: cannot read configuration {tmp_path / 'no.toml'}: "
+            "No such file or directory\n"
+        )
         log = agent.log.read_text()
-        for command in ("backup", "list", "recover"):
+        for command in ("backup", "list", "recover", "wal-push"):
             assert f"runs '{command}'" in log, log
         assert "through the agent" not in log  # names commands, never their arguments
     finally:
