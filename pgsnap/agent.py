@@ -22,9 +22,9 @@ Safety:
 - Ctrl-C, SIGTERM and SIGHUP sent to the client are passed on to the command; a
   client that goes away (killed) interrupts its command with SIGTERM, as closing a
   terminal would (a backup is undone, a recovery keeps its journal).
-- SIGTERM or SIGINT to the agent: it stops taking commands and ends when the running
-  ones have ended; a second one ends it at once (the commands run on, in sessions of
-  their own).
+- SIGTERM, SIGINT or SIGHUP to the agent: it stops taking commands and ends when the
+  running ones have ended; a second one ends it at once (the commands run on, in
+  sessions of their own).
 
 The client imports nothing beyond the standard library (:mod:`pgsnap._entry` calls it
 before anything else); the agent's side imports pgsnap when it starts serving.
@@ -636,9 +636,9 @@ def serve(
     command: Callable[[list[str]], int],
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Serve commands on the Unix socket ``path`` until SIGTERM or SIGINT (after the
-    running commands end; a second signal ends it at once), or until a loaded
-    module's file changes.
+    """Serve commands on the Unix socket ``path`` until SIGTERM, SIGINT or SIGHUP
+    (after the running commands end; a second signal ends it at once), or until a
+    loaded module's file changes.
 
     ``command`` runs one command line (without the program's name) in a fork and
     returns its exit code: ``pgsnap agent`` gives the ``pgsnap`` command's own.

@@ -32,7 +32,9 @@ from pgsnap.testing.pgserver import (
 
 # The suite runs two workers beside qemu VMs and PostgreSQL servers: how long one
 # example takes says nothing about the code, so no property test has a deadline.
-settings.register_profile("pgsnap", deadline=None)
+# Examples are drawn anew in every run (CI finds new cases that way); a failure prints,
+# besides the falsifying example, the @reproduce_failure line that replays it exactly.
+settings.register_profile("pgsnap", deadline=None, print_blob=True)
 settings.load_profile("pgsnap")
 
 DEFAULT_MAJOR = 15
