@@ -1,0 +1,288 @@
+"""Benchmark: the whole ``pgsnap`` command at fleet scale, on its own and through
+``pgsnap agent`` (issue 27).
+
+Run (as root, after ``python benchmarks/bench_fleet.py --keep`` has made the fleet's
+data; nothing else running)::
+
+    python benchmarks/bench_cli.py                 # 7 runs of each
+    python benchmarks/bench_cli.py --runs 3 --keep-snapshots 100
+
+What it times, each as a new process started from here (the ``pgsnap`` program beside
+this interpreter, not a shell shim), alternating the two ways run by run:
+
+- ``pgsnap plan-recovery -c fleet.toml`` (latest) and with ``--time T`` (the fleet's
+  time target: the newest backup's stop + 10 minutes), over bench_fleet's archive of
+  1,000,000 segments on 3 timelines and catalog of 10,000 backups, the WAL index warm
+  (one untimed plan of each first);
+- ``pgsnap list --json -c fleet.toml``;
+
+each **on its own** (a fresh interpreter importing everything) and **with
+``PGSNAP_AGENT`` set** (an agent started here once, untimed, from the same
+interpreter and code).
+
+The configuration is a user's: the fleet's catalog and archive, a mock storage backend
+in a state file (``--dir``/cli) holding the snapshots of the newest
+``--keep-snapshots`` backups (30 by default: an array keeps tens of snapshots, while a
+catalog keeps years of backups whose snapshots expired), the database not running.
+Every plan is checked to choose the newest backup.
+
+Targets (issue 27): ``plan-recovery`` (latest and a time target) at most 0.5 s and
+150 MB, ``list --json`` of 10,000 backups at most 0.3 s, as the whole command. Peak
+RSS is the command's process (GNU time's ``%M``); with the agent that is the client:
+the fork that plans is a process of the agent's, and the agent's own peak (what
+every fork starts from) is printed beside. Prints figures and "met" / "NOT met";
+never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_fleet as fleet
+from _report import git_commit, raise_on_sigterm, table, uncommitted
+
+TARGET_PLAN_SECONDS = 0.5
+TARGET_PLAN_MB = 150.0
+TARGET_LIST_SECONDS = 0.3
+MB = 1000**2
+
+
+def pgsnap_program() -> str:
+    beside = Path(sys.executable).with_name("pgsnap")
+    found = str(beside) if beside.is_file() else shutil.which("pgsnap")
+    if found is None:
+        raise SystemExit("no pgsnap program: pip install -e . in the checkout")
+    return found
+
+
+def prepare(root: Path, work: Path, shape: fleet.Shape, keep: int) -> Path:
+    """The mock's state (every backup's group made as bench_fleet's in-memory mock
+    makes them, all but the newest ``keep`` deleted) and the configuration."""
+    from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
+
+    shutil.rmtree(work, ignore_errors=True)
+    for name in ("pgdata", "pgwal", "snapshots"):
+        (work / name).mkdir(parents=True)
+    now = [shape.t0]
+    backend = MockBackend(clock=lambda: now[0], root=work / "snapshots")
+    backend.add_volume("pgdata", volume_id="vol-0001", path=work / "pgdata")
+    backend.add_volume("pgwal", volume_id="vol-0002", path=work / "pgwal")
+    groups = []
+    for i in range(shape.backups):  # ids cg-NNNN, snap-NNNN as the records name them
+        now[0] = fleet.backup_times(shape, i)[0] + dt.timedelta(seconds=2)
+        groups.append(backend.create_snapshot_group(["vol-0001", "vol-0002"], f"nightly {i}"))
+    for group in groups[:-keep]:
+        backend.delete_snapshot_group(group.id)
+    state = work / "mock-state.json"
+    backend._save_state(state)
+    config = work / "pgsnap.toml"
+    config.write_text(
+        f"""[database]
+conninfo = "host={work / "nosock"} port=1 user=postgres"
+data_directory = "{work / "nodata"}"
+
+[storage]
+backend = "mock"
+
+[storage.options]
+state_file = "{state}"
+root = "{work / "snapshots"}"
+
+[archive]
+path = "{root / "archive"}"
+
+[catalog]
+path = "{root / "catalog"}"
+
+[[volume]]
+id = "vol-0001"
+name = "pgdata"
+role = "data"
+mount_point = "{work / "pgdata"}"
+
+[[volume]]
+id = "vol-0002"
+name = "pgwal"
+role = "wal"
+mount_point = "{work / "pgwal"}"
+"""
+    )
+    return config
+
+
+def timed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """One run under GNU time: wall seconds, peak RSS, exit code, output."""
+    rss = Path(f"/tmp/bench-cli-{os.getpid()}.rss")
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", "-o", str(rss), *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    wall = time.perf_counter() - t0
+    text = rss.read_text().strip().splitlines()
+    rss.unlink(missing_ok=True)
+    return {
+        "seconds": wall,
+        "mb": int(text[-1]) * 1024 / MB if text and text[-1].isdigit() else None,
+        "code": done.returncode,
+        "out": done.stdout,
+        "err": done.stderr,
+    }
+
+
+def start_agent(program: str, work: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    sock = work / "agent.sock"
+    log = (work / "agent.log").open("wb")
+    agent = subprocess.Popen(
+        [program, "agent", "--socket", str(sock)], stdout=log, stderr=log, env=env
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if agent.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"pgsnap agent did not start: {(work / 'agent.log').read_text()}")
+        time.sleep(0.05)
+    return agent
+
+
+def peak_mb(pid: int) -> float | None:
+    """A running process's peak RSS (``VmHWM``)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / MB
+    except OSError:
+        return None
+    return None
+
+
+def median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f} .. {max(values):.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", default="/var/tmp/pgsnap-fleet", help="bench_fleet's data")
+    parser.add_argument("--segments", type=int, default=1_000_000)
+    parser.add_argument("--backups", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--keep-snapshots", type=int, default=30)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, raise_on_sigterm)
+    root = Path(args.dir)
+    shape = fleet.Shape(args.segments, args.backups)
+    if fleet.load_manifest(root, shape) is None:
+        print(
+            f"no fleet data for {args.segments:,} segments and {args.backups:,} backups in "
+            f"{root}: run python benchmarks/bench_fleet.py --segments {args.segments} "
+            f"--backups {args.backups} --keep first"
+        )
+        return 2
+    work = root.parent / (root.name + "-cli")
+    program = pgsnap_program()
+    t0 = time.perf_counter()
+    config = prepare(root, work, shape, args.keep_snapshots)
+    print(
+        f"bench_cli: {program}, {config}: {args.keep_snapshots} of {args.backups:,} backups "
+        f"with snapshots (prepared in {time.perf_counter() - t0:.1f} s); "
+        f"commit {git_commit() or '? (not a git checkout)'}"
+        f"{' + uncommitted ' + ', '.join(uncommitted()) if uncommitted() else ''}; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    plain = {k: v for k, v in os.environ.items() if k != "PGSNAP_AGENT"}
+    target = fleet.target_time(shape).isoformat()
+    commands = {
+        "plan-recovery (latest)": [program, "plan-recovery", "-c", str(config), "--json"],
+        "plan-recovery --time": [
+            *[program, "plan-recovery", "-c", str(config), "--json"],
+            *["--time", target],
+        ],
+        "list --json": [program, "list", "--json", "-c", str(config)],
+    }
+    newest = fleet.backup_times(shape, shape.backups - 1)[0]
+    for name, cmd in commands.items():  # untimed: the WAL index warm, as a timer keeps it
+        r = timed(cmd, plain)
+        if r["code"] != 0:
+            print(f"{name} failed ({r['code']}):\n{r['err'][-3000:]}")
+            return 1
+    agent = start_agent(program, work, plain)
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    try:
+        via = {**plain, "PGSNAP_AGENT": str(work / "agent.sock")}
+        for n in range(args.runs):
+            for mode in ("on its own", "agent") if n % 2 == 0 else ("agent", "on its own"):
+                for name, cmd in commands.items():
+                    r = timed(cmd, via if mode == "agent" else plain)
+                    if r["code"] != 0 or "running in this process" in r["err"]:
+                        print(f"{name} ({mode}) failed ({r['code']}):\n{r['err'][-3000:]}")
+                        return 1
+                    if name.startswith("plan"):
+                        chosen = json.loads(r["out"])["summary"]["backup"]
+                        r["newest"] = chosen.startswith(newest.strftime("%Y%m%dT%H%M%S000Z "))
+                    results.setdefault((name, mode), []).append(r)
+        agent_mb = peak_mb(agent.pid)
+    finally:
+        agent.terminate()
+        agent.wait(timeout=60)
+    rows = []
+    verdicts = []
+    for (name, mode), rs in results.items():
+        secs = [r["seconds"] for r in rs]
+        mbs = [r["mb"] for r in rs if r["mb"] is not None]
+        newest_ok = all(r.get("newest", True) for r in rs)
+        planned = name.startswith("plan")
+        rows.append(
+            [
+                name,
+                mode,
+                median_range(secs),
+                f"{max(mbs):.0f}" if mbs else "?",
+                ("yes" if newest_ok else "NO") if planned else "-",
+            ]
+        )
+        limit = TARGET_LIST_SECONDS if name.startswith("list") else TARGET_PLAN_SECONDS
+        m = statistics.median(secs)
+        verdicts.append(
+            f"{name}, {mode}: median {m:.3f} s (target <= {limit} s): "
+            f"{'met' if m <= limit and newest_ok else 'NOT met'}"
+        )
+    print(table(rows, ["command", "how", "seconds, median (min .. max)", "peak RSS MB", "newest"]))
+    print(
+        f"the agent's own peak RSS (every fork starts from it): {agent_mb:.0f} MB"
+        if agent_mb is not None
+        else "the agent's peak RSS: unknown"
+    )
+    print("\n".join(verdicts))
+    print(
+        f"memory target ({TARGET_PLAN_MB:.0f} MB) for a plan on its own: "
+        + (
+            "met"
+            if all(
+                r["mb"] is not None and r["mb"] <= TARGET_PLAN_MB
+                for (name, mode), rs in results.items()
+                if name.startswith("plan") and mode == "on its own"
+                for r in rs
+            )
+            else "NOT met"
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
