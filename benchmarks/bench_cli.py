@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{name}, {mode}: median {m:.3f} s (target <= {limit} s): "
             f"{'met' if m <= limit and newest_ok else 'NOT met'}"
         )
-    print(table(rows, ["command", "how", "seconds, median (min .. max)", "peak RSS MB", "newest"]))
+    header = ["command", "how", "seconds, median (min .. max)", "peak RSS MB", "plans the newest"]
+    print(table(rows, header))
     print(
         f"the agent's own peak RSS (every fork starts from it): {agent_mb:.0f} MB"
         if agent_mb is not None
