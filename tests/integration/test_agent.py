@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import pty
+import pwd
+import shlex
 import shutil
 import signal
 import socket
@@ -30,7 +32,7 @@ from pgsnap.agent import _bind
 from pgsnap.cli import main
 from pgsnap.errors import ConfigurationError
 
-from .conftest import CliEnv
+from .conftest import CliEnv, write_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = (
@@ -421,3 +423,57 @@ def test_backup_list_and_recovery_through_a_real_agent(cli_env: CliEnv, tmp_path
     finally:
         agent.stop()
     assert agent.proc.returncode == 0, agent.log.read_text()
+
+
+@pytest.mark.postgres
+def test_postgres_archives_through_an_agent_of_its_own_user(pg_server: Any) -> None:
+    """``archive_command`` runs ``wal-push`` as the postgres user: an agent of that user
+    serves it (docs/reference/agent.md, "WAL archiving"), and every segment is archived."""
+    owner = pwd.getpwnam("postgres")
+    shared = Path(tempfile.mkdtemp(prefix="pgsnap-agent-wal-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        store, run = shared / "wal", shared / "run"
+        for directory in (store, run):
+            directory.mkdir(mode=0o700)
+            os.chown(directory, owner.pw_uid, owner.pw_gid)
+        sock, config = run / "agent.sock", shared / "pgsnap.toml"
+        prefix = (
+            f"env PGSNAP_AGENT={shlex.quote(str(sock))} PYTHONPATH={shlex.quote(str(ROOT))} "
+            f"{shlex.quote(sys.executable)} -m pgsnap -c {shlex.quote(str(config))}"
+        )
+        server = pg_server(
+            wal_segsize_mb=1,
+            archive=True,
+            settings={"archive_command": f"{prefix} wal-push %p", "autovacuum": False},
+        )
+        text = write_config(server, shared).read_text()
+        old = f'[archive]\npath = "{server.archive_dir}"\n'
+        assert old in text
+        config.write_text(text.replace(old, f'[archive]\nformat = "pgsnap"\npath = "{store}"\n'))
+        as_postgres = ["runuser", "-u", "postgres", "--", sys.executable, "-m", "pgsnap"]
+        agent = Agent(
+            [*as_postgres, "agent", "-v", "--socket", str(sock)],
+            sock,
+            shared / "agent.log",
+            env=_env(),
+            cwd="/",
+        )
+        try:
+            server.start()
+            server.sql("CREATE TABLE t (n int)")
+            for n in range(3):
+                server.sql("INSERT INTO t VALUES (%s)", (n,))
+                server.sql("SELECT pg_switch_wal()")
+                server.wait_for_archive_idle(timeout=60)
+            status = server.sql("SELECT archived_count, failed_count FROM pg_stat_archiver")[0]
+        finally:
+            agent.stop()
+        archived, failed = int(status[0]), int(status[1])
+        log = agent.log.read_text()
+        assert archived >= 3 and failed == 0, (status, server.log_file.read_text()[-3000:], log)
+        assert log.count("runs 'wal-push'") >= archived, log
+        assert "running in this process" not in server.log_file.read_text()
+        assert len([p for p in store.rglob("*") if p.is_file()]) >= archived
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
