@@ -1178,6 +1178,7 @@ def cmd_drill(args: argparse.Namespace) -> int:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
+    """Serve commands from forks of this process until SIGTERM (docs/reference/agent.md)."""
     from pgsnap.agent import ENV, serve  # noqa: PLC0415
 
     path = args.socket or os.environ.get(ENV)
