@@ -2,8 +2,8 @@
 
 A ``pgsnap`` command spends about 0.3 s before it does anything: the interpreter, then
 importing psycopg and pgsnap (attrs makes some 200 classes). For a backup that takes
-half a second, or for ``wal-push``, which PostgreSQL runs once per WAL segment, that is
-most of the command. ``pgsnap agent`` pays it once: it imports everything a command
+half a second, or a ``pgsnap list``, that is most of the command. ``pgsnap agent`` pays
+it once: it imports everything a command
 may use and waits on a Unix socket. With ``PGSNAP_AGENT`` set to that socket, the
 ``pgsnap`` command (a small client, :func:`request`) hands its command line to the
 agent, which forks: the fork runs the command exactly as a new process would, with
@@ -26,8 +26,8 @@ Safety:
   running ones have ended; a second one ends it at once (the commands run on, in
   sessions of their own).
 
-The client imports nothing beyond the standard library (:mod:`pgsnap._entry` calls it
-before anything else); the agent's side imports pgsnap when it starts serving.
+The client imports the standard library and pgsnap's version only (:mod:`pgsnap._entry`
+calls it before anything else); the agent's side imports pgsnap when it starts serving.
 See docs/reference/agent.md.
 """
 
