@@ -1064,7 +1064,7 @@ class LvmVm:
         *,
         disk_size: int = 4 << 30,
         memory_mb: int = 1024,
-        cpus: int = 2,
+        cpus: int = 1,
         forward_port: bool = False,
         extra_ports: int = 0,
         extra_paths: Sequence[str] = (),
@@ -1075,6 +1075,10 @@ class LvmVm:
         """Build (or reuse) the image and boot it; return once the console answers.
 
         ``disk_size``: the sparse raw image the VM sees as ``/dev/vda``.
+        ``cpus``: the guest's vCPUs, one by default. Under TCG every vCPU is a busy
+        thread of this machine: the suite's two LVM test groups, a VM each side by
+        side on 2 CPUs, took 548 s with two vCPUs each and 382 s with one (the two
+        groups alone, 2026-12-07).
         ``forward_port``: qemu user-mode networking, cut off from every network
         (``restrict=on``) except :attr:`port` on 127.0.0.1, forwarded to the
         guest's port 5432; and ``extra_ports`` more ports forwarded each to the same
