@@ -191,7 +191,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
     }
     timeouts = attrs.evolve(timeouts, **flags)
     base = getattr(args, "base", None)
-    return load_cluster(source, timeouts=timeouts, base=base), timeouts
+    cluster = load_cluster(source, timeouts=timeouts, base=base)
+    if hasattr(cluster.catalog, "on_unreadable"):  # said as the command's own warnings,
+        cluster.catalog.on_unreadable = _warn_unreadable_entry  # as the catalog is read
+    return cluster, timeouts
 
 
 def _catalog_of(args: argparse.Namespace) -> Any:
@@ -210,24 +213,21 @@ def _source(args: argparse.Namespace) -> Any:
     return getattr(args, "source", None) or args.config
 
 
-def _warn_unreadable(cluster: Any) -> None:
-    """Name every catalog file that cannot be read (their backups are not used)."""
-    from pgsnap.catalog import scan_catalog  # noqa: PLC0415
-
-    _warn_unreadable_entries(scan_catalog(cluster.catalog).unreadable)
-
-
 def _warn_unreadable_entries(entries: Sequence[Any]) -> None:
+    """Name every catalog file that cannot be read (their backups are not used)."""
     for entry in entries:
-        _err(
-            f"pgsnap: warning: catalog file {entry.path} is unreadable: {entry.error}; "
-            "the backup it records is not used (hint: restore the file from a copy, or "
-            "move it out of the catalog)"
-        )
+        _warn_unreadable_entry(entry)
+
+
+def _warn_unreadable_entry(entry: Any) -> None:
+    _err(
+        f"pgsnap: warning: catalog file {entry.path} is unreadable: {entry.error}; "
+        "the backup it records is not used (hint: restore the file from a copy, or "
+        "move it out of the catalog)"
+    )
 
 
 def _plan_recovery(args: argparse.Namespace, cluster: Any, timeouts: Timeouts, target: Any) -> Any:
-    _warn_unreadable(cluster)
     lost = ["data"] + (["wal"] if args.wal_lost else [])
     return cluster.plan_recovery(
         target,
@@ -1231,9 +1231,7 @@ def _index_run_json(run: Any) -> dict[str, Any]:
 
 def cmd_wal(args: argparse.Namespace) -> int:
     """Report the WAL archive per timeline."""
-    cluster = _load(args)[0]
-    backups = cluster.backups()
-    _warn_unreadable_entries(backups.unreadable)
+    cluster = _load(args)[0]  # an unreadable catalog file is named as it is read
     if args.index:
         quiet = getattr(args, "quiet", False)
         run = cluster.index_wal(None if quiet else lambda message, _data: _err(message))

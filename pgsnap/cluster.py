@@ -844,7 +844,8 @@ class Cluster:
             return None
         request = RecoveryRequest(lost=frozenset({VolumeRole.DATA, VolumeRole.WAL}))
         try:
-            plan_recovery(self.observer.recovery_facts(request, read_wal=False), request)
+            facts = self.observer.recovery_facts(request, read_wal=False, backups=data.backups)
+            plan_recovery(facts, request)
         except PlanningError as exc:
             named = [f for f in findings if f.severity is Severity.ERROR]
             missing = tuple(getattr(exc, "missing", ()) or ())
@@ -939,7 +940,7 @@ class Cluster:
         return archive_report(self.archive.location, index, graph, seg)
 
     def _archive_segment_size(self) -> int:
-        backups = scan_catalog(self.catalog).records
+        backups = self.catalog.list()
         if backups:
             return backups[-1].wal_segment_size
         try:
@@ -1119,7 +1120,7 @@ class Cluster:
                 if why is None:
                     return plan
             log.info("the WAL archive is listed to plan again: %s", why)
-            facts = self.observer.recovery_facts(request, read_wal=read_wal)
+            facts = self.observer.recovery_facts(request, read_wal=read_wal, backups=facts.backups)
         return plan_recovery(facts, request)
 
     # ------------------------------------------------------------------ clones

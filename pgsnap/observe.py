@@ -1006,6 +1006,7 @@ class Observer:
         *,
         read_wal: bool = True,
         by_name: bool = False,
+        backups: tuple[BackupRecord, ...] | None = None,
     ) -> RecoveryFacts:
         """Observe what the recovery planner needs; reads WAL commit times when it can
         (and ``read_wal``: without, ``events`` is None).
@@ -1013,9 +1014,12 @@ class Observer:
         ``by_name``: when the archive's state is known from an earlier run, probe it
         by name instead of listing it (``facts.archive_by_name`` is then set): the
         plan made from these facts must be confirmed by :meth:`confirm_archive`.
+        ``backups``: the catalog's records, when this command has read them already
+        (a command reads the catalog once); None reads them.
         """
         request = request or RecoveryRequest()
-        backups = self.catalog.list()
+        if backups is None:
+            backups = self.catalog.list()
         seg = self._segment_size(backups)
         index = None
         known = self.known_archive(seg) if by_name else None

@@ -203,9 +203,19 @@ class DirectoryCatalog:
     only what changed.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        lock_timeout: float = 10.0,
+        on_unreadable: Callable[[UnreadableEntry], None] | None = None,
+    ) -> None:
         self.path = Path(path)
         self.lock_timeout = lock_timeout
+        self.on_unreadable = on_unreadable
+        """What :meth:`list` does with an unreadable entry it skips, once per file and
+        version: None (the default) logs a warning; the ``pgsnap`` command prints it
+        as its own warning, so that a command reads the catalog once."""
         self._reported: set[tuple[str, int, int]] = set()
         self._decoded: dict[str, tuple[_Identity, BackupRecord, _Source]] = {}
         """The records this object read, by id: the file's identity, the record and its
@@ -505,14 +515,18 @@ class DirectoryCatalog:
         """Every record, oldest start time first.
 
         Unreadable files are skipped, with a warning naming the file (once per
-        file and version for this catalog object); :meth:`scan` returns them.
+        file and version for this catalog object; :attr:`on_unreadable`);
+        :meth:`scan` returns them.
         """
         records, bad = self._load()
         for entry, _backup_id, exc in sorted(bad, key=lambda b: b[1]):
             identity = self._identity(entry)
             if identity not in self._reported:
                 self._reported.add(identity)
-                log.warning("skipping catalog entry %s: %s", entry.name, exc)
+                if self.on_unreadable is not None:
+                    self.on_unreadable(_unreadable(str(self.path / entry.name), _backup_id, exc))
+                else:
+                    log.warning("skipping catalog entry %s: %s", entry.name, exc)
         return tuple(sorted(records, key=_sort_key))
 
     def documents(self) -> tuple[_Documents, tuple[UnreadableEntry, ...]]:

@@ -32,7 +32,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -364,6 +364,10 @@ class PostgresCatalog:
         self._cluster_id: int | None = None
         self._checked = False
         self._lock = PostgresClusterLock(self)
+        self.on_unreadable: Callable[[UnreadableEntry], None] | None = None
+        """What :meth:`list` does with an unreadable row it leaves out: None (the
+        default) logs a warning (as :attr:`DirectoryCatalog.on_unreadable
+        <pgsnap.catalog.DirectoryCatalog.on_unreadable>`)."""
 
     def __repr__(self) -> str:
         return f"PostgresCatalog({_where(self.conninfo)!r}, cluster={self.cluster!r})"
@@ -589,7 +593,10 @@ class PostgresCatalog:
         logged and left out; :meth:`scan` returns it)."""
         scan = self.scan()
         for bad in scan.unreadable:
-            log.warning("unreadable catalog row %s: %s", bad.path, bad.error)
+            if self.on_unreadable is not None:
+                self.on_unreadable(bad)
+            else:
+                log.warning("unreadable catalog row %s: %s", bad.path, bad.error)
         return scan.records
 
     def newest(self, timeline: int | None = None) -> BackupRecord | None:

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from pgsnap import errors
-from pgsnap.catalog import DirectoryCatalog, MemoryCatalog
+from pgsnap.catalog import DirectoryCatalog, MemoryCatalog, UnreadableEntry
 from pgsnap.model import BackupState
 from tests.unit.test_model import _record
 
@@ -175,6 +175,22 @@ def test_list_warns_once_per_unreadable_file(tmp_path, caplog):
     warnings = [r for r in caplog.records if "skipping catalog entry" in r.getMessage()]
     assert len(warnings) == 1
     assert str(tmp_path / "cat" / "bad.json") in warnings[0].getMessage()
+
+
+def test_list_hands_unreadable_files_to_its_hook_once(tmp_path, caplog):
+    found: list[UnreadableEntry] = []
+    cat = DirectoryCatalog(tmp_path / "cat", on_unreadable=found.append)
+    (tmp_path / "cat" / "bad.json").write_text("{trunc")
+    cat.put(_record(id="good"))
+    with caplog.at_level("WARNING", logger="pgsnap.catalog"):
+        assert [r.id for r in cat.list()] == ["good"]
+        assert [r.id for r in cat.list()] == ["good"]
+    assert [(u.path, u.backup_id) for u in found] == [(str(tmp_path / "cat" / "bad.json"), "bad")]
+    assert "not valid JSON" in found[0].error
+    assert caplog.records == []  # the hook said it, not the log
+    (tmp_path / "cat" / "bad.json").write_text("{trunc again")  # a new version: said again
+    cat.list()
+    assert len(found) == 2
 
 
 def test_memory_catalog_scans_too():

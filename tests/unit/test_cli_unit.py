@@ -1060,6 +1060,36 @@ def test_plan_recovery_names_an_unreadable_record(run: Run, config: Path) -> Non
     assert err.count(str(bad)) == 1  # said once, not again by the catalog's log warning
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["plan-recovery"], ["plan-recovery", "--time", "2026-11-30 12:00:00+00"], ["check"], ["wal"]],
+    ids=["plan-recovery", "plan-recovery-time", "check", "wal"],
+)
+def test_a_command_reads_the_catalog_once(
+    run: Run, config: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """Issue 27: one read of the catalog per command (at ten thousand records each read
+    costs tens of milliseconds), and an unreadable file named once, as it is read."""
+    from pgsnap.catalog import DirectoryCatalog
+
+    bad = _corrupt_record(config)
+    loads: list[int] = []
+    real = DirectoryCatalog._load
+
+    def counted(self: DirectoryCatalog) -> Any:
+        loads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(DirectoryCatalog, "_load", counted)
+    _code, out, err = run(*argv, "-c", str(config))
+    assert len(loads) == 1
+    warned = err.count(f"pgsnap: warning: catalog file {bad} is unreadable")
+    if argv == ["check"]:  # a finding of the report instead
+        assert warned == 0 and f"UNREADABLE {bad}: malformed LSN" in out
+    else:
+        assert warned == 1
+
+
 def test_catalog_wal_index_setting(config: Path, tmp_path: Path, run: Run) -> None:
     """The WAL index lives in the catalog directory unless [catalog] wal_index says
     where, or false for none; anything else is a usage error naming the key."""
