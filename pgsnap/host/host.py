@@ -94,8 +94,9 @@ class Host:
     Every method runs its commands through :meth:`run` (argument lists, or a
     fixed ``sh -c`` script with the data as its arguments and standard input;
     GNU coreutils, util-linux and ``/proc`` on the host) and never touches
-    files from Python: it works the same through any runner, and a subclass
-    that overrides :meth:`run` sees every command. Paths should be absolute
+    files from Python (but :meth:`mounts` on this machine): it works the same
+    through any runner, and a subclass that overrides :meth:`run` sees every
+    command. Paths should be absolute
     (relative ones are taken from ``/``).
     """
 
@@ -564,7 +565,19 @@ class Host:
 
         ``source`` is as findmnt shows it: a bind mount or a btrfs subvolume
         carries the mounted directory in brackets (``/dev/sdb[/snap]``).
+
+        On this machine, through the default runner and :meth:`run` as it is,
+        the table is read from ``/proc/self/mountinfo`` without a command (the
+        kernel's table findmnt reads: about 7 ms less, for every look a backup
+        takes at its volumes); a subclass that overrides :meth:`run` still sees
+        the command.
         """
+        if type(self._runner) is LocalRunner and type(self).run is Host.run:
+            try:
+                with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                    return _parse_mountinfo(f.read())
+            except OSError as exc:  # no /proc: as a remote host is asked
+                _log.debug("mounts: /proc/self/mountinfo unreadable (%s); asking findmnt", exc)
         result = self.run(["findmnt", "--json", "--list", "-o", _FINDMNT_COLUMNS], check=False)
         if result.returncode == 127:
             fallback = self.run(["cat", "/proc/self/mountinfo"], check=False)

@@ -22,6 +22,7 @@ import pytest
 
 from pgsnap.errors import CommandError, DeviceNotFound, MountBusyError, MountError
 from pgsnap.host import CommandResult, Host, LocalRunner
+from pgsnap.host.host import _FINDMNT_COLUMNS, _parse_findmnt
 from pgsnap.model import Mount
 
 from ..conftest import postgres_required
@@ -142,12 +143,28 @@ def test_mountinfo_fallback_reads_the_same_as_findmnt(base):
     (base / "src").mkdir()
     (base / "bound").mkdir()
     subprocess.run(["mount", "--bind", str(base / "src"), str(base / "bound")], check=True)
-    with_findmnt = Host().mounts()
+    listed = LocalRunner().run(["findmnt", "--json", "--list", "-o", _FINDMNT_COLUMNS])
+    with_findmnt = _parse_findmnt(listed.text, "local")
     without = Host(WithoutFindmnt()).mounts()
     assert without == with_findmnt
+    assert Host().mounts() == with_findmnt  # read from /proc/self/mountinfo, no command
     assert any(m.target == str(base / "a b\\c\td") for m in without)
     bound = next(m for m in without if m.target == str(base / "bound"))
     assert bound.source.endswith(f"[{base}/src]")  # the bound directory, as findmnt shows it
+
+
+def test_a_host_whose_run_is_overridden_still_sees_the_mount_command() -> None:
+    """Host's contract: a subclass that overrides run() sees every command, so the
+    table is read from /proc only for the plain local host."""
+    seen: list[str] = []
+
+    class Audited(Host):
+        def run(self, argv: Sequence[str], **kwargs: object) -> CommandResult:
+            seen.append(argv[0])
+            return super().run(argv, **kwargs)  # type: ignore[arg-type]
+
+    assert Audited().mounts() == Host().mounts()
+    assert seen == ["findmnt"]
 
 
 def test_mount_of_is_the_longest_mount_point_above_the_real_path(base):

@@ -709,6 +709,38 @@ def test_journal_resume_skips_done_steps_and_a_done_run_is_not_run_again(jworld)
     assert info.value.state == "done"
 
 
+def test_every_journal_record_is_on_disk_before_the_next_step_acts(jworld, monkeypatch):
+    """A step's end is fsynced with the next record (issue 27: one fsync a step, not
+    two): when a step runs, all the journal says so far is durable, and so is the
+    run's end."""
+    real_fsync = os.fsync
+    synced: dict[int, int] = {}  # fd -> the file's size at its last fsync
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        synced[fd] = os.fstat(fd).st_size
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    plan = counting_plan(4)
+    path = journal_path(jworld.ex.journal_dir, plan.kind, plan.id)
+    durable_at_step: list[bool] = []
+
+    def check(ctx: OperationContext) -> None:
+        size = path.stat().st_size
+        durable_at_step.append(size > 0 and size in synced.values())
+
+    for i in range(4):
+        SCRIPT[f"s{i}"] = check
+    jworld.ex.run(plan)
+    assert durable_at_step == [True] * 4
+    assert list(synced.values()) == [path.stat().st_size]  # the run's end, synced
+    calls: list[int] = []
+    monkeypatch.setattr(os, "fsync", calls.append)
+    RAN.clear()
+    jworld.ex.run(counting_plan(4, fp="other"))
+    assert len(calls) == 4 + 1  # each step's start (with the end before it), the run's end
+
+
 def test_ctrl_c_before_a_step_that_cannot_resume_undoes_at_once(jworld):
     SCRIPT["s1"] = KeyboardInterrupt()
     plan = counting_plan(4, needs_process_at=2)
