@@ -197,14 +197,14 @@ def _load(args: argparse.Namespace) -> tuple[Any, Timeouts]:
     return cluster, timeouts
 
 
-def _catalog_of(args: argparse.Namespace) -> Any:
-    """The catalog of ``--config``, the whole configuration checked as :func:`_load`
-    checks it, without building the cluster (and importing what it runs)."""
+def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """What a Cluster of ``--config`` is built from (its catalog, backend...), the whole
+    configuration checked as :func:`_load` checks it, without building the cluster."""
     from pgsnap.config import cluster_arguments  # noqa: PLC0415
 
     source = _source(args)
     timeouts = load_timeouts(source)
-    return cluster_arguments(source, timeouts=timeouts, base=getattr(args, "base", None))["catalog"]
+    return cluster_arguments(source, timeouts=timeouts, base=getattr(args, "base", None))
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -373,19 +373,28 @@ def cmd_list(args: argparse.Namespace) -> int:
     """List backups (and, with a retention policy, what the next expire removes)."""
     from pgsnap.model import to_dict  # noqa: PLC0415
 
-    if args.json and not _has_policy(args):
-        catalog = _catalog_of(args)
+    if not _has_policy(args):  # the catalog alone: no Cluster, no planner imported
+        from pgsnap.catalog import scan_catalog  # noqa: PLC0415
+        from pgsnap.planner.forecast import BackupList  # noqa: PLC0415
+
+        parts = _cluster_arguments(args)
+        catalog = parts["catalog"]
         documents = getattr(catalog, "documents_text", None)
-        if callable(documents):  # without building the records
+        if args.json and callable(documents):  # without building the records
             text, unreadable = documents()
             _warn_unreadable_entries(unreadable)
             _out(json.dumps(json.loads(text), indent=2) if sys.stdout.isatty() else text)
             return EXIT_OK
-    cluster = _load(args)[0]
-    backups = _listed_backups(args, cluster)
+        scan = scan_catalog(catalog)
+        backups = BackupList(scan.records, scan.unreadable, drills=catalog.list_drills())
+        backend = parts["backend"]
+    else:
+        cluster = _load(args)[0]
+        backups = _listed_backups(args, cluster)
+        catalog, backend = cluster.catalog, cluster.backend
     if args.json:
         _warn_unreadable_entries(backups.unreadable)
-        document = getattr(cluster.catalog, "document", to_dict)  # from what it read
+        document = getattr(catalog, "document", to_dict)  # from what it read
         docs = []
         for b in backups:
             doc = document(b)
@@ -414,18 +423,18 @@ def cmd_list(args: argparse.Namespace) -> int:
         )
     for entry in backups.unreadable:
         _out(f"UNREADABLE {entry}")
-    _mock_space(cluster)
+    _mock_space(backend)
     return EXIT_OK
 
 
-def _mock_space(cluster: Any) -> None:
+def _mock_space(backend: Any) -> None:
     """On the mock storage, say how much room its snapshots take (it copies files where
     an array would share blocks: a test machine's disk fills with them)."""
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
 
-    if not isinstance(cluster.backend, MockBackend):
+    if not isinstance(backend, MockBackend):
         return
-    on_disk, files = cluster.backend.disk_usage()
+    on_disk, files = backend.disk_usage()
     if files:
         _out(
             f"mock storage: its snapshots take {_size(on_disk)} on disk for {_size(files)} of "

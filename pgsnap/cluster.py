@@ -112,7 +112,7 @@ from pgsnap.planner.facts import (
     BackupFacts,
     RecoveryFacts,
 )
-from pgsnap.planner.forecast import ExpiryForecast, expiry_forecast, retention_notes
+from pgsnap.planner.forecast import BackupList, expiry_forecast
 from pgsnap.planner.reconcile import (
     Orphan,
     RebuildReport,
@@ -189,104 +189,6 @@ class CheckReport:
     def _repr_html_(self) -> str:
         e = html.escape
         return "<pre>" + e(self.explain()) + "</pre>"
-
-
-class BackupList(tuple[BackupRecord, ...]):
-    """Backup records, oldest first: a plain tuple that displays as a table.
-
-    ``unreadable`` are the catalog entries that could not be read (each with
-    its path and the error); they are not in the tuple. ``forecast`` is what
-    the next expiry with a retention policy does to each backup
-    (:class:`~pgsnap.planner.forecast.ExpiryForecast`; None: no policy was
-    given); ``now`` the time the list was made (pins are judged at it).
-    """
-
-    unreadable: tuple[UnreadableEntry, ...]
-    forecast: ExpiryForecast | None
-    now: dt.datetime
-    last_drill: dict[str, DrillRecord]
-    """The newest drill of each backup that was drilled (by backup id)."""
-
-    def __new__(
-        cls,
-        records: Iterable[BackupRecord] = (),
-        unreadable: Iterable[UnreadableEntry] = (),
-        *,
-        forecast: ExpiryForecast | None = None,
-        now: dt.datetime | None = None,
-        drills: Iterable[DrillRecord] = (),
-    ) -> BackupList:
-        obj = super().__new__(cls, records)
-        obj.unreadable = tuple(unreadable)
-        obj.forecast = forecast
-        obj.last_drill = {d.backup_id: d for d in sorted(drills, key=lambda d: d.started_at)}
-        obj.now = now or (forecast.now if forecast else dt.datetime.now(dt.UTC))
-        return obj
-
-    def notes(self, record: BackupRecord) -> tuple[str, ...]:
-        """What keeps or removes ``record``: its pin, a secure snapshot's expiry and,
-        with a ``forecast``, what the next expiry does to it
-        (:func:`~pgsnap.planner.forecast.retention_notes`)."""
-        outlook = None if self.forecast is None else self.forecast.backups.get(record.id)
-        notes = retention_notes(record, outlook, self.now)
-        drill = self.last_drill.get(record.id)
-        if drill is not None:
-            when = drill.started_at.isoformat(timespec="seconds")
-            notes += (
-                f"proven restorable {when} (drill {drill.id})"
-                if drill.ok
-                else f"last drill FAILED {when} (drill {drill.id})",
-            )
-        return notes
-
-    def rows(self) -> list[tuple[str, ...]]:
-        """One row of text per backup: id, state, timeline, start, stop, time, label,
-        retention (:meth:`notes`, ``-`` when none)."""
-        return [
-            (
-                b.id,
-                b.state.value + (f" ({b.failure_reason})" if b.failure_reason else ""),
-                str(b.start_timeline),
-                str(b.start_lsn),
-                str(b.stop_lsn or "-"),
-                b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-",
-                b.label,
-                "; ".join(self.notes(b)) or "-",
-            )
-            for b in self
-        ]
-
-    def __repr__(self) -> str:
-        more = f", {len(self.unreadable)} unreadable" if self.unreadable else ""
-        if self.forecast is not None:
-            more += f", next expire removes {len(self.forecast.removed)}"
-        return f"<BackupList {len(self)} backups{more}>"
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
-        lines = ["  ".join(r) for r in self.rows()]
-        lines += [f"UNREADABLE {u}" for u in self.unreadable]
-        p.text("\n".join(lines) or "no backups")
-
-    def _repr_html_(self) -> str:
-        head = (
-            "id",
-            "state",
-            "timeline",
-            "start LSN",
-            "stop LSN",
-            "consistent at",
-            "label",
-            "retention",
-        )
-        e = html.escape
-        body = "".join(
-            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
-        )
-        body += "".join(
-            f'<tr><td colspan="{len(head)}">unreadable: {e(str(u))}</td></tr>'
-            for u in self.unreadable
-        )
-        return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
 
 
 # --------------------------------------------------------------------------- arguments

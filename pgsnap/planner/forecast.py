@@ -6,20 +6,28 @@ policy removes it and why, or marks it unusable, and until when a secure
 snapshot or a pin holds it. The answer is the expiry plan itself
 (:func:`~pgsnap.planner.expiry.plan_expiry` on the same facts), read back
 per backup: a listing never disagrees with the expiry it announces.
+
+:class:`BackupList` is what such a listing returns. Without a policy nothing
+here needs the expiry planner, which is imported only to forecast: ``pgsnap
+list`` shows a catalog without importing the planners.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+import html
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pgsnap.model import BackupRecord, Snapshot
-from pgsnap.operations.catalog import DeleteBackupRecord, MarkUnusable
-from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy, plan_expiry
+from pgsnap.model import BackupRecord, DrillRecord, Snapshot
 
-__all__ = ["BackupOutlook", "ExpiryForecast", "expiry_forecast", "retention_notes"]
+if TYPE_CHECKING:
+    from pgsnap.catalog import UnreadableEntry
+    from pgsnap.planner.expiry import ExpiryFacts, RetentionPolicy
+
+__all__ = ["BackupList", "BackupOutlook", "ExpiryForecast", "expiry_forecast", "retention_notes"]
 
 
 @attrs.frozen
@@ -83,6 +91,9 @@ def _secure(
 def expiry_forecast(facts: ExpiryFacts, policy: RetentionPolicy) -> ExpiryForecast:
     """What :func:`~pgsnap.planner.expiry.plan_expiry` with ``policy`` would do to
     each backup of ``facts`` (pure: the plan is made and read, nothing runs)."""
+    from pgsnap.operations.catalog import DeleteBackupRecord, MarkUnusable  # noqa: PLC0415
+    from pgsnap.planner.expiry import plan_expiry  # noqa: PLC0415 - only to forecast
+
     plan = plan_expiry(facts, policy)
     removed: dict[str, str] = {}
     unusable: dict[str, str] = {}
@@ -158,3 +169,101 @@ def retention_notes(
     if outlook.removed:
         notes.append(f"next expire removes it: {'; '.join(outlook.reasons) or 'not kept'}")
     return tuple(notes)
+
+
+class BackupList(tuple[BackupRecord, ...]):
+    """Backup records, oldest first: a plain tuple that displays as a table.
+
+    ``unreadable`` are the catalog entries that could not be read (each with
+    its path and the error); they are not in the tuple. ``forecast`` is what
+    the next expiry with a retention policy does to each backup
+    (:class:`~pgsnap.planner.forecast.ExpiryForecast`; None: no policy was
+    given); ``now`` the time the list was made (pins are judged at it).
+    """
+
+    unreadable: tuple[UnreadableEntry, ...]
+    forecast: ExpiryForecast | None
+    now: dt.datetime
+    last_drill: dict[str, DrillRecord]
+    """The newest drill of each backup that was drilled (by backup id)."""
+
+    def __new__(
+        cls,
+        records: Iterable[BackupRecord] = (),
+        unreadable: Iterable[UnreadableEntry] = (),
+        *,
+        forecast: ExpiryForecast | None = None,
+        now: dt.datetime | None = None,
+        drills: Iterable[DrillRecord] = (),
+    ) -> BackupList:
+        obj = super().__new__(cls, records)
+        obj.unreadable = tuple(unreadable)
+        obj.forecast = forecast
+        obj.last_drill = {d.backup_id: d for d in sorted(drills, key=lambda d: d.started_at)}
+        obj.now = now or (forecast.now if forecast else dt.datetime.now(dt.UTC))
+        return obj
+
+    def notes(self, record: BackupRecord) -> tuple[str, ...]:
+        """What keeps or removes ``record``: its pin, a secure snapshot's expiry and,
+        with a ``forecast``, what the next expiry does to it
+        (:func:`~pgsnap.planner.forecast.retention_notes`)."""
+        outlook = None if self.forecast is None else self.forecast.backups.get(record.id)
+        notes = retention_notes(record, outlook, self.now)
+        drill = self.last_drill.get(record.id)
+        if drill is not None:
+            when = drill.started_at.isoformat(timespec="seconds")
+            notes += (
+                f"proven restorable {when} (drill {drill.id})"
+                if drill.ok
+                else f"last drill FAILED {when} (drill {drill.id})",
+            )
+        return notes
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row of text per backup: id, state, timeline, start, stop, time, label,
+        retention (:meth:`notes`, ``-`` when none)."""
+        return [
+            (
+                b.id,
+                b.state.value + (f" ({b.failure_reason})" if b.failure_reason else ""),
+                str(b.start_timeline),
+                str(b.start_lsn),
+                str(b.stop_lsn or "-"),
+                b.stop_time.isoformat(timespec="seconds") if b.stop_time else "-",
+                b.label,
+                "; ".join(self.notes(b)) or "-",
+            )
+            for b in self
+        ]
+
+    def __repr__(self) -> str:
+        more = f", {len(self.unreadable)} unreadable" if self.unreadable else ""
+        if self.forecast is not None:
+            more += f", next expire removes {len(self.forecast.removed)}"
+        return f"<BackupList {len(self)} backups{more}>"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:  # IPython
+        lines = ["  ".join(r) for r in self.rows()]
+        lines += [f"UNREADABLE {u}" for u in self.unreadable]
+        p.text("\n".join(lines) or "no backups")
+
+    def _repr_html_(self) -> str:
+        head = (
+            "id",
+            "state",
+            "timeline",
+            "start LSN",
+            "stop LSN",
+            "consistent at",
+            "label",
+            "retention",
+        )
+        e = html.escape
+        body = "".join(
+            "<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in self.rows()
+        )
+        body += "".join(
+            f'<tr><td colspan="{len(head)}">unreadable: {e(str(u))}</td></tr>'
+            for u in self.unreadable
+        )
+        return "<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>"
