@@ -102,10 +102,13 @@ _INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(
 by position, so that reading ten thousand records parses no repeated keys. An
 index with other fields (another pgsnap version) is ignored and rewritten."""
 _NEWEST = ".newest"
-_NEWEST_FORMAT = "pgsnap-catalog-newest/1"
+_NEWEST_FORMAT = "pgsnap-catalog-newest/2"
 _UNKNOWN: Any = object()
 _Table = dict[str, list[Any]]
 """``.newest``'s table: ``"*"`` or a timeline → [start time, backup id, file identity]."""
+_Systems = list[str] | None
+"""``.newest``'s system identifiers of every record (sorted), or None: not known (after a
+deletion, until the index is read again)."""
 _Identity = tuple[int, int, int]
 """A record file's inode, size and modification time (ns): a rewrite changes it."""
 _Source = list[Any] | bytes
@@ -766,24 +769,20 @@ class DirectoryCatalog:
     def _read_newest(self) -> _Table | None:
         """``.newest``'s table when it is current (the directory unchanged since it was
         written), else None."""
+        data = self._read_newest_data()
+        return None if data is None else self._read_newest_table(data)
+
+    def _read_newest_data(self) -> dict[str, Any] | None:
+        """``.newest``'s document when it is current, else None."""
         try:
             raw = (self.path / _NEWEST).read_bytes()
             mtime = _dir_mtime(self.path)
         except OSError:
             return None
         data = _json_or_none(raw)
-        if (
-            not isinstance(data, dict)
-            or data.get("format") != _NEWEST_FORMAT
-            or data.get("dir") != mtime
-            or not isinstance(data.get("newest"), dict)
-        ):
+        if not isinstance(data, dict) or data.get("dir") != mtime:
             return None
-        table: _Table = data["newest"]
-        for entry in table.values():
-            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
-                return None
-        return table
+        return data
 
     def _note_newest(
         self,
@@ -796,17 +795,23 @@ class DirectoryCatalog:
         deleting) ``backup_id`` (the caller holds the lock; ``before`` is the
         directory's mtime before the change). Best effort, like the index."""
         table = None
+        systems: _Systems = None
         try:
             raw = (self.path / _NEWEST).read_bytes()
             data = _json_or_none(raw)
             if isinstance(data, dict) and data.get("dir") == before and before is not None:
                 table = self._read_newest_table(data)
+                systems = _systems_of(data)
         except OSError:
             pass
         named = table is not None and any(e[1] == backup_id for e in table.values())
         if table is None or (named and (record is None or not record.is_usable)):
             self._rewrite_newest(locked=True)  # from the index: O(n), but rare
             return
+        if record is None:
+            systems = None  # it may have been the last of its cluster: not known now
+        elif systems is not None and record.system_identifier not in systems:
+            systems = sorted([*systems, record.system_identifier])
         if record is not None and record.is_usable and ident is not None:
             start = encode_value(record.start_time)
             keys = ["*", str(record.stop_timeline or record.start_timeline)]
@@ -826,13 +831,16 @@ class DirectoryCatalog:
                     )
                 ):
                     table[key] = [start, backup_id, list(ident)]
-        self._write_newest(table)
+        self._write_newest(table, systems)
 
     @staticmethod
     def _read_newest_table(data: dict[str, Any]) -> _Table | None:
         table = data.get("newest")
         if data.get("format") != _NEWEST_FORMAT or not isinstance(table, dict):
             return None
+        for entry in table.values():
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], list)):
+                return None
         return table
 
     def _rewrite_newest(self, *, locked: bool = False) -> None:
@@ -847,18 +855,17 @@ class DirectoryCatalog:
             return
         with _gc_paused():
             index, _lines = self._read_index()
-        with os.scandir(self.path) as entries:
-            names = {
-                e.name[: -len(".json")]
-                for e in entries
-                if e.name.endswith(".json") and not e.name.startswith(".")
-            }
-        if names != index.keys():
+        files = {name[: -len(".json")]: ident for name, ident in self._entries().items()}
+        if files.keys() != index.keys():
             return  # the next listing rewrites the index; .newest follows
         state, start, stop_tli, start_tli = (
             _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
         )
         table: _Table = {}
+        at = _FIELDS.index("system_identifier")
+        systems: _Systems = None  # known only when every file is the one the index read
+        if all(files[backup_id] == entry[0] for backup_id, entry in index.items()):
+            systems = sorted({str(values[at]) for _ident, values, _line in index.values()})
         for backup_id, (ident, values, _line) in index.items():
             if values[state] != BackupState.DONE.value:
                 continue
@@ -866,16 +873,21 @@ class DirectoryCatalog:
                 entry = table.get(key)
                 if entry is None or (values[start], backup_id) > (entry[0], entry[1]):
                     table[key] = [values[start], backup_id, list(ident)]
-        self._write_newest(table)
+        self._write_newest(table, systems)
 
-    def _write_newest(self, table: _Table) -> None:
+    def _write_newest(self, table: _Table, systems: _Systems) -> None:
         """Write ``.newest`` in place (a rename would change the directory's mtime it
         records); a torn write is refused by the next reader, which recomputes."""
         path = self.path / _NEWEST
         try:
             if not path.exists():
                 path.touch(mode=0o600)  # creating it changes the directory: first
-            document = {"format": _NEWEST_FORMAT, "dir": _dir_mtime(self.path), "newest": table}
+            document = {
+                "format": _NEWEST_FORMAT,
+                "dir": _dir_mtime(self.path),
+                "newest": table,
+                "systems": systems,
+            }
             fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
             try:
                 os.write(fd, json.dumps(document, separators=(",", ":")).encode())
@@ -979,8 +991,20 @@ class DirectoryCatalog:
         return tuple(sorted(wanted, key=lambda r: (r.started_at, r.id)))
 
     def system_identifiers(self) -> frozenset[str]:
-        """The system identifiers of the backups' clusters, from the index when it
-        covers every record file unchanged (else from :meth:`list`)."""
+        """The system identifiers of the backups' clusters: from ``.newest`` while the
+        directory is unchanged since a pgsnap write (O(1), as :meth:`newest`), else from
+        the index when it covers every record file unchanged (and ``.newest`` is
+        written again), else from :meth:`list`."""
+        data = self._read_newest_data()
+        if data is not None and self._read_newest_table(data) is not None:
+            known = _systems_of(data)
+            if known is not None:
+                return frozenset(known)
+        found = self._system_identifiers()
+        self._rewrite_newest()
+        return found
+
+    def _system_identifiers(self) -> frozenset[str]:
         with _gc_paused():
             index, _lines = self._read_index()
         at = _FIELDS.index("system_identifier")
@@ -1208,6 +1232,14 @@ def _dir_mtime(path: Path) -> int:
 
 def _identity(st: os.stat_result) -> _Identity:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _systems_of(data: dict[str, Any]) -> _Systems:
+    """``.newest``'s system identifiers, or None when it does not know them."""
+    systems = data.get("systems")
+    if isinstance(systems, list) and all(isinstance(s, str) for s in systems):
+        return systems
+    return None
 
 
 def _start_of(values: list[Any] | None) -> dt.datetime | None:

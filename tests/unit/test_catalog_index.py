@@ -261,6 +261,45 @@ def test_system_identifiers_from_the_index_or_the_records(tmp_path):
     assert catalog_system_identifiers(mem) == {"7300000000000000001"}
 
 
+def test_system_identifiers_in_constant_time_between_writes(tmp_path, monkeypatch):
+    """Issue 27: a backup asks twice (its plan and the freshness check) which clusters
+    the catalog holds; `.newest` keeps the answer with every pgsnap write, so at ten
+    thousand records neither asks the index. A deletion, or a file added or removed by
+    hand, makes the next answer come from the files again."""
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    cat.put(_rec(0))
+    cat.put(attrs.evolve(_rec(1), system_identifier="7300000000000000999"))
+    reads: list[int] = []
+    real = DirectoryCatalog._read_index
+
+    def counted(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(DirectoryCatalog, "_read_index", counted)
+    both = {"7300000000000000001", "7300000000000000999"}
+    assert DirectoryCatalog(path).system_identifiers() == both
+    assert reads == []
+    cat.put(attrs.evolve(_rec(2), system_identifier="7300000000000000777"))
+    assert DirectoryCatalog(path).system_identifiers() == both | {"7300000000000000777"}
+    assert reads == []
+    cat.delete("b-001")  # perhaps the last of its cluster: read from the files again
+    assert DirectoryCatalog(path).system_identifiers() == {
+        "7300000000000000001",
+        "7300000000000000777",
+    }
+    assert reads != []
+    reads.clear()
+    assert DirectoryCatalog(path).system_identifiers() == {
+        "7300000000000000001",
+        "7300000000000000777",
+    }
+    assert reads == []  # known again
+    (path / "b-002.json").unlink()  # by hand: the directory changed
+    assert DirectoryCatalog(path).system_identifiers() == {"7300000000000000001"}
+
+
 _maybe = st.none() | st.just(True)
 
 
