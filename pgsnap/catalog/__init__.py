@@ -14,7 +14,10 @@ whose file changed behind pgsnap's back (or that the index does not know) is
 read from its file, and an index that is missing, damaged or long is
 rewritten by the next listing. Listing ten thousand records reads one file
 instead of ten thousand; :meth:`DirectoryCatalog.newest` answers from it
-without decoding every record.
+without decoding every record. A record listed from the index decodes its
+larger fields (the layout, the backup label, the snapshots: most of each entry)
+when they are first read: a plan that reads them of its chosen backup only
+parses them once, not ten thousand times.
 
 A file that cannot be read back as a record (truncated, hand-edited, a field
 such as an LSN that does not parse) never aborts a listing: ``list()`` skips
@@ -41,6 +44,7 @@ import tempfile
 import threading
 import time
 import typing
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -88,6 +92,22 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _INDEX = ".index"
 _FIELDS: tuple[str, ...] = tuple(f.name for f in attrs.fields(BackupRecord))
 _START_TIME: Final = _FIELDS.index("start_time")
+_INDEX_HEADER_V1: Final = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(_FIELDS)}
+"""The header of pgsnap 0.1's index (a line per record: ``["put", id, identity, [the
+values of every field]]``), read as the current one and rewritten by a listing."""
+_LAZY_FIELDS: Final = (
+    "layout",
+    "labelfile",
+    "spcmapfile",
+    "snapshots",
+    "orphaned_snapshots",
+    "failure_reason",
+)
+"""The fields a record listed from the index decodes when first read: most of an
+entry's bytes, and read of few records (a plan reads its chosen backup's)."""
+_EAGER_FIELDS: Final = tuple(f for f in _FIELDS if f not in _LAZY_FIELDS)
+_EAGER_AT: Final = tuple(_FIELDS.index(f) for f in _EAGER_FIELDS)
+_LAZY_AT: Final = tuple(_FIELDS.index(f) for f in _LAZY_FIELDS)
 _DOCUMENTS = ".documents"
 _DOCUMENTS_HEADER = {
     "format": "pgsnap-catalog-documents",
@@ -96,11 +116,19 @@ _DOCUMENTS_HEADER = {
     "fields": list(_FIELDS),
 }
 _Documents = list[dict[str, Any]]
-_INDEX_HEADER = {"format": "pgsnap-catalog-index", "version": 1, "fields": list(_FIELDS)}
-"""The first line of ``.index``. Each further line is ``["put", id, identity,
-[the record's values in the order of "fields"]]`` or ``["delete", id]``: values
-by position, so that reading ten thousand records parses no repeated keys. An
-index with other fields (another pgsnap version) is ignored and rewritten."""
+_INDEX_HEADER = {
+    "format": "pgsnap-catalog-index",
+    "version": 2,
+    "record_format": FORMAT_VERSION,
+    "fields": list(_EAGER_FIELDS),
+    "lazy": list(_LAZY_FIELDS),
+}
+"""The first line of ``.index``. Each further line is ``["delete", id]`` or ``["put",
+id, identity, crc, [the values of "fields"]]``, a tab, and the JSON list of the values
+of "lazy" (whose CRC-32 ``crc`` is): values by position, so that reading ten thousand
+records parses no repeated keys, and the lazy values apart, so that they are parsed only
+when read (JSON never holds a raw tab). An index with another header (another pgsnap
+version) is ignored and rewritten."""
 _NEWEST = ".newest"
 _NEWEST_FORMAT = "pgsnap-catalog-newest/2"
 _UNKNOWN: Any = object()
@@ -115,8 +143,9 @@ _Source = list[Any] | bytes
 """A record's values for the index: its ``put`` line as the index holds it (kept as
 bytes, which the garbage collector never visits), or the values of a record read
 from its file."""
-_Entry = tuple[_Identity, list[Any], bytes]
-"""An index entry: the file's identity, the record's values and the entry's line."""
+_Entry = tuple[_Identity, list[Any], bytes, bytes]
+"""An index entry: the file's identity, the record's eager values (``fields``), its lazy
+values (their JSON) and the entry's line."""
 
 
 def is_valid_backup_id(value: object) -> bool:
@@ -294,7 +323,7 @@ class DirectoryCatalog:
             _write_atomic(target, data)
             values = [document.get(name) for name in _FIELDS]
             ident = _identity(os.stat(target))
-            self._append_index(["put", record.id, ident, values])
+            self._append_index(_index_line(record.id, ident, values))
             self._note_newest(before, record.id, ident, record)
         log.debug("catalog %s: wrote %s (%s)", self.path, record.id, record.state.value)
 
@@ -348,17 +377,17 @@ class DirectoryCatalog:
 
     # -- the index -------------------------------------------------------------------
 
-    def _append_index(self, entry: list[Any]) -> None:
-        """Append one entry to ``.index`` (the caller holds the lock). Best effort:
+    def _append_index(self, entry: bytes) -> None:
+        """Append one line to ``.index`` (the caller holds the lock). Best effort:
         the index is a cache checked against the files, so a failure only costs speed."""
-        line = json.dumps(entry, separators=(",", ":")) + "\n"
+        line = entry + b"\n"
         path = self.path / _INDEX
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 if os.fstat(fd).st_size == 0:
-                    line = json.dumps(_INDEX_HEADER) + "\n" + line
-                os.write(fd, line.encode())
+                    line = json.dumps(_INDEX_HEADER).encode() + b"\n" + line
+                os.write(fd, line)
             finally:
                 os.close(fd)
         except OSError as exc:
@@ -366,37 +395,49 @@ class DirectoryCatalog:
 
     def _read_index(self) -> tuple[dict[str, _Entry], int]:
         """The index's entries by backup id (the last entry of an id wins; a deletion
-        removes it), and how many lines it has. Damaged lines are skipped."""
+        removes it), and how many lines it has. Damaged lines are skipped. An index
+        of the previous version is read, and counts as long (a listing rewrites it)."""
         try:
             raw = (self.path / _INDEX).read_bytes()
         except OSError:
             return {}, 0
         lines = raw.split(b"\n")
-        if _json_or_none(lines[0]) != _INDEX_HEADER:
+        header = _json_or_none(lines[0])
+        if header == _INDEX_HEADER_V1:
+            return _read_index_v1([line for line in lines[1:] if line]), 2 * len(lines) + 16
+        if header != _INDEX_HEADER:
             log.debug("catalog %s: index of another format or version ignored", self.path)
             return {}, len(lines)
         body = [line for line in lines[1:] if line]
+        heads: list[bytes] = []
+        tails: list[bytes] = []
+        for line in body:  # the lazy values stay unparsed: their CRC is checked
+            head, _tab, tail = line.partition(b"\t")
+            heads.append(head)
+            tails.append(tail)
         try:  # one parse for the whole log; line by line only if a line is damaged
-            parsed: list[Any] = json.loads(b"[" + b",".join(body) + b"]")
+            parsed: list[Any] = json.loads(b"[" + b",".join(heads) + b"]")
         except ValueError:
-            parsed = [_json_or_none(line) for line in body]
+            parsed = [_json_or_none(head) for head in heads]
         entries: dict[str, _Entry] = {}
-        width = len(_FIELDS)
-        for item, line in zip(parsed, body, strict=True):
+        width = len(_EAGER_FIELDS)
+        crc32 = zlib.crc32
+        for item, tail, line in zip(parsed, tails, body, strict=True):
             if not isinstance(item, list) or len(item) < 2:
                 continue
             if item[0] == "delete":
                 entries.pop(str(item[1]), None)
-            elif item[0] == "put" and len(item) == 4:
-                ident, values = item[2], item[3]
+            elif item[0] == "put" and len(item) == 5:
+                ident, crc, values = item[2], item[3], item[4]
                 if (
                     isinstance(ident, list)
                     and len(ident) == 3
                     and all(isinstance(v, int) for v in ident)
                     and isinstance(values, list)
                     and len(values) == width
+                    and crc == crc32(tail)
                 ):
-                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values, line)
+                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values, tail, line)
         return entries, len(body)
 
     def _rewrite_index(self, records: dict[str, tuple[_Identity, BackupRecord, _Source]]) -> None:
@@ -406,9 +447,11 @@ class DirectoryCatalog:
         try:
             with self._locked(wait=False):
                 entries = (
-                    values.decode()
-                    if isinstance(values, bytes)
-                    else json.dumps(["put", backup_id, ident, values], separators=(",", ":"))
+                    (
+                        values
+                        if isinstance(values, bytes)
+                        else _index_line(backup_id, ident, values)
+                    ).decode()
                     for backup_id, (ident, _record, values) in records.items()
                 )
                 self._replace(_INDEX, [json.dumps(_INDEX_HEADER), *entries])
@@ -461,7 +504,7 @@ class DirectoryCatalog:
                 cached = index.get(backup_id)
                 in_index = cached is not None and cached[0] == ident
                 try:
-                    from_index = _from_index(cached[1]) if in_index and cached else None
+                    from_index = _from_entry(cached[1], cached[2]) if in_index and cached else None
                     if from_index is not None:
                         record = from_index
                     elif is_valid_backup_id(backup_id):  # not in the index, or damaged there
@@ -477,7 +520,7 @@ class DirectoryCatalog:
                 records.append(record)
                 source: _Source
                 if in_index and cached is not None:
-                    source = cached[2]  # its line: the parsed values are let go
+                    source = cached[3]  # its line: the parsed values are let go
                 else:  # the index will learn it
                     missed += 1
                     document = to_dict(record)
@@ -589,7 +632,11 @@ class DirectoryCatalog:
             for name, ident in seen.items():
                 backup_id = name[: -len(".json")]
                 cached = index.get(backup_id)
-                values = cached[1] if cached is not None and cached[0] == ident else None
+                values = (
+                    _full_values(cached[1], cached[2])
+                    if cached is not None and cached[0] == ident
+                    else None
+                )
                 start = _start_of(values)
                 if values is None or start is None:
                     try:
@@ -681,7 +728,8 @@ class DirectoryCatalog:
             return to_dict(record)
         values = known[2]
         if isinstance(values, bytes):  # the index's line, as read
-            values = json.loads(values)[3]
+            head, _tab, tail = values.partition(b"\t")
+            values = _full_values(json.loads(head)[4], tail)
         document: dict[str, Any] = {"format_version": FORMAT_VERSION, "type": "BackupRecord"}
         document.update(zip(_FIELDS, values, strict=True))
         return document
@@ -736,19 +784,20 @@ class DirectoryCatalog:
         if names != index.keys():
             return _newest_of(self.list(), timeline)
         state, start, stop_tli, start_tli = (
-            _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
+            _EAGER_FIELDS.index(n)
+            for n in ("state", "start_time", "stop_timeline", "start_timeline")
         )
         ranked = sorted(
             (
                 (str(values[start]), backup_id)
-                for backup_id, (_ident, values, _line) in index.items()
+                for backup_id, (_ident, values, _lazy, _line) in index.items()
                 if values[state] == BackupState.DONE.value
                 and (timeline is None or (values[stop_tli] or values[start_tli]) == timeline)
             ),
             reverse=True,
         )
         for _start, backup_id in ranked:
-            ident, values, _line = index[backup_id]
+            ident, values, lazy, _line = index[backup_id]
             path = self._file(backup_id)
             try:
                 current: _Identity | None = _identity(os.stat(path))
@@ -757,7 +806,7 @@ class DirectoryCatalog:
             if current != ident:
                 return _newest_of(self.list(), timeline)
             try:
-                record = self._decode(backup_id, path, values)
+                record = self._decode(backup_id, path, _full_values(values, lazy))
             except CatalogError:  # damaged in the index: the files decide
                 return _newest_of(self.list(), timeline)
             if record.is_usable:
@@ -859,14 +908,15 @@ class DirectoryCatalog:
         if files.keys() != index.keys():
             return  # the next listing rewrites the index; .newest follows
         state, start, stop_tli, start_tli = (
-            _FIELDS.index(n) for n in ("state", "start_time", "stop_timeline", "start_timeline")
+            _EAGER_FIELDS.index(n)
+            for n in ("state", "start_time", "stop_timeline", "start_timeline")
         )
         table: _Table = {}
-        at = _FIELDS.index("system_identifier")
+        at = _EAGER_FIELDS.index("system_identifier")
         systems: _Systems = None  # known only when every file is the one the index read
         if all(files[backup_id] == entry[0] for backup_id, entry in index.items()):
-            systems = sorted({str(values[at]) for _ident, values, _line in index.values()})
-        for backup_id, (ident, values, _line) in index.items():
+            systems = sorted({str(entry[1][at]) for entry in index.values()})
+        for backup_id, (ident, values, _lazy, _line) in index.items():
             if values[state] != BackupState.DONE.value:
                 continue
             for key in ("*", str(values[stop_tli] or values[start_tli])):
@@ -1007,7 +1057,7 @@ class DirectoryCatalog:
     def _system_identifiers(self) -> frozenset[str]:
         with _gc_paused():
             index, _lines = self._read_index()
-        at = _FIELDS.index("system_identifier")
+        at = _EAGER_FIELDS.index("system_identifier")
         matched = 0
         with os.scandir(self.path) as entries:
             for e in entries:
@@ -1023,7 +1073,7 @@ class DirectoryCatalog:
                 matched += 1
             else:
                 if matched == len(index):  # no entry whose file is gone
-                    return frozenset(str(values[at]) for _ident, values, _line in index.values())
+                    return frozenset(str(entry[1][at]) for entry in index.values())
         return frozenset(r.system_identifier for r in self.list())
 
     def delete(self, backup_id: str) -> None:
@@ -1037,7 +1087,7 @@ class DirectoryCatalog:
                 raise BackupNotFound(
                     f"no backup {backup_id!r} in the catalog {self.path}", backup_id=backup_id
                 ) from None
-            self._append_index(["delete", backup_id])
+            self._append_index(json.dumps(["delete", backup_id]).encode())
             self._note_newest(before, backup_id, None, None)
 
 
@@ -1155,31 +1205,170 @@ def _empty_or(decode: _Convert, convert: _Convert | None) -> _Convert:
 
 
 def _from_index(values: list[Any]) -> BackupRecord | None:
-    """A record from the index's values, built without running its validators, or
-    None when a value does not convert (the caller then decodes it the checked way).
+    """A whole record from the index's values of every field (in ``_FIELDS``' order),
+    its lazy fields decoded at once: :func:`_from_entry` and a first read of each lazy
+    field, or None when a value does not convert. What a test holds against the
+    checked decoder, for every shape of record."""
+    eager = [values[i] for i in _EAGER_AT] if len(values) == len(_FIELDS) else values
+    lazy = [values[i] for i in _LAZY_AT] if len(values) == len(_FIELDS) else []
+    record = _from_entry(eager, json.dumps(lazy).encode())
+    if record is None:
+        return None
+    try:
+        _decode_lazy(record)
+    except CatalogError:
+        return None
+    return record
+
+
+def _from_entry(eager: list[Any], lazy: bytes) -> BackupRecord | None:
+    """A record from an index entry, built without running its validators, or None
+    when a value does not convert (the caller then decodes it the checked way).
 
     Only for entries whose file is unchanged since pgsnap wrote both from one
     validated record: the values are converted as the record's own decoder and
     converters do (a test checks the two agree), but not validated again, which
-    makes listing ten thousand records about twice as fast.
+    makes listing ten thousand records about twice as fast. The lazy fields
+    (``lazy``, their JSON, whose CRC the index checked) are decoded when first read
+    (:class:`_IndexedRecord`).
     """
     try:
-        return _index_builder()(values)  # type: ignore[no-any-return]
+        return _index_builder()(eager, lazy)  # type: ignore[no-any-return]
     except (TypeError, ValueError, KeyError, AttributeError, PgsnapError):
         return None
 
 
-@functools.cache
-def _index_builder() -> Callable[[list[Any]], Any]:
-    """The function :func:`_from_index` runs: straight-line code for BackupRecord's
-    fields (no loop, no per-field lookups), generated once from :func:`_index_plan`
-    as attrs generates ``__init__``. Each field's slot is set directly."""
-    plan = _index_plan()
-    scope: dict[str, Any] = {"new": object.__new__, "cls": BackupRecord}
-    lines = [f"def build(values):\n    ({', '.join(f'v{i}' for i in range(len(plan)))},) = values"]
-    lines.append("    r = new(cls)")
-    for i, (name, leaf, convert) in enumerate(plan):
-        scope[f"set{i}"] = BackupRecord.__dict__[name].__set__
+def _read_index_v1(body: list[bytes]) -> dict[str, _Entry]:
+    """The entries of an index of version 1 (every value in one list), as the current
+    version's: a catalog listed by a new pgsnap reads its records from the index once
+    more instead of from ten thousand files."""
+    try:
+        parsed: list[Any] = json.loads(b"[" + b",".join(body) + b"]")
+    except ValueError:
+        parsed = [_json_or_none(line) for line in body]
+    entries: dict[str, _Entry] = {}
+    for item in parsed:
+        if not isinstance(item, list) or len(item) < 2:
+            continue
+        if item[0] == "delete":
+            entries.pop(str(item[1]), None)
+        elif item[0] == "put" and len(item) == 4:
+            ident, values = item[2], item[3]
+            if (
+                isinstance(ident, list)
+                and len(ident) == 3
+                and all(isinstance(v, int) for v in ident)
+                and isinstance(values, list)
+                and len(values) == len(_FIELDS)
+            ):
+                line = _index_line(str(item[1]), ident, values)
+                lazy = line.partition(b"\t")[2]
+                eager = [values[i] for i in _EAGER_AT]
+                entries[str(item[1])] = ((ident[0], ident[1], ident[2]), eager, lazy, line)
+    return entries
+
+
+def _index_line(backup_id: str, ident: Sequence[int], values: Sequence[Any]) -> bytes:
+    """The index's ``put`` line of a record: its values of every field (``_FIELDS``'
+    order) as the head's eager values, a tab, and the lazy values' JSON."""
+    lazy = json.dumps([values[i] for i in _LAZY_AT], separators=(",", ":")).encode()
+    head = ["put", backup_id, list(ident), zlib.crc32(lazy), [values[i] for i in _EAGER_AT]]
+    return json.dumps(head, separators=(",", ":")).encode() + b"\t" + lazy
+
+
+def _full_values(eager: list[Any], lazy: bytes) -> list[Any]:
+    """The values of every field (``_FIELDS``' order) of an index entry."""
+    values: list[Any] = [None] * len(_FIELDS)
+    for at, value in zip(_EAGER_AT, eager, strict=True):
+        values[at] = value
+    for at, value in zip(_LAZY_AT, json.loads(lazy), strict=True):
+        values[at] = value
+    return values
+
+
+class _IndexedRecord(BackupRecord):
+    """A :class:`~pgsnap.model.BackupRecord` listed from the index: its lazy fields
+    (``_LAZY_FIELDS``) are decoded from the entry's JSON when one is first read (an
+    unset slot's attribute lookup falls through to ``__getattr__``), then are plain
+    slots. To everything else it is the record: equal to (and hashed as) the one the
+    checked decoder makes, shown and encoded under its name, and copied or pickled as
+    a plain BackupRecord."""
+
+    __slots__ = ("_lazy",)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _LAZY_SET:
+            raise AttributeError(name)
+        _decode_lazy(self)
+        return object.__getattribute__(self, name)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BackupRecord):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in _EQ_FIELDS)
+
+    __hash__ = BackupRecord.__hash__
+
+    def __reduce_ex__(self, protocol: typing.SupportsIndex) -> Any:
+        return _plain_record, (tuple(getattr(self, name) for name in _FIELDS),)
+
+
+_IndexedRecord.__name__ = _IndexedRecord.__qualname__ = "BackupRecord"  # reprs, to_dict
+
+
+def _plain_record(values: tuple[Any, ...]) -> BackupRecord:
+    """A plain BackupRecord with the values of every field (a copy or an unpickling of
+    an :class:`_IndexedRecord`: they were a valid record's)."""
+    record = object.__new__(BackupRecord)
+    for name, value in zip(_FIELDS, values, strict=True):
+        BackupRecord.__dict__[name].__set__(record, value)
+    return record
+
+
+_LAZY_SET: Final = frozenset(_LAZY_FIELDS)
+_EQ_FIELDS: Final = tuple(f.name for f in attrs.fields(BackupRecord) if f.eq)
+
+
+def _decode_lazy(record: BackupRecord) -> None:
+    """Set the lazy fields of a record listed from the index (once; a no-op after)."""
+    try:
+        lazy = object.__getattribute__(record, "_lazy")
+    except AttributeError:
+        return  # decoded already, or made whole (attrs.evolve)
+    try:
+        _lazy_builder()(record, json.loads(lazy))
+    except (TypeError, ValueError, KeyError, AttributeError, PgsnapError) as exc:
+        # The entry's CRC matched what pgsnap wrote: only another pgsnap's index
+        # with the same header gets here.
+        backup_id = object.__getattribute__(record, "id")
+        raise CatalogError(
+            f"the catalog index's entry of backup {backup_id} does not decode: {exc}",
+            hint="remove the catalog's .index file (it is a cache: the next listing "
+            "writes it again from the records) and retry",
+            backup_id=backup_id,
+        ) from exc
+    _LAZY_SLOT.__delete__(record)  # the JSON is let go
+
+
+_LAZY_SLOT: Final = _IndexedRecord.__dict__["_lazy"]
+
+
+def _generated(
+    name: str, fields: Sequence[str], head: str, setup: Sequence[str], tail: Sequence[str]
+) -> Callable[..., Any]:
+    """Straight-line code that sets ``fields``' slots of ``r`` from ``v0``... (their
+    index values), each converted as :func:`_index_plan` says: no loop, no per-field
+    lookups, generated once as attrs generates ``__init__``."""
+    plan = {n: (leaf, convert) for n, leaf, convert in _index_plan()}
+    scope: dict[str, Any] = {
+        "new": object.__new__,
+        "cls": _IndexedRecord,
+        "set_lazy": _LAZY_SLOT.__set__,
+    }
+    lines = [head, *setup]
+    for i, field in enumerate(fields):
+        leaf, convert = plan[field]
+        scope[f"set{i}"] = BackupRecord.__dict__[field].__set__
         expr = f"v{i}"
         if leaf is not None:
             scope[f"leaf{i}"] = leaf
@@ -1189,10 +1378,33 @@ def _index_builder() -> Callable[[list[Any]], Any]:
             expr = f"convert{i}({expr})"
         if expr != f"v{i}":
             expr = f"None if v{i} is None else {expr}"
-        lines.append(f"    set{i}(r, {expr})  # {name}")
-    lines.append("    return r")
+        lines.append(f"    set{i}(r, {expr})  # {field}")
+    lines += tail
     exec("\n".join(lines), scope)  # noqa: S102 - code built from the field list above
-    return typing.cast(Callable[[list[Any]], Any], scope["build"])
+    return typing.cast(Callable[..., Any], scope[name])
+
+
+@functools.cache
+def _index_builder() -> Callable[[list[Any], bytes], Any]:
+    """The function :func:`_from_entry` runs: a new :class:`_IndexedRecord` with its
+    eager fields set and its lazy fields' JSON kept."""
+    unpack = ", ".join(f"v{i}" for i in range(len(_EAGER_FIELDS)))
+    return _generated(
+        "build",
+        _EAGER_FIELDS,
+        "def build(values, lazy):",
+        [f"    ({unpack},) = values", "    r = new(cls)", "    set_lazy(r, lazy)"],
+        ["    return r"],
+    )
+
+
+@functools.cache
+def _lazy_builder() -> Callable[[BackupRecord, list[Any]], None]:
+    """What :func:`_decode_lazy` runs: the lazy fields' slots set from their values."""
+    unpack = ", ".join(f"v{i}" for i in range(len(_LAZY_FIELDS)))
+    return _generated(
+        "decode", _LAZY_FIELDS, "def decode(r, values):", [f"    ({unpack},) = values"], []
+    )
 
 
 _SAFETY_DIR = "safety"

@@ -11,6 +11,7 @@ import shutil
 from typing import Any
 
 import attrs
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -120,12 +121,98 @@ def test_a_damaged_index_entry_is_read_from_its_file(tmp_path):
     cat = DirectoryCatalog(path)
     cat.put(_rec(0))
     lines = (path / ".index").read_text().splitlines()
-    entry = json.loads(lines[1])
-    entry[3][entry[3].index("0/4000028")] = "not an LSN"  # valid JSON, a bad value
-    (path / ".index").write_text(lines[0] + "\n" + json.dumps(entry) + "\n")
+    head, lazy = lines[1].split("\t")
+    entry = json.loads(head)
+    entry[4][entry[4].index("0/4000028")] = "not an LSN"  # valid JSON, a bad value
+    (path / ".index").write_text(lines[0] + "\n" + json.dumps(entry) + "\t" + lazy + "\n")
     fresh = DirectoryCatalog(path)
     assert fresh.scan().unreadable == ()
     assert fresh.list() == (_rec(0),)
+
+
+def test_an_entry_whose_lazy_values_changed_is_read_from_its_file(tmp_path, monkeypatch):
+    """The fields decoded when first read (the layout, the label...) are checked against
+    the CRC of what pgsnap wrote when the index is read: an entry whose lazy values
+    changed is not used, so a listed record's fields always decode."""
+    path = tmp_path / "c"
+    DirectoryCatalog(path).put(_rec(0))
+    lines = (path / ".index").read_text().splitlines()
+    head, lazy = lines[1].split("\t")
+    assert "START WAL LOCATION" in lazy and "START WAL LOCATION" not in head
+    damaged = lazy.replace("START WAL", "START LAW")  # still JSON, not what was written
+    (path / ".index").write_text(lines[0] + "\n" + head + "\t" + damaged + "\n")
+    read: list[str] = []
+    real = DirectoryCatalog.get
+
+    def counted(self, backup_id):
+        read.append(backup_id)
+        return real(self, backup_id)
+
+    monkeypatch.setattr(DirectoryCatalog, "get", counted)
+    (record,) = DirectoryCatalog(path).list()
+    assert read == ["b-000"]  # from its file
+    assert record.labelfile == _rec(0).labelfile
+
+
+def test_a_listed_record_decodes_its_large_fields_when_first_read(tmp_path):
+    """Issue 27: a record listed from the index parses its layout, label and snapshots
+    only when they are read, and is the record in every other way: equal to (and
+    hashed as: not at all, as it holds a mapping) the checked decoding, shown and encoded as a BackupRecord, copied and
+    pickled whole, made whole by attrs.evolve."""
+    import copy
+    import pickle
+
+    from pgsnap.catalog import _LAZY_FIELDS
+
+    path = tmp_path / "c"
+    DirectoryCatalog(path).put(_rec(0))
+    (listed,) = DirectoryCatalog(path).list()
+    checked = _rec(0)
+    assert type(listed) is not BackupRecord and isinstance(listed, BackupRecord)
+    assert listed.is_usable and listed.start_lsn == checked.start_lsn  # eager fields
+    with pytest.raises(AttributeError):
+        object.__getattribute__(listed, "layout")  # not decoded yet
+    assert listed == checked and checked == listed
+    assert (listed != checked) is False and (checked != listed) is False
+    assert listed != attrs.evolve(checked, label="other")
+    for name in _LAZY_FIELDS:
+        assert getattr(listed, name) == getattr(checked, name)
+    assert repr(listed) == repr(checked)
+    assert to_dict(listed) == to_dict(checked)
+    for twin in (copy.copy(listed), copy.deepcopy(listed), pickle.loads(pickle.dumps(listed))):
+        assert type(twin) is BackupRecord and twin == checked
+    (fresh,) = DirectoryCatalog(path).list()
+    evolved = attrs.evolve(fresh, label="other")
+    assert evolved == attrs.evolve(checked, label="other")
+    with pytest.raises(AttributeError):
+        _ = fresh.no_such_field  # type: ignore[attr-defined]
+
+
+def test_an_index_of_the_previous_version_is_read_then_rewritten(tmp_path, monkeypatch):
+    """A catalog listed by a new pgsnap for the first time reads its records from the
+    old index (not from ten thousand files), then writes the index anew."""
+    from pgsnap.catalog import _FIELDS
+
+    path = tmp_path / "c"
+    cat = DirectoryCatalog(path)
+    for i in range(3):
+        cat.put(_rec(i))
+    expected = _from_files(path, tmp_path)
+    lines = [json.dumps({"format": "pgsnap-catalog-index", "version": 1, "fields": _FIELDS})]
+    for name in sorted(path.glob("b-*.json")):
+        st = name.stat()
+        document = to_dict(DirectoryCatalog(path).get(name.stem))
+        ident = [st.st_ino, st.st_size, st.st_mtime_ns]
+        lines.append(json.dumps(["put", name.stem, ident, [document.get(f) for f in _FIELDS]]))
+    (path / ".index").write_text("\n".join(lines) + "\n")
+
+    def no_file_reads(self, backup_id):
+        raise AssertionError(f"read {backup_id} from its file")
+
+    monkeypatch.setattr(DirectoryCatalog, "get", no_file_reads)
+    assert DirectoryCatalog(path).list() == expected
+    assert json.loads((path / ".index").read_text().splitlines()[0])["version"] == 2
+    assert DirectoryCatalog(path).list() == expected
 
 
 def test_the_index_is_compacted_by_a_listing(tmp_path):
