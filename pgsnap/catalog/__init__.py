@@ -430,9 +430,7 @@ class DirectoryCatalog:
             elif item[0] == "put" and len(item) == 5:
                 ident, crc, values = item[2], item[3], item[4]
                 if (
-                    isinstance(ident, list)
-                    and len(ident) == 3
-                    and all(isinstance(v, int) for v in ident)
+                    _is_identity(ident)
                     and isinstance(values, list)
                     and len(values) == width
                     and crc == crc32(tail)
@@ -1209,9 +1207,10 @@ def _from_index(values: list[Any]) -> BackupRecord | None:
     its lazy fields decoded at once: :func:`_from_entry` and a first read of each lazy
     field, or None when a value does not convert. What a test holds against the
     checked decoder, for every shape of record."""
-    eager = [values[i] for i in _EAGER_AT] if len(values) == len(_FIELDS) else values
-    lazy = [values[i] for i in _LAZY_AT] if len(values) == len(_FIELDS) else []
-    record = _from_entry(eager, json.dumps(lazy).encode())
+    if len(values) != len(_FIELDS):
+        return None
+    eager = [values[i] for i in _EAGER_AT]
+    record = _from_entry(eager, json.dumps([values[i] for i in _LAZY_AT]).encode())
     if record is None:
         return None
     try:
@@ -1254,18 +1253,17 @@ def _read_index_v1(body: list[bytes]) -> dict[str, _Entry]:
             entries.pop(str(item[1]), None)
         elif item[0] == "put" and len(item) == 4:
             ident, values = item[2], item[3]
-            if (
-                isinstance(ident, list)
-                and len(ident) == 3
-                and all(isinstance(v, int) for v in ident)
-                and isinstance(values, list)
-                and len(values) == len(_FIELDS)
-            ):
+            if _is_identity(ident) and isinstance(values, list) and len(values) == len(_FIELDS):
                 line = _index_line(str(item[1]), ident, values)
                 lazy = line.partition(b"\t")[2]
                 eager = [values[i] for i in _EAGER_AT]
                 entries[str(item[1])] = ((ident[0], ident[1], ident[2]), eager, lazy, line)
     return entries
+
+
+def _is_identity(value: Any) -> bool:
+    """Whether an index entry's identity is one (three integers)."""
+    return isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) for v in value)
 
 
 def _index_line(backup_id: str, ident: Sequence[int], values: Sequence[Any]) -> bytes:
