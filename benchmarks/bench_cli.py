@@ -15,6 +15,18 @@ this interpreter, not a shell shim), alternating the two ways run by run:
   1,000,000 segments on 3 timelines and catalog of 10,000 backups, the WAL index warm
   (one untimed plan of each first);
 - ``pgsnap list --json -c fleet.toml``;
+- ``pgsnap backup -c backup.toml --json --json-events`` (unless ``--no-backup``): a
+  backup of a real, throwaway PostgreSQL 15 server made the fleet's cluster as
+  bench_fleet makes it (its ``pg_control`` given the fleet's system identifier,
+  ``pg_resetwal -l`` putting it on timeline 3 after the archive's newest segment),
+  archiving into the fleet's archive, its backups recorded in the fleet's catalog, its
+  data and ``pg_wal`` directories two volumes of a mock backend in another state file.
+  Between runs (untimed) the new backup is deleted (``pgsnap delete``), so every run
+  sees 10,000 backups; at the end the segments the server archived are removed. The
+  figures beside it are the backup's two steps that are not pgsnap's (``backup-start``,
+  which waits for PostgreSQL's checkpoint, and ``snapshot``, the mock's copy of the
+  server's files, where an array would take its snapshot) and the rest of the command,
+  which the backup's verdict is on;
 
 each **on its own** (a fresh interpreter importing everything) and **with
 ``PGSNAP_AGENT`` set** (an agent started here once, untimed, from the same
@@ -26,8 +38,9 @@ in a state file (``--dir``/cli) holding the snapshots of the newest
 catalog keeps years of backups whose snapshots expired), the database not running.
 Every plan is checked to choose the newest backup.
 
-Targets (issue 27): ``plan-recovery`` (latest and a time target) at most 0.5 s and
-150 MB, ``list --json`` of 10,000 backups at most 0.3 s, as the whole command. Peak
+Targets (issue 27): ``plan-recovery`` (latest and a time target) and ``backup`` at
+most 0.5 s and 150 MB, ``list --json`` of 10,000 backups at most 0.3 s, as the whole
+command. Peak
 RSS is the command's process (GNU time's ``%M``); with the agent that is the client:
 the fork that plans is a process of the agent's, and the agent's own peak (what
 every fork starts from) is printed beside. Prints figures and "met" / "NOT met";
@@ -39,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import shutil
 import signal
@@ -56,6 +70,7 @@ TARGET_PLAN_SECONDS = 0.5
 TARGET_PLAN_MB = 150.0
 TARGET_LIST_SECONDS = 0.3
 MB = 1000**2
+BACKUP = "backup"
 
 
 def pgsnap_program() -> str:
@@ -121,6 +136,133 @@ mount_point = "{work / "pgwal"}"
     return config
 
 
+class BackupServer:
+    """The fleet's cluster as a real server (see the module docstring), and the
+    configuration that backs it up into the fleet's catalog."""
+
+    def __init__(self, root: Path, work: Path, shape: fleet.Shape) -> None:
+        from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
+        from pgsnap.testing.pgserver import PgServer, find_postgres_bindir  # noqa: PLC0415
+
+        self.root = root
+        self.archive = root / "archive"
+        self.archive_stat = self.archive.stat()
+        self.before = set(os.listdir(self.archive))
+        base = work / "backup"
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        self.server = PgServer.create(
+            find_postgres_bindir(15),
+            wal_segsize_mb=16,
+            separate_wal_dir=True,
+            archive=True,
+            archive_dir=self.archive,
+            parent_dir=base,
+        )
+        owner = self.server.os_user
+        import pwd  # noqa: PLC0415
+
+        entry = pwd.getpwnam(owner)
+        os.chown(self.archive, entry.pw_uid, entry.pw_gid)  # the server archives into it
+        fleet._become_the_fleets_cluster(self.server, shape)
+        self.server.start()
+        last = self.server.sql("SELECT pg_walfile_name(pg_switch_wal())")[0][0]
+        deadline = time.monotonic() + 60
+        while self.server.sql("SELECT last_archived_wal FROM pg_stat_archiver")[0][0] != last:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{last} was not archived within 60 s")
+            time.sleep(0.05)
+        backend = MockBackend(root=base / "snapshots")
+        backend.add_volume("pgdata", volume_id="vol-0001", path=self.server.data_dir)
+        backend.add_volume("pgwal", volume_id="vol-0002", path=self.server.wal_dir)
+        state = base / "mock-state.json"
+        backend._save_state(state)
+        srv = self.server
+        self.config = base / "backup.toml"
+        self.config.write_text(
+            f"""[database]
+conninfo = "{srv.conninfo()}"
+data_directory = "{srv.data_dir}"
+bindir = "{srv.bindir}"
+os_user = "{owner}"
+log_file = "{srv.log_file}"
+
+[storage]
+backend = "mock"
+
+[storage.options]
+state_file = "{state}"
+root = "{base / "snapshots"}"
+
+[archive]
+path = "{self.archive}"
+
+[catalog]
+path = "{root / "catalog"}"
+journal = "{base / "journal"}"
+
+[[volume]]
+id = "vol-0001"
+name = "pgdata"
+role = "data"
+mount_point = "{srv.data_dir}"
+
+[[volume]]
+id = "vol-0002"
+name = "pgwal"
+role = "wal"
+mount_point = "{srv.wal_dir}"
+"""
+        )
+
+    def forget(self, program: str, env: dict[str, str], backup_id: str) -> None:
+        """Delete a backup this bench took (its record and its snapshots)."""
+        done = subprocess.run(
+            [program, "delete", backup_id, "-c", str(self.config)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+            timeout=600,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"pgsnap delete {backup_id} failed:\n{done.stderr[-3000:]}")
+
+    def close(self) -> None:
+        """Stop the server; leave the fleet's archive as it was."""
+        try:
+            self.server.cleanup()
+        finally:
+            for name in set(os.listdir(self.archive)) - self.before:
+                (self.archive / name).unlink(missing_ok=True)
+            os.chown(self.archive, self.archive_stat.st_uid, self.archive_stat.st_gid)
+
+
+def backup_parts(r: dict[str, Any]) -> None:
+    """The steps that wait for others (PostgreSQL's checkpoint, the storage's snapshot)
+    from ``--json-events`` on standard error, and the rest of the command."""
+    steps: dict[str, float] = {}
+    for line in r["err"].splitlines():
+        if line.startswith("{"):
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("kind") in ("finished", "failed") and ev.get("seconds") is not None:
+                steps[str(ev.get("step"))] = float(ev["seconds"])
+    waits = steps.get("backup-start", 0.0) + steps.get("snapshot", 0.0)
+    r["waits"] = waits if steps else None
+    r["rest"] = r["seconds"] - waits if steps else None
+
+
+def parts(rs: list[dict[str, Any]]) -> str:
+    waits = [r["waits"] for r in rs if r.get("waits") is not None]
+    rest = [r["rest"] for r in rs if r.get("rest") is not None]
+    if not waits:
+        return "? (no step events)"
+    return f"{statistics.median(waits):.3f} / {statistics.median(rest):.3f} s"
+
+
 def timed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
     """One run under GNU time: wall seconds, peak RSS, exit code, output."""
     rss = Path(f"/tmp/bench-cli-{os.getpid()}.rss")
@@ -182,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backups", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--keep-snapshots", type=int, default=30)
+    parser.add_argument(
+        "--no-backup", action="store_true", help="leave `pgsnap backup` (and its server) out"
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, raise_on_sigterm)
     root = Path(args.dir)
@@ -215,21 +360,51 @@ def main(argv: list[str] | None = None) -> int:
         "list --json": [program, "list", "--json", "-c", str(config)],
     }
     newest = fleet.backup_times(shape, shape.backups - 1)[0]
+    server = None if args.no_backup else BackupServer(root, work, shape)
+    try:
+        if server is not None:
+            commands[BACKUP] = [
+                *[program, "backup", "-c", str(server.config), "--json", "--json-events"]
+            ]
+        return run(program, work, commands, plain, newest, args.runs, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def run(
+    program: str,
+    work: Path,
+    commands: dict[str, list[str]],
+    plain: dict[str, str],
+    newest: dt.datetime,
+    runs: int,
+    server: BackupServer | None,
+) -> int:
+    """Time each command ``runs`` times each way; print the table and the verdicts."""
+
+    def ok(name: str, mode: str, r: dict[str, Any]) -> bool:
+        if r["code"] != 0 or "running in this process" in r["err"]:
+            print(f"{name} ({mode}) failed ({r['code']}):\n{r['err'][-3000:]}")
+            return False
+        if name == BACKUP and server is not None:
+            record = json.loads(r["out"])
+            server.forget(program, plain, record["id"])
+            backup_parts(r)
+        return True
+
     for name, cmd in commands.items():  # untimed: the WAL index warm, as a timer keeps it
-        r = timed(cmd, plain)
-        if r["code"] != 0:
-            print(f"{name} failed ({r['code']}):\n{r['err'][-3000:]}")
+        if not ok(name, "untimed", timed(cmd, plain)):
             return 1
     agent = start_agent(program, work, plain)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         via = {**plain, "PGSNAP_AGENT": str(work / "agent.sock")}
-        for n in range(args.runs):
+        for n in range(runs):
             for mode in ("on its own", "agent") if n % 2 == 0 else ("agent", "on its own"):
                 for name, cmd in commands.items():
                     r = timed(cmd, via if mode == "agent" else plain)
-                    if r["code"] != 0 or "running in this process" in r["err"]:
-                        print(f"{name} ({mode}) failed ({r['code']}):\n{r['err'][-3000:]}")
+                    if not ok(name, mode, r):
                         return 1
                     if name.startswith("plan"):
                         chosen = json.loads(r["out"])["summary"]["backup"]
@@ -253,15 +428,31 @@ def main(argv: list[str] | None = None) -> int:
                 median_range(secs),
                 f"{max(mbs):.0f}" if mbs else "?",
                 ("yes" if newest_ok else "NO") if planned else "-",
+                parts(rs) if name == BACKUP else "-",
             ]
         )
         limit = TARGET_LIST_SECONDS if name.startswith("list") else TARGET_PLAN_SECONDS
         m = statistics.median(secs)
+        if name == BACKUP:  # PostgreSQL's checkpoint and the storage's copy are not pgsnap's
+            rest = [r["rest"] for r in rs if r.get("rest") is not None]
+            m = statistics.median(rest) if len(rest) == len(rs) else math.inf
+            verdicts.append(
+                f"{name}, {mode}: median {m:.3f} s beyond its backup-start and snapshot "
+                f"steps (target <= {limit} s): {'met' if m <= limit else 'NOT met'}"
+            )
+            continue
         verdicts.append(
             f"{name}, {mode}: median {m:.3f} s (target <= {limit} s): "
             f"{'met' if m <= limit and newest_ok else 'NOT met'}"
         )
-    header = ["command", "how", "seconds, median (min .. max)", "peak RSS MB", "plans the newest"]
+    header = [
+        "command",
+        "how",
+        "seconds, median (min .. max)",
+        "peak RSS MB",
+        "plans the newest",
+        "backup-start + snapshot steps / the rest, medians",
+    ]
     print(table(rows, header))
     print(
         f"the agent's own peak RSS (every fork starts from it): {agent_mb:.0f} MB"
@@ -270,13 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n".join(verdicts))
     print(
-        f"memory target ({TARGET_PLAN_MB:.0f} MB) for a plan on its own: "
+        f"memory target ({TARGET_PLAN_MB:.0f} MB) for a plan or a backup on its own: "
         + (
             "met"
             if all(
                 r["mb"] is not None and r["mb"] <= TARGET_PLAN_MB
                 for (name, mode), rs in results.items()
-                if name.startswith("plan") and mode == "on its own"
+                if name != "list --json" and mode == "on its own"
                 for r in rs
             )
             else "NOT met"
