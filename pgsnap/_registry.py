@@ -173,32 +173,44 @@ class PluginRegistry(Generic[T]):
             cached = self._loaded.get(name)
             if cached is not None:
                 return cached
-            # Run-time registrations and built-ins override entry points: a name
-            # found there needs no scan of the installed distributions (which
-            # costs milliseconds each time).
-            if name in self._registered:
-                found: Mapping[str, str | type] = self._registered
-            elif name in self._builtins:
-                found = self._builtins
-            else:
-                found = self._all_targets()
-            if name not in found:
-                available = tuple(sorted(found))
-                listed = ", ".join(available) or "(none)"
-                raise self._not_found(
-                    f"no {self._kind} named {name!r}; available: {listed}",
-                    hint=self._not_found_hint(),
-                    name=name,
-                    available=available,
-                )
-            target = found[name]
+            target = self._target(name)
             cls = target if isinstance(target, type) else self._import(name, target)
             self._check(name, cls)
             self._loaded[name] = cls
             log.debug("loaded %s %r: %s", self._kind, name, describe_target(cls))
             return cls
 
+    def target(self, name: str) -> str:
+        """What ``name`` is registered as (``"module:Class"``), nothing imported: a
+        name checked without loading its plugin. The ``not_found`` error, listing the
+        available names, for an unknown name."""
+        with self._lock:
+            cached = self._loaded.get(name)
+            return describe_target(cached if cached is not None else self._target(name))
+
     # ------------------------------------------------------------------ internals
+
+    def _target(self, name: str) -> str | type:
+        """The target of ``name`` (the caller holds the lock), or the ``not_found``
+        error. Run-time registrations and built-ins override entry points: a name
+        found there needs no scan of the installed distributions (which costs
+        milliseconds each time)."""
+        if name in self._registered:
+            found: Mapping[str, str | type] = self._registered
+        elif name in self._builtins:
+            found = self._builtins
+        else:
+            found = self._all_targets()
+        if name not in found:
+            available = tuple(sorted(found))
+            listed = ", ".join(available) or "(none)"
+            raise self._not_found(
+                f"no {self._kind} named {name!r}; available: {listed}",
+                hint=self._not_found_hint(),
+                name=name,
+                available=available,
+            )
+        return found[name]
 
     def _plugins_enabled(self) -> bool:
         return self._plugins and not _plugins_disabled()

@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -205,6 +205,29 @@ def _cluster_arguments(args: argparse.Namespace) -> dict[str, Any]:
     source = _source(args)
     timeouts = load_timeouts(source)
     return cluster_arguments(source, timeouts=timeouts, base=getattr(args, "base", None))
+
+
+def _catalog_alone(args: argparse.Namespace) -> Any:
+    """The catalog of ``--config``, nothing else built (no database driver, no storage
+    client imported); the configuration's sections and keys checked."""
+    from pgsnap.config import load_catalog  # noqa: PLC0415
+
+    source = _source(args)
+    return load_catalog(source, timeouts=load_timeouts(source), base=getattr(args, "base", None))
+
+
+def _on_mock_storage(args: argparse.Namespace) -> bool:
+    """Whether the configuration's storage is the mock backend (read from the file as it
+    is; a damaged file has been refused before this is asked)."""
+    import tomllib  # noqa: PLC0415
+
+    source = _source(args)
+    try:
+        conf = source if isinstance(source, Mapping) else tomllib.loads(Path(source).read_text())
+    except (OSError, ValueError):
+        return False
+    storage = conf.get("storage")
+    return isinstance(storage, dict) and storage.get("backend") == "mock"
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -377,8 +400,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         from pgsnap.catalog import scan_catalog  # noqa: PLC0415
         from pgsnap.planner.forecast import BackupList  # noqa: PLC0415
 
-        parts = _cluster_arguments(args)
-        catalog = parts["catalog"]
+        catalog = _catalog_alone(args)
         documents = getattr(catalog, "documents_text", None)
         if args.json and callable(documents):  # without building the records
             text, unreadable = documents()
@@ -387,7 +409,7 @@ def cmd_list(args: argparse.Namespace) -> int:
             return EXIT_OK
         scan = scan_catalog(catalog)
         backups = BackupList(scan.records, scan.unreadable, drills=catalog.list_drills())
-        backend = parts["backend"]
+        backend = _cluster_arguments(args)["backend"] if _on_mock_storage(args) else None
     else:
         cluster = _load(args)[0]
         backups = _listed_backups(args, cluster)
@@ -430,6 +452,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _mock_space(backend: Any) -> None:
     """On the mock storage, say how much room its snapshots take (it copies files where
     an array would share blocks: a test machine's disk fills with them)."""
+    if backend is None:
+        return
     from pgsnap.backends.mock import MockBackend  # noqa: PLC0415
 
     if not isinstance(backend, MockBackend):
@@ -1933,9 +1957,11 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     config = getattr(args, "config", None)
     if config is None:
         return int(args.func(args))
-    from pgsnap.fleet import is_fleet, load_fleet  # noqa: PLC0415
+    from pgsnap.config import is_fleet  # noqa: PLC0415 - pgsnap.fleet only for a fleet
 
     if is_fleet(config):
+        from pgsnap.fleet import load_fleet  # noqa: PLC0415
+
         fleet = load_fleet(config)
         if args.all:
             return _run_all(args, fleet, argv)

@@ -47,6 +47,8 @@ __all__ = [
     "Source",
     "Timeouts",
     "cluster_arguments",
+    "is_fleet",
+    "load_catalog",
     "load_copy_retention",
     "load_retention",
     "load_timeouts",
@@ -507,10 +509,9 @@ def cluster_arguments(
     """
     from pgsnap.adapters.postgres import PostgresAdapter  # noqa: PLC0415 - psycopg on use
     from pgsnap.archives.config import archive_settings, open_archive  # noqa: PLC0415
-    from pgsnap.backends import create_backend, registered_backends  # noqa: PLC0415
+    from pgsnap.backends import create_backend  # noqa: PLC0415
     from pgsnap.catalog import DirectoryCatalog  # noqa: PLC0415
 
-    path = _describe(source)
     conf = _read(source)
     base_dir = _base(source, base)
 
@@ -520,25 +521,10 @@ def cluster_arguments(
     def opt_rel(value: Any) -> str | None:
         return None if value is None else rel(value)
 
-    sections = {}
-    for name in ("database", "storage", "archive", "catalog", "volume"):
-        if name not in conf:
-            raise ConfigurationError(
-                f"configuration {path} lacks the [{name}] section",
-                hint="see docs/cli.md for a complete example",
-            )
-        if name != "volume":
-            sections[name] = _table(conf, name) or {}
-    db, storage = sections["database"], sections["storage"]
-    archive, catalog = sections["archive"], sections["catalog"]
-    if "password" in db:  # refused with its own message: never a "did you mean"
-        _read_password(db, base_dir)
-    _check_keys(db, _DATABASE_KEYS, "[database]")
-    _check_keys(storage, _STORAGE_KEYS, "[storage]")
+    db, storage, archive, catalog = _sections(conf, _describe(source), base_dir)
     archive_conf = archive_settings(
         archive, rel, config="" if isinstance(source, Mapping) else str(Path(source).resolve())
     )
-    _check_keys(catalog, _CATALOG_KEYS, "[catalog]")
     file_timeouts = _timeouts(conf)
     timeouts = timeouts or file_timeouts
     layout = _volumes(conf, rel)
@@ -560,11 +546,7 @@ def cluster_arguments(
         connect_timeout=timeouts.connect,
         host=host,
     )
-    if "backend" not in storage:
-        raise ConfigurationError(
-            "[storage] lacks 'backend'",
-            hint=f"name one of: {', '.join(sorted(registered_backends()))}",
-        )
+    backend_name = _backend_name(storage)
     options = _table(storage, "options") or {}
     if "password" in options:  # refused with its own message, as [database] password is
         raise ConfigurationError(
@@ -582,15 +564,11 @@ def cluster_arguments(
             {**v, "path": rel(v["path"])} if isinstance(v, dict) and "path" in v else v
             for v in options["volumes"]
         ]
-    if (
-        "volumes" not in options
-        and not options.get("block")
-        and _takes(str(storage["backend"]), "volumes")
-    ):
+    if "volumes" not in options and not options.get("block") and _takes(backend_name, "volumes"):
         options["volumes"] = _declared_volumes(layout)
-    if "host" not in options and _takes(str(storage["backend"]), "host"):
+    if "host" not in options and _takes(backend_name, "host"):
         options["host"] = host  # a backend that works on the database host (btrfs)
-    backend = create_backend(str(storage["backend"]), **options)
+    backend = create_backend(backend_name, **options)
     catalog_path = rel(_need(catalog, "path", "[catalog]"))
     journal = catalog.get("journal", Path(catalog_path) / "journal")
     wal_index = catalog.get("wal_index", True)
@@ -620,6 +598,90 @@ def cluster_arguments(
         "clone_hosts": _clone_hosts(_table(conf, "clone_hosts") or {}, rel),
         "primary": _primary(_table(conf, "primary"), base_dir, timeouts.connect),
     }
+
+
+def is_fleet(source: str | os.PathLike[str]) -> bool:
+    """True for a directory, or a TOML file with ``[clusters]`` (or ``[defaults]`` or
+    ``[fleet]``) at its top level; False for a single cluster's configuration or a file
+    that cannot be read (its reader says what is wrong with it)."""
+    path = Path(source)
+    if path.is_dir():
+        return True
+    try:
+        conf = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+    return any(k in conf for k in ("clusters", "defaults", "fleet"))
+
+
+def load_catalog(
+    source: Source,
+    *,
+    timeouts: Timeouts | None = None,
+    base: str | os.PathLike[str] | None = None,
+) -> Catalog:
+    """The catalog a configuration names, and nothing else built: what a command that
+    only reads the catalog (``pgsnap list``) opens, without importing the database
+    driver or the storage backend's client.
+
+    What :func:`cluster_arguments` checks is checked here too (a misspelt key or
+    section, an unknown backend, a bad ``[archive]`` or ``[[volume]]`` is refused),
+    except what needs the parts left unbuilt: the storage backend's options, and the
+    ``[host]``, ``[copies]``, ``[clone_hosts]`` and ``[primary]`` sections, checked
+    by the commands that use them. ``timeouts`` and ``base`` are as for
+    :func:`cluster_arguments`.
+    """
+    from pgsnap.archives.config import archive_settings  # noqa: PLC0415
+    from pgsnap.backends import default_registry  # noqa: PLC0415
+
+    conf = _read(source)
+    base_dir = _base(source, base)
+
+    def rel(value: Any) -> str:
+        return str(base_dir / str(value))
+
+    _db, storage, archive, catalog = _sections(conf, _describe(source), base_dir)
+    archive_settings(
+        archive, rel, config="" if isinstance(source, Mapping) else str(Path(source).resolve())
+    )
+    _volumes(conf, rel)
+    default_registry().target(_backend_name(storage))  # known, not imported
+    path = rel(_need(catalog, "path", "[catalog]"))
+    return _catalog(catalog, path, base_dir, timeouts or _timeouts(conf))
+
+
+def _backend_name(storage: dict[str, Any]) -> str:
+    if "backend" not in storage:
+        from pgsnap.backends import registered_backends  # noqa: PLC0415
+
+        raise ConfigurationError(
+            "[storage] lacks 'backend'",
+            hint=f"name one of: {', '.join(sorted(registered_backends()))}",
+        )
+    return str(storage["backend"])
+
+
+def _sections(
+    conf: dict[str, Any], path: str, base_dir: Path
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """``[database]``, ``[storage]``, ``[archive]`` and ``[catalog]``, each present (and
+    ``[[volume]]``), the keys of the first two and the last checked."""
+    sections = {}
+    for name in ("database", "storage", "archive", "catalog", "volume"):
+        if name not in conf:
+            raise ConfigurationError(
+                f"configuration {path} lacks the [{name}] section",
+                hint="see docs/cli.md for a complete example",
+            )
+        if name != "volume":
+            sections[name] = _table(conf, name) or {}
+    db, storage = sections["database"], sections["storage"]
+    if "password" in db:  # refused with its own message: never a "did you mean"
+        _read_password(db, base_dir)
+    _check_keys(db, _DATABASE_KEYS, "[database]")
+    _check_keys(storage, _STORAGE_KEYS, "[storage]")
+    _check_keys(sections["catalog"], _CATALOG_KEYS, "[catalog]")
+    return db, storage, sections["archive"], sections["catalog"]
 
 
 def _catalog(section: dict[str, Any], path: str, base: Path, timeouts: Timeouts) -> Catalog:

@@ -52,7 +52,7 @@ from typing import Any, Final
 
 import attrs
 
-from pgsnap.config import SECTIONS, parse_duration
+from pgsnap.config import SECTIONS, is_fleet, parse_duration
 from pgsnap.errors import ConfigurationError, check_keys
 
 __all__ = [
@@ -116,20 +116,6 @@ class Fleet:
                 + f"its clusters: {', '.join(self.names) or 'none'}",
             )
         return found
-
-
-def is_fleet(source: str | os.PathLike[str]) -> bool:
-    """True for a directory, or a TOML file with ``[clusters]`` (or ``[defaults]`` or
-    ``[fleet]``) at its top level; False for a single cluster's configuration or a file
-    that cannot be read (its reader says what is wrong with it)."""
-    path = Path(source)
-    if path.is_dir():
-        return True
-    try:
-        conf = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return False
-    return any(k in conf for k in ("clusters", "defaults", "fleet"))
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

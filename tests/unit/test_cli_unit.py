@@ -1135,24 +1135,30 @@ def test_every_form_of_a_password_in_conninfo_is_refused(
 def test_list_does_not_import_the_database_driver(config: Path) -> None:
     """Commands that do not talk to the server do not pay for importing psycopg; a
     listing without a retention policy reads the catalog without importing the Cluster,
-    the observer or the planners (issue 27: `pgsnap list` 0.27 -> 0.16 s on its own)."""
-    code = (
-        "import sys\n"
-        "from pgsnap.cli import main\n"
-        f"assert main(['list', '-c', {str(config)!r}]) == 0\n"
-        "assert 'psycopg' not in sys.modules\n"
-        "heavy = {'pgsnap.cluster', 'pgsnap.observe', 'pgsnap.planner.expiry'}\n"
-        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
-        "print('ok')\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).resolve().parents[2],
-    )
-    assert out.stdout.strip().endswith("ok"), out.stdout + out.stderr
+    the observer or the planners (issue 27: `pgsnap list` 0.27 -> 0.16 s on its own);
+    with ``--json`` it builds nothing but the catalog: no database adapter, no storage
+    backend (text output on the mock storage adds a line on its snapshots' room), and a
+    command on one cluster does not import the fleet runner."""
+    heavy = {"pgsnap.cluster", "pgsnap.observe", "pgsnap.planner.expiry"}
+    unbuilt = {"pgsnap.adapters.postgres", "pgsnap.backends.mock", "pgsnap.fleet", "pgsnap.wal"}
+    for flags, absent in (([], heavy), (["--json"], heavy | unbuilt)):
+        code = (
+            "import sys\n"
+            "from pgsnap.cli import main\n"
+            f"assert main(['list', '-c', {str(config)!r}, *{flags!r}]) == 0\n"
+            "assert 'psycopg' not in sys.modules\n"
+            f"absent = {sorted(absent)!r}\n"
+            "assert not set(absent) & set(sys.modules), set(absent) & set(sys.modules)\n"
+            "print('ok')\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        assert out.stdout.strip().endswith("ok"), (flags, out.stdout + out.stderr)
 
 
 def test_list_with_a_policy_and_no_backups(run: Run, tmp_path: Path) -> None:

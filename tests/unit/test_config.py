@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import pgsnap
-from pgsnap.config import cluster_arguments, load_retention, load_timeouts
+from pgsnap.catalog import DirectoryCatalog
+from pgsnap.config import cluster_arguments, load_catalog, load_retention, load_timeouts
 from pgsnap.errors import ConfigurationError
 
 from .test_cli_unit import write_config
@@ -112,6 +113,41 @@ def test_what_is_wrong_is_said_with_what_to_write(
         pgsnap.Cluster.from_config(conf)
     assert message in info.value.message
     assert hint in (info.value.hint or "")
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value)
+
+
+def test_the_catalog_alone_is_the_clusters_catalog(tmp_path: Path) -> None:
+    """``load_catalog`` opens what ``cluster_arguments`` would give as the catalog, from
+    a file, a mapping or relative to ``base``."""
+    config = write_config(tmp_path)
+    alone = load_catalog(config)
+    assert isinstance(alone, DirectoryCatalog)
+    assert alone.path == cluster_arguments(config)["catalog"].path == tmp_path / "catalog"
+    conf = _mapping(config)
+    conf["catalog"] = {"path": "catalog"}
+    assert load_catalog(conf, base=tmp_path).path == tmp_path / "catalog"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c.update(databse={}), "unknown section [databse]"),
+        (lambda c: c.pop("archive"), "lacks the [archive] section"),
+        (lambda c: c["storage"].update(backnd="mock"), "[storage] has an unknown key 'backnd'"),
+        (lambda c: c["database"].update(conninf="x"), "[database] has an unknown key 'conninf'"),
+        (lambda c: c["catalog"].update(wal_idx=False), "[catalog] has an unknown key 'wal_idx'"),
+        (lambda c: c["catalog"].pop("path"), "[catalog] lacks 'path'"),
+        (lambda c: c["database"].update(password="hunter2"), "must not hold a password"),
+    ],
+)
+def test_the_catalog_alone_still_refuses_a_misspelt_configuration(
+    tmp_path: Path, edit, message: str
+) -> None:
+    conf = _mapping(write_config(tmp_path))
+    edit(conf)
+    with pytest.raises(ConfigurationError) as info:
+        load_catalog(conf)
+    assert message in info.value.message
     assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value)
 
 

@@ -152,6 +152,33 @@ def test_unknown_name_lists_the_available_ones(entry_points: list[FakeEntryPoint
     )
 
 
+def test_a_name_is_checked_without_importing_its_plugin(
+    entry_points: list[FakeEntryPoint], plugin_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``target()`` answers what a name is registered as, importing nothing and reading
+    no entry points for a built-in name; an unknown name gets load()'s error."""
+    calls: list[str] = []
+    fake = importlib.metadata.entry_points
+
+    def counting(*, group: str) -> Any:
+        calls.append(group)
+        return fake(group=group)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    monkeypatch.delitem(sys.modules, "pgsnap.backends.powerflex", raising=False)
+    registry = BackendRegistry()
+    assert registry.target("powerflex") == "pgsnap.backends.powerflex:PowerFlexBackend"
+    assert "pgsnap.backends.powerflex" not in sys.modules
+    assert calls == []
+    entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
+    assert registry.target("acme") == "acme_pgsnap_fake:AcmeBackend"
+    assert calls == ["pgsnap.backends"]
+    assert registry.target("mock") == "pgsnap.backends.mock:MockBackend"
+    with pytest.raises(BackendNotFound) as info:
+        registry.target("powerflx")
+    assert info.value.details["available"] == ("acme", "btrfs", "lvm", "mock", "powerflex")
+
+
 def test_register_class_and_string(
     entry_points: list[FakeEntryPoint], plugin_module: ModuleType
 ) -> None:
