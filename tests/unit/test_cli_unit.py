@@ -1161,6 +1161,24 @@ def test_list_does_not_import_the_database_driver(config: Path) -> None:
         assert out.stdout.strip().endswith("ok"), (flags, out.stdout + out.stderr)
 
 
+def test_list_needs_no_storage_credentials(
+    run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listing the backups reads the catalog only: on a backup server without the
+    array's password in its environment it still works, where a command that uses the
+    storage says what is missing."""
+    monkeypatch.delenv("PGSNAP_POWERFLEX_PASSWORD", raising=False)
+    path = write_config(tmp_path, storage='backend = "powerflex"', drop="storage.options")
+    path.write_text(path.read_text() + '\n[storage.options]\ngateway = "https://pfgw.invalid"\n')
+    for flags in ([], ["--json"]):
+        code, out, err = run("list", "-c", str(path), *flags)
+        assert (code, err) == (0, ""), err
+        assert out.strip() in ("no backups", "[]")
+    code, _, err = run("plan-recovery", "-c", str(path))
+    assert code == 2
+    assert "needs the password of user" in err
+
+
 def test_list_with_a_policy_and_no_backups(run: Run, tmp_path: Path) -> None:
     path = write_config(tmp_path)
     path.write_text(path.read_text() + "\n[retention]\nredundancy = 3\n")
