@@ -137,6 +137,26 @@ def _judged_lazily(candidates: Iterator[Candidate]) -> Iterator[Candidate]:
         log.debug("no (further) WAL scan: %s", exc)
 
 
+def _segment_of(archived: str | None) -> str | None:
+    """The segment whose header an archiver's last archived file lets one read: the
+    file itself when it is a segment; for a backup history file
+    (``<segment>.<offset>.backup``, what a backup archives last), the segment it is
+    named after, archived before it. None for anything else (a timeline history, a
+    ``.partial``, nothing archived)."""
+    if archived is None:
+        return None
+    name = archived.strip()
+    head = name[:_SEGMENT_NAME_LEN]
+    if len(head) != _SEGMENT_NAME_LEN or not _is_hex(head):
+        return None
+    tail = name[_SEGMENT_NAME_LEN:]
+    if not tail:
+        return head
+    if tail.endswith(".backup") and len(tail) == 16 and _is_hex(tail[1:9]) and tail[0] == ".":
+        return head
+    return None
+
+
 def _is_hex(text: str) -> bool:
     return all(c in "0123456789ABCDEFabcdef" for c in text)
 
@@ -501,8 +521,9 @@ class Observer:
         The archive is not listed: the timelines ahead of the server's are found
         by their ``.history`` files (a timeline above 1 always has one), and the
         archive's system identifier is read from the segment the server archived
-        last. Only a server that has archived nothing yet costs a listing, to
-        find some segment to read it from. The catalog gives its clusters'
+        last (after a backup, when that was its ``.backup`` file, from the segment
+        that file names). Only a server that has archived nothing yet (or last a
+        timeline's history) costs a listing, to find some segment to read it from. The catalog gives its clusters'
         system identifiers (:func:`~pgsnap.catalog.catalog_system_identifiers`).
         """
         server = self.adapter.describe()
@@ -517,8 +538,10 @@ class Observer:
                 primary, primary_error = None, exc.message
         last = archiver.last_archived_wal
         timeline = server.timeline if primary is None else max(server.timeline, primary.timeline)
-        probe = last or (None if primary_archiver is None else primary_archiver.last_archived_wal)
-        if probe is not None and len(probe) == _SEGMENT_NAME_LEN and _is_hex(probe):
+        probe = _segment_of(
+            last or (None if primary_archiver is None else primary_archiver.last_archived_wal)
+        )
+        if probe is not None:
             sysid = self._segment_sysid(probe)
             timelines = self._timelines_from(timeline)
         else:

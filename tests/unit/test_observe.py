@@ -2,6 +2,7 @@
 
 import datetime as dt
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -149,6 +150,49 @@ def test_backup_facts_read_the_last_archived_segment_and_probe_histories(tmp_pat
     # 4 is missing, 5 is there; 6 and 7 missing in a row end the probe before 8.
     assert facts.archive_timelines == (2, 3, 5)
     assert facts.catalog_system_identifiers == frozenset()
+
+
+@pytest.mark.parametrize(
+    "last",
+    ["000000020000000000000007.00000028.backup", "000000020000000000000007"],
+)
+def test_after_a_backup_its_history_file_names_the_segment_to_read(tmp_path, monkeypatch, last):
+    """Issue 27: what a backup archives last is its ``.backup`` file; the next backup of
+    a quiet server read that name, found it no segment and listed the archive (0.75 s
+    at 1,000,000 segments). The segment the file is named after is read instead."""
+    observer, archive = _backup_observer(tmp_path, {"last_archived_wal": last}, server_tli=2)
+    _segment(archive, "000000020000000000000007", "7300000000000000001")
+    archive.joinpath("000000020000000000000007.00000028.backup").write_text("START WAL ...\n")
+
+    def no_listing(*_a, **_k):
+        raise AssertionError("the archive was listed")
+
+    monkeypatch.setattr(type(observer.archive), "index", no_listing)
+    monkeypatch.setattr(type(observer.archive), "list_names", no_listing)
+    facts = observer.backup_facts()
+    assert facts.archive_system_identifier == "7300000000000000001"
+    assert facts.archive_timelines == (2,)
+
+
+@pytest.mark.parametrize(
+    "last",
+    [
+        "00000003.history",
+        "000000030000000000000002.partial",
+        "000000030000000000000002.0000002.backup",
+        "000000030000000000000002.00000028.backupx",
+        "00000003000000000000000G",
+    ],
+)
+def test_what_names_no_segment_is_a_listing(tmp_path, last):
+    """A last archived file that names no segment to read (a timeline's history, a
+    partial segment, anything else) is not guessed from: the archive is listed."""
+    observer, archive = _backup_observer(tmp_path, {"last_archived_wal": last})
+    _segment(archive, "000000030000000000000002", "7377777777777777777")
+    archive.joinpath("00000003.history").write_text("1\t0/1000000\tno recovery target\n")
+    facts = observer.backup_facts()
+    assert facts.archive_system_identifier == "7377777777777777777"
+    assert facts.archive_timelines == (1, 3)
 
 
 def test_backup_facts_list_the_archive_when_nothing_was_archived_yet(tmp_path):
