@@ -21,8 +21,10 @@ this interpreter, not a shell shim), alternating the two ways run by run:
   ``pg_resetwal -l`` putting it on timeline 3 after the archive's newest segment),
   archiving into the fleet's archive, its backups recorded in the fleet's catalog, its
   data and ``pg_wal`` directories two volumes of a mock backend in another state file.
-  Between runs (untimed) the new backup is deleted (``pgsnap delete``), so every run
-  sees 10,000 backups; at the end the segments the server archived are removed. The
+  The backups are timed after the other commands (each leaves segments in the archive,
+  which a ``latest`` plan would read); each new backup is deleted untimed
+  (``pgsnap delete``), so every run sees 10,000 backups; at the end the segments the
+  server archived are removed. The
   figures beside it are the backup's two steps that are not pgsnap's (``backup-start``,
   which waits for PostgreSQL's checkpoint, and ``snapshot``, the mock's copy of the
   server's files, where an array would take its snapshot) and the rest of the command,
@@ -393,23 +395,28 @@ def run(
             backup_parts(r)
         return True
 
-    for name, cmd in commands.items():  # untimed: the WAL index warm, as a timer keeps it
-        if not ok(name, "untimed", timed(cmd, plain)):
-            return 1
+    # The backups come last, in a phase of their own: each leaves segments in the
+    # archive (its WAL switch), which a `latest` plan after it would read.
+    phases = [[n for n in commands if n != BACKUP], [n for n in commands if n == BACKUP]]
     agent = start_agent(program, work, plain)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         via = {**plain, "PGSNAP_AGENT": str(work / "agent.sock")}
-        for n in range(runs):
-            for mode in ("on its own", "agent") if n % 2 == 0 else ("agent", "on its own"):
-                for name, cmd in commands.items():
-                    r = timed(cmd, via if mode == "agent" else plain)
-                    if not ok(name, mode, r):
-                        return 1
-                    if name.startswith("plan"):
-                        chosen = json.loads(r["out"])["summary"]["backup"]
-                        r["newest"] = chosen.startswith(newest.strftime("%Y%m%dT%H%M%S000Z "))
-                    results.setdefault((name, mode), []).append(r)
+        for names in phases:
+            for name in names:  # untimed: the WAL index warm, as a timer keeps it
+                if not ok(name, "untimed", timed(commands[name], plain)):
+                    return 1
+            for n in range(runs):
+                for mode in ("on its own", "agent") if n % 2 == 0 else ("agent", "on its own"):
+                    for name in names:
+                        r = timed(commands[name], via if mode == "agent" else plain)
+                        if not ok(name, mode, r):
+                            return 1
+                        if name.startswith("plan"):
+                            chosen = json.loads(r["out"])["summary"]["backup"]
+                            stamp = newest.strftime("%Y%m%dT%H%M%S000Z ")
+                            r["newest"] = chosen.startswith(stamp)
+                        results.setdefault((name, mode), []).append(r)
         agent_mb = peak_mb(agent.pid)
     finally:
         agent.terminate()
