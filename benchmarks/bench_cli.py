@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -362,15 +363,21 @@ def main(argv: list[str] | None = None) -> int:
         "list --json": [program, "list", "--json", "-c", str(config)],
     }
     newest = fleet.backup_times(shape, shape.backups - 1)[0]
-    server = None if args.no_backup else BackupServer(root, work, shape)
+    if not args.no_backup:
+        config_of_server = work / "backup" / "backup.toml"  # written when the server is made
+        commands[BACKUP] = [
+            *[program, "backup", "-c", str(config_of_server), "--json", "--json-events"]
+        ]
+    servers: list[BackupServer] = []
+
+    def make_server() -> BackupServer:
+        servers.append(BackupServer(root, work, shape))
+        return servers[-1]
+
     try:
-        if server is not None:
-            commands[BACKUP] = [
-                *[program, "backup", "-c", str(server.config), "--json", "--json-events"]
-            ]
-        return run(program, work, commands, plain, newest, args.runs, server)
+        return run(program, work, commands, plain, newest, args.runs, make_server)
     finally:
-        if server is not None:
+        for server in servers:
             server.close()
 
 
@@ -381,9 +388,11 @@ def run(
     plain: dict[str, str],
     newest: dt.datetime,
     runs: int,
-    server: BackupServer | None,
+    make_server: Callable[[], BackupServer],
 ) -> int:
-    """Time each command ``runs`` times each way; print the table and the verdicts."""
+    """Time each command ``runs`` times each way; print the table and the verdicts. The
+    backup's server is made (``make_server``) when the backups' phase begins."""
+    server: BackupServer | None = None
 
     def ok(name: str, mode: str, r: dict[str, Any]) -> bool:
         if r["code"] != 0 or "running in this process" in r["err"]:
@@ -395,14 +404,19 @@ def run(
             backup_parts(r)
         return True
 
-    # The backups come last, in a phase of their own: each leaves segments in the
-    # archive (its WAL switch), which a `latest` plan after it would read.
+    # The backups come last, in a phase of their own, their server made only then: it
+    # archives into the fleet's archive (each backup switches WAL), and a `latest` plan
+    # after that would read those segments too.
     phases = [[n for n in commands if n != BACKUP], [n for n in commands if n == BACKUP]]
     agent = start_agent(program, work, plain)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     try:
         via = {**plain, "PGSNAP_AGENT": str(work / "agent.sock")}
         for names in phases:
+            if BACKUP in names:
+                server = make_server()
+                if commands[BACKUP][3] != str(server.config):
+                    raise RuntimeError(f"the server's configuration is {server.config}")
             for name in names:  # untimed: the WAL index warm, as a timer keeps it
                 if not ok(name, "untimed", timed(commands[name], plain)):
                     return 1
