@@ -130,6 +130,14 @@ def _backup_observer(tmp_path, archiver, server_tli=1):
     ), archive
 
 
+def _forbid_listing(monkeypatch, observer):
+    def no_listing(*_a, **_k):
+        raise AssertionError("the archive was listed")
+
+    monkeypatch.setattr(type(observer.archive), "index", no_listing)
+    monkeypatch.setattr(type(observer.archive), "list_names", no_listing)
+
+
 def test_backup_facts_read_the_last_archived_segment_and_probe_histories(tmp_path, monkeypatch):
     """Issue 9: backup planning does not list the archive when the server has archived."""
     observer, archive = _backup_observer(
@@ -140,11 +148,7 @@ def test_backup_facts_read_the_last_archived_segment_and_probe_histories(tmp_pat
     for tli in (2, 3, 5, 8):
         archive.joinpath(f"{tli:08X}.history").write_text("1\t0/5000000\tno recovery target\n")
 
-    def no_listing(*_a, **_k):
-        raise AssertionError("the archive was listed")
-
-    monkeypatch.setattr(type(observer.archive), "index", no_listing)
-    monkeypatch.setattr(type(observer.archive), "list_names", no_listing)
+    _forbid_listing(monkeypatch, observer)
     facts = observer.backup_facts()
     assert facts.archive_system_identifier == "7300000000000000001"
     # 4 is missing, 5 is there; 6 and 7 missing in a row end the probe before 8.
@@ -164,11 +168,7 @@ def test_after_a_backup_its_history_file_names_the_segment_to_read(tmp_path, mon
     _segment(archive, "000000020000000000000007", "7300000000000000001")
     archive.joinpath("000000020000000000000007.00000028.backup").write_text("START WAL ...\n")
 
-    def no_listing(*_a, **_k):
-        raise AssertionError("the archive was listed")
-
-    monkeypatch.setattr(type(observer.archive), "index", no_listing)
-    monkeypatch.setattr(type(observer.archive), "list_names", no_listing)
+    _forbid_listing(monkeypatch, observer)
     facts = observer.backup_facts()
     assert facts.archive_system_identifier == "7300000000000000001"
     assert facts.archive_timelines == (2,)

@@ -152,11 +152,8 @@ def test_unknown_name_lists_the_available_ones(entry_points: list[FakeEntryPoint
     )
 
 
-def test_a_name_is_checked_without_importing_its_plugin(
-    entry_points: list[FakeEntryPoint], plugin_module: ModuleType, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``target()`` answers what a name is registered as, importing nothing and reading
-    no entry points for a built-in name; an unknown name gets load()'s error."""
+def _count_entry_point_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The groups of every read of the entry points from now on (as they are made)."""
     calls: list[str] = []
     fake = importlib.metadata.entry_points
 
@@ -165,6 +162,15 @@ def test_a_name_is_checked_without_importing_its_plugin(
         return fake(group=group)
 
     monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    return calls
+
+
+def test_a_name_is_checked_without_importing_its_plugin(
+    entry_points: list[FakeEntryPoint], plugin_module: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``target()`` answers what a name is registered as, importing nothing and reading
+    no entry points for a built-in name; an unknown name gets load()'s error."""
+    calls = _count_entry_point_reads(monkeypatch)
     monkeypatch.delitem(sys.modules, "pgsnap.backends.powerflex", raising=False)
     registry = BackendRegistry()
     assert registry.target("powerflex") == "pgsnap.backends.powerflex:PowerFlexBackend"
@@ -252,14 +258,7 @@ def test_create_refuses_unknown_options(entry_points: list[FakeEntryPoint]) -> N
 def test_entry_points_are_read_only_when_asked(
     entry_points: list[FakeEntryPoint], plugin_module: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls: list[str] = []
-    fake = importlib.metadata.entry_points
-
-    def counting(*, group: str) -> Any:
-        calls.append(group)
-        return fake(group=group)
-
-    monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    calls = _count_entry_point_reads(monkeypatch)
     registry = BackendRegistry()
     assert calls == []  # creating a registry reads nothing
     entry_points.append(FakeEntryPoint("acme", "acme_pgsnap_fake:AcmeBackend"))
