@@ -523,8 +523,9 @@ class Observer:
         archive's system identifier is read from the segment the server archived
         last (after a backup, when that was its ``.backup`` file, from the segment
         that file names). Only a server that has archived nothing yet (or last a
-        timeline's history) costs a listing, to find some segment to read it from. The catalog gives its clusters'
-        system identifiers (:func:`~pgsnap.catalog.catalog_system_identifiers`).
+        timeline's history) costs a listing, to find some segment to read it from.
+        The catalog gives its clusters' system identifiers
+        (:func:`~pgsnap.catalog.catalog_system_identifiers`).
         """
         server = self.adapter.describe()
         archiver = self.adapter.archiver_status()
