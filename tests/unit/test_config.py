@@ -125,7 +125,9 @@ def test_the_catalog_alone_is_the_clusters_catalog(tmp_path: Path) -> None:
     assert alone.path == cluster_arguments(config)["catalog"].path == tmp_path / "catalog"
     conf = _mapping(config)
     conf["catalog"] = {"path": "catalog"}
-    assert load_catalog(conf, base=tmp_path).path == tmp_path / "catalog"
+    based = load_catalog(conf, base=tmp_path)
+    assert isinstance(based, DirectoryCatalog)
+    assert based.path == tmp_path / "catalog"
 
 
 @pytest.mark.parametrize(
