@@ -92,6 +92,8 @@ the three rows:
    - ``pgsnap recover -c pgsnap.toml --time T --timeline current --yes
      --json-events``, until it returns (it starts the server and waits until it is
      promoted and accepts writes);
+   - with ``--agent``, the same ``pgsnap recover`` once more with ``PGSNAP_AGENT`` set,
+     asked of the agent (it raises if the command ran in its own process instead);
    - ``pgbackrest --stanza=bench restore --delta --link-all --type=time --target=T
      --target-action=promote --target-timeline=current``, then ``pg_ctl start -w``,
      then polling until ``pg_is_in_recovery()`` is false (with hot standby,
@@ -180,7 +182,9 @@ STANZA = "bench"
 GNU_TIME = "/usr/bin/time"
 METHODS = ("pgsnap", "pgbackrest", "pg_basebackup")
 AGENT = "pgsnap-agent"
-"""Row 1 with ``--agent``: ``pgsnap backup`` asked of a running ``pgsnap agent``."""
+"""With ``--agent``: ``pgsnap backup`` (row 1) and ``pgsnap recover`` (row 3) asked of
+a running ``pgsnap agent``."""
+PGSNAP_WAYS = ("pgsnap", AGENT)
 LABEL = {
     "pgsnap": "pgsnap",
     AGENT: "pgsnap (agent)",
@@ -204,6 +208,11 @@ TPS_RUNS = (
     ("pgsnap", "spread"),  # a spread checkpoint begun at once, for comparison
 )
 PITR_METHODS = ("pgsnap", "pgbackrest")
+RECOVER_COMMAND = {
+    "pgsnap": "pgsnap recover --time T",
+    AGENT: "pgsnap recover --time T, PGSNAP_AGENT set",
+    "pgbackrest": "pgbackrest restore --delta --link-all --type=time + pg_ctl start",
+}
 
 
 def tps_runs(spec: str | None) -> list[tuple[str, str]]:
@@ -675,7 +684,8 @@ class Scale:
         return self.tmp / "agent.sock"
 
     def start_agent(self) -> None:
-        """``--agent``: a ``pgsnap agent`` for row 1's agent runs (its start untimed)."""
+        """``--agent``: a ``pgsnap agent`` for the agent runs of rows 1 and 3 (its start
+        untimed)."""
         log = open(self.tmp / "agent.log", "wb")  # noqa: SIM115 - the agent's, closed with it
         self.agent = subprocess.Popen(
             [self.pgsnap, "agent", "--socket", str(self.agent_socket)],
@@ -1052,13 +1062,16 @@ class Scale:
             f"target {(int(lsn_t) - int(lsn0)) / MB:.0f} MB (to the end "
             f"{(int(lsn_end) - int(lsn0)) / MB:.0f} MB)"
         )
-        for method in rotated(PITR_METHODS, n):
+        recoveries = (*PITR_METHODS, AGENT) if args.agent else PITR_METHODS
+        if args.agent and self.agent is None:
+            self.start_agent()
+        for method in rotated(recoveries, n):
             if srv.is_running():
                 srv.pg_ctl("stop", "-m", "immediate")
             offset = srv.log_file.stat().st_size
             load0 = loadavg()
-            if method == "pgsnap":
-                r = self.pgsnap_recover(t_text)
+            if method in PGSNAP_WAYS:
+                r = self.pgsnap_recover(t_text, agent=method == AGENT)
             else:
                 r = self.pgbackrest_restore(t_text)
             r.update(round=n, method=method, load=(load0, loadavg()))
@@ -1078,7 +1091,7 @@ class Scale:
                 r.update(self.check_rows(n))
             self.pitr.append(r)
             say(f"  round {n + 1} PITR {pitr_line(r)}")
-            if method == "pgsnap":
+            if method in PGSNAP_WAYS:
                 self.delete_safety_snapshots()
         points = {r["point"] for r in self.pitr if r["round"] == n and r.get("point")}
         for r in self.pitr:
@@ -1090,11 +1103,15 @@ class Scale:
             srv.start(timeout=3600)
         self.tidy()
 
-    def pgsnap_recover(self, target: str) -> dict[str, Any]:
+    def pgsnap_recover(self, target: str, *, agent: bool = False) -> dict[str, Any]:
+        """``pgsnap recover --time T`` on its own, or (``agent``) asked of the agent."""
         assert self.config is not None
         argv = [self.pgsnap, "recover", "-c", self.config, "--time", target]
         argv += ["--timeline", "current", "--yes", "--json-events"]
-        done = Child(argv, self.tmp).wait(timeout=7200)
+        env = {**os.environ, "PGSNAP_AGENT": str(self.agent_socket)} if agent else None
+        done = Child(argv, self.tmp, env=env).wait(timeout=7200)
+        if agent and "running in this process" in done.err:
+            raise RuntimeError(f"the agent did not run pgsnap recover:\n{done.err[-2000:]}")
         r: dict[str, Any] = {
             "ok": done.code == 0,
             "wall": done.wall,
@@ -1518,7 +1535,7 @@ def report_pitr(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
     rows = []
     for sc in scales:
         ref = median([r["wall"] for r in sc.pitr if r["method"] == "pgsnap" and r["ok"]])
-        for m in PITR_METHODS:
+        for m in (*PITR_METHODS, AGENT):
             rs = [r for r in sc.pitr if r["method"] == m and r["ok"]]
             if not rs:
                 continue
@@ -1526,18 +1543,16 @@ def report_pitr(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
             rows.append(
                 [
                     str(sc.scale),
-                    "pgsnap recover --time T"
-                    if m == "pgsnap"
-                    else "pgbackrest restore --delta --link-all --type=time + pg_ctl start",
+                    RECOVER_COMMAND[m],
                     spread([r["wall"] for r in rs], 2),
-                    spread([r["storage"] if m == "pgsnap" else r["files"] for r in rs], 2),
+                    spread([r["storage"] if m in PGSNAP_WAYS else r["files"] for r in rs], 2),
                     spread([r["postgres"] for r in rs], 2),
                     spread([r["overhead"] for r in rs], 2),
                     spread([r["wal_mb"] for r in rs], 0),
                     spread([r["rss"] for r in rs], 0),
                     "yes" if all(r.get("rows_ok") for r in rs) else "NO",
                     "yes" if all(r.get("same_point") for r in rs) else "NO",
-                    ratio(wall, ref) if m != "pgsnap" else "",
+                    ratio(wall, ref) if m == "pgbackrest" else "",
                 ]
             )
     say(
@@ -1564,18 +1579,21 @@ def report_pitr(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
         "connections'. beyond PostgreSQL: the wall time minus that."
     )
     for sc in scales:
-        rs = [r for r in sc.pitr if r["method"] == "pgsnap" and r["ok"]]
-        if not rs:
-            continue
-        steps: list[str] = []
-        for r in rs:
-            steps += [k for k in r["steps"] if k not in steps]
-        say(
-            f"scale {sc.scale}: pgsnap recover's parts (median s): start-up "
-            f"{median([r['startup'] for r in rs]) or 0:.3f}, "
-            + ", ".join(f"{s} {median([r['steps'].get(s) for r in rs]) or 0:.3f}" for s in steps)
-            + f", end {median([r['end'] for r in rs]) or 0:.3f}"
-        )
+        for way in PGSNAP_WAYS:
+            rs = [r for r in sc.pitr if r["method"] == way and r["ok"]]
+            if not rs:
+                continue
+            steps: list[str] = []
+            for r in rs:
+                steps += [k for k in r["steps"] if k not in steps]
+            say(
+                f"scale {sc.scale}: {RECOVER_COMMAND[way]}: its parts (median s): start-up "
+                f"{median([r['startup'] for r in rs]) or 0:.3f}, "
+                + ", ".join(
+                    f"{s} {median([r['steps'].get(s) for r in rs]) or 0:.3f}" for s in steps
+                )
+                + f", end {median([r['end'] for r in rs]) or 0:.3f}"
+            )
         for m in PITR_METHODS:
             first = next((r for r in sc.pitr if r["method"] == m and r["ok"] and r["phases"]), None)
             if first is not None:
@@ -1639,18 +1657,20 @@ def report_targets(say: Callable[[str], None], scales: Sequence[Scale]) -> None:
                 f"{pct(plain)}) (target >= {TARGET_GENTLE_TPS_SHARE * 100:.0f} %): "
                 f"{met(g >= TARGET_GENTLE_TPS_SHARE)}"
             )
-        over = [
-            r["overhead"]
-            for r in sc.pitr
-            if r["method"] == "pgsnap" and r["ok"] and r["overhead"] is not None
-        ]
-        if over:
-            o = median(over) or 0.0
-            say(
-                f"scale {s}: pgsnap recover beyond PostgreSQL's start and replay: median {o:.2f} s "
-                f"({spread(over, 2)}) (target <= {TARGET_RECOVER_OVERHEAD_SECONDS} s): "
-                f"{met(o <= TARGET_RECOVER_OVERHEAD_SECONDS)}"
-            )
+        for way in PGSNAP_WAYS:
+            over = [
+                r["overhead"]
+                for r in sc.pitr
+                if r["method"] == way and r["ok"] and r["overhead"] is not None
+            ]
+            if over:
+                o = median(over) or 0.0
+                limit = TARGET_RECOVER_OVERHEAD_SECONDS
+                say(
+                    f"scale {s}: {RECOVER_COMMAND[way]} beyond PostgreSQL's start and replay: "
+                    f"median {o:.2f} s ({spread(over, 2)}) (target <= {limit} s): "
+                    f"{met(o <= limit)}"
+                )
         mine = median([r["wall"] for r in sc.pitr if r["method"] == "pgsnap" and r["ok"]])
         theirs = median([r["wall"] for r in sc.pitr if r["method"] == "pgbackrest" and r["ok"]])
         if mine and theirs:
@@ -1781,8 +1801,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add(
         "--agent",
         action="store_true",
-        help="row 1: also `pgsnap backup` with PGSNAP_AGENT set, asked of a `pgsnap agent` "
-        "started (untimed) for the scale: the command without its start-up",
+        help="rows 1 and 3: also `pgsnap backup` and `pgsnap recover` with PGSNAP_AGENT set, "
+        "asked of a `pgsnap agent` started (untimed) for the scale: the command without its "
+        "start-up",
     )
     add("--rows", default="1,2,3", help="which rows: 1 backup, 2 TPS, 3 PITR (default 1,2,3)")
     add(
