@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import html
+import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -129,8 +130,7 @@ def clone_request(
             "or leave host unset for the database host",
         )
     if name is None:
-        now = cluster._now().astimezone(dt.UTC)
-        name = f"{'d' if purpose == 'drill' else 'c'}{now:%Y%m%d%H%M%S}"
+        name = _default_name(cluster, purpose)
     if fields.get("listen_addresses") is None:
         fields["listen_addresses"] = _listen_addresses(cluster, on)
     return CloneRequest(
@@ -142,6 +142,21 @@ def clone_request(
         host=on,
         **fields,
     )
+
+
+def _default_name(cluster: Cluster, purpose: str) -> str:
+    """``c`` (a clone) or ``d`` (a drill) and the time to the second, then ``-2``,
+    ``-3``... while a clone or a drill already has that name: two drills in one second
+    (a script drilling each backup) must not share a name, whose record the second
+    would overwrite and whose clone plan, made again the same, would have "already
+    run"."""
+    now = cluster._now().astimezone(dt.UTC)
+    stem = f"{'d' if purpose == 'drill' else 'c'}{now:%Y%m%d%H%M%S}"
+    taken = {c.name for c in cluster.catalog.list_clones()}
+    taken |= {d.id for d in cluster.catalog.list_drills()}
+    if stem not in taken:
+        return stem
+    return next(f"{stem}-{n}" for n in itertools.count(2) if f"{stem}-{n}" not in taken)
 
 
 def _listen_addresses(cluster: Cluster, on: str) -> str:

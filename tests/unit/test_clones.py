@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
@@ -207,3 +208,36 @@ def test_listening_ports_are_read_from_the_hosts_proc() -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))  # bound, not listening
         assert closed.getsockname()[1] not in listening_ports(Host())
+
+
+def test_a_default_name_in_use_by_a_clone_or_a_drill_gets_a_suffix() -> None:
+    """Two drills in one second (a script drilling each backup) got one name: the second
+    overwrote the first's record, and its clone plan, made again the same, had "already
+    run" (a CI failure). A default name in use takes the next free ``-N``."""
+    from types import SimpleNamespace
+
+    from pgsnap.clones import clone_request
+
+    catalog = MemoryCatalog()
+    cluster: Any = SimpleNamespace(catalog=catalog, clone_hosts={}, _now=lambda: T0)
+
+    def name(purpose: str) -> str:
+        return clone_request(
+            cluster, name=None, host=None, port=5999, purpose=purpose, listen_addresses=""
+        ).name
+
+    assert name("drill") == "d20261201000000"
+    catalog.put_drill(attrs.evolve(drill_record(True), id="d20261201000000"))
+    assert name("drill") == "d20261201000000-2"
+    catalog.put_clone(clone_record("d20261201000000-2"))
+    catalog.put_drill(attrs.evolve(drill_record(True), id="d20261201000000-3"))
+    assert name("drill") == "d20261201000000-4"
+    assert name("clone") == "c20261201000000"
+    catalog.put_clone(clone_record("c20261201000000"))
+    assert name("clone") == "c20261201000000-2"
+    assert (
+        clone_request(
+            cluster, name="mine", host=None, port=5999, purpose="drill", listen_addresses=""
+        ).name
+        == "mine"
+    )  # a name given is the caller's: never changed
