@@ -245,6 +245,12 @@ def _place(edit: Edit) -> tuple[str, str, str]:
     return edit[0], edit[1], edit[2]
 
 
+# The edit_world tests share one world (a module fixture: one per xdist worker) and the
+# last checks what the others did: one group runs them on one worker, in this order.
+EDITS_IN_ORDER = pytest.mark.xdist_group("guard-edits")
+
+
+@EDITS_IN_ORDER
 def test_every_edit_and_pair_of_edits_of_a_recovery_plan_is_refused_before_anything_changes(
     edit_world: dict[str, Any],
 ) -> None:
@@ -269,6 +275,7 @@ def test_every_edit_and_pair_of_edits_of_a_recovery_plan_is_refused_before_anyth
     assert tried > len(edits)
 
 
+@EDITS_IN_ORDER
 @settings(
     max_examples=30,
     deadline=None,
@@ -289,6 +296,7 @@ def test_random_edits_of_a_recovery_plan_are_refused_before_anything_changes(
     _refused_unchanged(edit_world, combo)
 
 
+@EDITS_IN_ORDER
 def test_the_unedited_plan_of_the_property_test_recovers(edit_world: dict[str, Any]) -> None:
     """The same plan, unedited, recovers every row (it ran after the edits were refused)."""
     env: Env = edit_world["env"]
