@@ -102,11 +102,31 @@ def self_signed_cert(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
     return cert, key
 
 
+_PORTS = range(20000, 32768)
+"""Where the server's ports are drawn from: below Linux's ephemeral range (32768 and
+up), whose ports the kernel hands to outgoing connections, ``weed``'s own among them.
+A port found free there can still be taken before ``weed`` binds it (another test's
+server): :meth:`SeaweedS3.start` then tries again with other ports."""
+_START_ATTEMPTS = 3
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    for _ in range(100):
+        port = _PORTS[int.from_bytes(os.urandom(2), "big") % len(_PORTS)]
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded range: any port the kernel gives
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
+
+
+class _PortTaken(Exception):
+    """``weed`` exited because a port chosen for it was taken meanwhile."""
 
 
 @attrs.frozen
@@ -176,6 +196,31 @@ class SeaweedS3:
             )
         )
         config.chmod(0o600)
+        for attempt in range(1, _START_ATTEMPTS + 1):
+            try:
+                return cls._start_once(weed, root, config, admin, reader, timeout, tls, max_volumes)
+            except _PortTaken as exc:
+                log.info("weed server: a port was taken (%s); attempt %d", exc, attempt)
+                shutil.rmtree(root / "data")  # a new server: nothing of the failed one kept
+                (root / "data").mkdir()
+        raise ConfigurationError(
+            f"weed server: its ports were taken {_START_ATTEMPTS} times in a row",
+            hint="too many servers on this machine's ports 20000-32767",
+        )
+
+    @classmethod
+    def _start_once(
+        cls,
+        weed: str,
+        root: Path,
+        config: Path,
+        admin: Keys,
+        reader: Keys,
+        timeout: float,
+        tls: tuple[str | os.PathLike[str], str | os.PathLike[str]] | None,
+        max_volumes: int | None,
+    ) -> Self:
+        """One start on new ports; :class:`_PortTaken` when ``weed`` could not bind one."""
         ports = {name: _free_port() for name in ("master", "volume", "filer", "s3")}
         grpc = {name: _free_port() for name in ports}
         argv = [
@@ -211,12 +256,23 @@ class SeaweedS3:
                 f"-s3.port.https={port}",
             ]
             https = f"https://localhost:{port}"
+        log_path = root / "weed.log"
+        logged = log_path.stat().st_size if log_path.exists() else 0  # earlier attempts'
         proc = _spawn(argv, root)
         server = cls(
             proc, f"http://127.0.0.1:{ports['s3']}", root, admin, reader, https, tuple(argv)
         )
         try:
             server._wait(timeout)
+        except ConfigurationError as exc:
+            server.stop()
+            with log_path.open("rb") as fh:  # this attempt's: the stack dump after it is long
+                fh.seek(logged)
+                log_text = fh.read().decode(errors="replace")
+            if "bind: address already in use" in log_text:
+                where = log_text.split("bind: address already in use", 1)[0][-60:]
+                raise _PortTaken(where.rsplit("listen tcp ", 1)[-1]) from exc
+            raise
         except BaseException:
             server.stop()
             raise

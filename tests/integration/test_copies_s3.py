@@ -543,3 +543,33 @@ def test_large_objects_go_up_in_parts_and_a_failed_upload_is_aborted(
     assert uploads.get("Uploads", []) == []
     with pytest.raises(CopyNotFound):
         target.get_manifest("broken")
+
+
+def test_a_port_taken_before_weed_binds_it_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test servers' ports are found free, then bound by ``weed``: another server
+    can take one in between (a CI run lost a whole module of tests to "bind: address
+    already in use"). Such a start is tried again on other ports."""
+    import socket
+
+    from pgsnap.testing import seaweed
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    drawn: list[int] = []
+    free = seaweed._free_port
+
+    def first_one_taken() -> int:
+        drawn.append(held.getsockname()[1] if not drawn else free())
+        return drawn[-1]
+
+    monkeypatch.setattr(seaweed, "_free_port", first_one_taken)
+    try:
+        with SeaweedS3.start(tmp_path / "weed") as server:
+            assert server.client().list_buckets()["Buckets"] == []
+    finally:
+        held.close()
+    assert len(drawn) == 16  # eight ports, then eight others
+    assert "bind: address already in use" in (tmp_path / "weed" / "weed.log").read_text()
