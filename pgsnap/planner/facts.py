@@ -198,6 +198,24 @@ class RecoveryFacts:
     """``archive`` was not listed: it is what an earlier run knew, extended by probing
     names (:mod:`pgsnap.wal.known`). A plan made from it holds only once confirmed
     (:meth:`pgsnap.observe.Observer.confirm_archive`)."""
+    _newest_first: tuple[BackupRecord, ...] | None = attrs.field(
+        init=False, default=None, eq=False, repr=False
+    )
+
+    def usable_newest_first(self) -> tuple[BackupRecord, ...]:
+        """The usable backups (DONE, with a stop LSN), the newest stop first: the order
+        a recovery considers them in. Sorted on the first call and kept: a plan and
+        its observation ask several times, which at ten thousand backups cost 8 ms a
+        time. (``attrs.evolve`` makes facts that sort again.)"""
+        if self._newest_first is None:
+            done = [b for b in self.backups if b.is_usable and b.stop_lsn is not None]
+            done.sort(
+                key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn),
+                reverse=True,
+            )
+            object.__setattr__(self, "_newest_first", tuple(done))
+        assert self._newest_first is not None
+        return self._newest_first
 
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered

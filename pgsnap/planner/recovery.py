@@ -298,7 +298,7 @@ def iter_candidates(
     volumes = _volumes_to_restore(facts, request)
     target = request.target
     target_lsn = _resolve_target_lsn(facts, target)
-    done = [b for b in facts.backups if b.is_usable and b.stop_lsn is not None]
+    done = list(facts.usable_newest_first())
     if request.backup_id is not None:
         done = [b for b in done if b.id == request.backup_id]
         if not done:
@@ -323,7 +323,6 @@ def iter_candidates(
                 copy_id=request.copy_id,
             )
     want_copy = request.from_copy or request.copy_id is not None
-    done.sort(key=lambda b: (b.stop_time or b.start_time, b.stop_lsn or b.start_lsn), reverse=True)
     present = frozenset(s.id for s in facts.snapshots)
     # A snapshot the storage reports invalid (an overflowed classic LVM snapshot)
     # restores nothing: the backup is passed over like one whose snapshot is gone.
