@@ -20,7 +20,8 @@ this interpreter, not a shell shim), alternating the two ways run by run:
   bench_fleet makes it (its ``pg_control`` given the fleet's system identifier,
   ``pg_resetwal -l`` putting it on timeline 3 after the archive's newest segment),
   archiving into the fleet's archive, its backups recorded in the fleet's catalog, its
-  data and ``pg_wal`` directories two volumes of a mock backend in another state file.
+  data and ``pg_wal`` directories two volumes of a mock backend in another state file
+  (fsync on).
   The backups are timed after the other commands (each leaves segments in the archive,
   which a ``latest`` plan would read); each new backup is deleted untimed
   (``pgsnap delete``), so every run sees 10,000 backups; at the end the segments the
@@ -161,6 +162,7 @@ class BackupServer:
             archive=True,
             archive_dir=self.archive,
             parent_dir=base,
+            settings={"fsync": True},  # the test servers' default is off: a benchmark's is on
         )
         owner = self.server.os_user
         import pwd  # noqa: PLC0415
