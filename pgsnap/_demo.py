@@ -28,8 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.executor import Event
 from pgsnap.model import RecoveryTarget, VolumeRole
 
@@ -46,7 +45,7 @@ DEMO_BACKENDS: Final = ("mock", "btrfs")
 """The backends ``pgsnap demo --backend`` runs on."""
 
 
-@attrs.frozen
+@frozen
 class DemoResult:
     """What the demo did and whether the recovered rows were exactly right."""
 

@@ -40,8 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import ExecutionError, PlanLockedError
 
 __all__ = [
@@ -96,7 +95,7 @@ class StepState(enum.Enum):
     COMPENSATION_FAILED = "compensation_failed"
 
 
-@attrs.frozen
+@frozen
 class StepRecord:
     """A step's latest state in the journal, with its outputs once done."""
 
@@ -110,7 +109,7 @@ class StepRecord:
     """The step has started at some point (it may have ended since)."""
 
 
-@attrs.frozen
+@frozen
 class JournalView:
     """A journal as read from disk (no lock taken)."""
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.catalog import (
     CatalogScan,
     DirectoryCatalog,
@@ -143,7 +144,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 
 
-@attrs.frozen
+@frozen
 class CheckReport:
     """What ``Cluster.check()`` found.
 

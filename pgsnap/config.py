@@ -25,8 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import CatalogError, ConfigurationError, check_keys
 
 # What loading a configuration builds is imported when it is built: a command that
@@ -235,7 +234,7 @@ TIMEOUT_KEYS: dict[str, str] = {
 Each is also a flag, ``--<key>-timeout`` (``_`` written ``-``)."""
 
 
-@attrs.frozen
+@frozen
 class Timeouts:
     """Every wait of the ``pgsnap`` command, in seconds (the ``[timeouts]`` section).
 

@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap._journal import (
     JOURNAL_SUFFIX,
     Journal,
@@ -140,7 +141,7 @@ class EventKind(enum.Enum):
     COMPENSATION_FAILED = "compensation_failed"
 
 
-@attrs.frozen
+@frozen
 class Event:
     """A progress event: which step, what happened, how long it took."""
 
@@ -165,7 +166,7 @@ class Event:
         )
 
 
-@attrs.frozen
+@frozen
 class ExecutionResult:
     """The outcome of a run: outputs per step and timings."""
 
@@ -205,7 +206,7 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-@attrs.define
+@define
 class _Run:
     """One execution of a plan by this process: its journal, operations and context."""
 

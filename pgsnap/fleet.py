@@ -52,6 +52,7 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.config import SECTIONS, is_fleet, parse_duration
 from pgsnap.errors import ConfigurationError, check_keys
 
@@ -77,7 +78,7 @@ _GRACE: Final = 60.0
 """Seconds a stopped run has to leave (a backup leaves backup mode) before SIGKILL."""
 
 
-@attrs.frozen
+@frozen
 class FleetMember:
     """One cluster of a fleet: its name, its configuration (the defaults merged under
     its own tables), what its relative paths are relative to, and the storage system
@@ -89,7 +90,7 @@ class FleetMember:
     storage: str
 
 
-@attrs.frozen
+@frozen
 class Fleet:
     """A fleet configuration: its clusters by name, and how ``--all`` runs them."""
 
@@ -260,7 +261,7 @@ class RunStatus(enum.Enum):
     TIMED_OUT = "timed out"
 
 
-@attrs.frozen
+@frozen
 class FleetResult:
     """One cluster's run: how it ended, its exit code, how long it took, what it said
     (its standard output) and its last error line."""

@@ -54,8 +54,7 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Protocol, runtime_checkable
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import ClusterLockedError, ExecutionError
 
 __all__ = [
@@ -101,7 +100,7 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-@attrs.frozen
+@frozen
 class LockHolder:
     """Who holds (or held) the cluster lock: a plan's run in one process."""
 

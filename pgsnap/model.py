@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar, Union
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import FormatError, InputError, LSNError, TargetError, TimeError
 
 __all__ = [
@@ -118,7 +119,7 @@ def _check_lsn_value(_inst: object, _attr: object, value: int) -> None:
         )
 
 
-@attrs.frozen(order=False)
+@frozen(order=False)
 class LSN:
     """A WAL location (log sequence number): a 64-bit byte position in the WAL.
 
@@ -296,7 +297,7 @@ def _check_volume(inst: Volume, _attr: object, _value: VolumeRole) -> None:
         )
 
 
-@attrs.frozen
+@frozen
 class Volume:
     """One storage volume of a cluster's layout and the role it plays.
 
@@ -332,7 +333,7 @@ def step_key(volume_id: str, *names: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "-", volume_id).strip("-") or "volume"
 
 
-@attrs.frozen
+@frozen
 class Layout:
     """The volumes that hold one cluster: data, optional WAL, tablespaces, archive."""
 
@@ -393,7 +394,7 @@ class Layout:
         raise VolumeNotFound(f"volume {volume_id!r} is not in the layout", volume_id=volume_id)
 
 
-@attrs.frozen
+@frozen
 class StorageVolume:
     """A volume as the storage backend reports it."""
 
@@ -407,7 +408,7 @@ class StorageVolume:
     """Vendor-specific fields (free text)."""
 
 
-@attrs.frozen
+@frozen
 class Snapshot:
     """A point-in-time copy of one volume."""
 
@@ -422,7 +423,7 @@ class Snapshot:
     extra: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted_map)
 
 
-@attrs.frozen
+@frozen
 class SnapshotGroup:
     """Snapshots of several volumes taken at one instant (a consistency group)."""
 
@@ -445,7 +446,7 @@ class SnapshotGroup:
         )
 
 
-@attrs.frozen
+@frozen
 class SnapshotPolicy:
     """A storage-side schedule that takes and rotates snapshots."""
 
@@ -464,7 +465,7 @@ class LocationKind(enum.Enum):
     """The volume is a block device that the host mounts at the volume's mount point."""
 
 
-@attrs.frozen
+@frozen
 class Location:
     """Where a host finds a volume (:meth:`StorageBackend.locate`).
 
@@ -502,7 +503,7 @@ class RestorePreparation(enum.Enum):
     afterwards (PowerFlex, whose overwrite refuses a mapped volume)."""
 
 
-@attrs.frozen
+@frozen
 class RestoreProfile:
     """What a restore of one volume asks of the plan (:meth:`StorageBackend.restore_profile`).
 
@@ -551,7 +552,7 @@ def _options(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
-@attrs.frozen
+@frozen
 class Mount:
     """A mounted file system on the database host, as ``findmnt`` reports it."""
 
@@ -591,7 +592,7 @@ def _opt_percent(value: float | None) -> float | None:
     return None if value is None else float(value)
 
 
-@attrs.frozen
+@frozen
 class StorageProblem:
     """Something wrong, or about to go wrong, on the storage, said before anyone relies on it.
 
@@ -638,7 +639,7 @@ _SPREAD_SLACK: Final = 5.0
 takes it for skipped."""
 
 
-@attrs.frozen
+@frozen
 class CheckpointState:
     """The server's last checkpoint (``pg_control_checkpoint()``; on a standby, its last
     restartpoint) and the settings that schedule the next one."""
@@ -715,7 +716,7 @@ class CheckpointState:
 # --------------------------------------------------------------------------- archiver
 
 
-@attrs.frozen
+@frozen
 class ArchiverStatus:
     """One row of ``pg_stat_archiver`` plus the settings that decide archiving.
 
@@ -739,7 +740,7 @@ class ArchiverStatus:
 # --------------------------------------------------------------------------- server
 
 
-@attrs.frozen
+@frozen
 class Tablespace:
     """A user tablespace of the cluster (the built-in ones are not listed)."""
 
@@ -756,7 +757,7 @@ class ServerRole(enum.Enum):
     STANDBY = "standby"
 
 
-@attrs.frozen
+@frozen
 class StandbyStatus:
     """What a standby reports about its replication (``describe()`` on a server in
     recovery).
@@ -786,7 +787,7 @@ class StandbyStatus:
         return self.receiver == "streaming"
 
 
-@attrs.frozen
+@frozen
 class ServerFacts:
     """What the database adapter observed about a running server.
 
@@ -827,7 +828,7 @@ class ServerFacts:
         return self.version_num // 10000
 
 
-@attrs.frozen
+@frozen
 class BackupStart:
     """What ``pg_backup_start`` returned."""
 
@@ -836,7 +837,7 @@ class BackupStart:
     time: dt.datetime = attrs.field(converter=_utc)
 
 
-@attrs.frozen
+@frozen
 class BackupStop:
     """What ``pg_backup_stop(false)`` returned: keep both files byte for byte."""
 
@@ -863,7 +864,7 @@ def _opt_aware(value: dt.datetime | None) -> dt.datetime | None:
     return None if value is None else utc_time(value)
 
 
-@attrs.frozen
+@frozen
 class Pin:
     """A backup kept by retention whatever the policy says: forever (``until`` None)
     or until a time, for a ``reason`` a person gave."""
@@ -887,7 +888,7 @@ def _check_access(instance: SnapshotAccess, _attribute: object, _value: object) 
         )
 
 
-@attrs.frozen
+@frozen
 class SnapshotAccess:
     """How a snapshot's content can be read without touching its origin, for a copy.
 
@@ -922,7 +923,7 @@ class SnapshotAccess:
         return bool(self.host)
 
 
-@attrs.frozen
+@frozen
 class CopyRecord:
     """A copy of a backup off the array, as the catalog keeps it on the backup's record.
 
@@ -949,7 +950,7 @@ class CopyRecord:
     never the key (:class:`~pgsnap.copies.keys.CopyKey`)."""
 
 
-@attrs.frozen
+@frozen
 class BackupRecord:
     """A backup in the catalog: what was taken, where it starts and ends.
 
@@ -1003,7 +1004,7 @@ class BackupRecord:
         return self.state is BackupState.DONE
 
 
-@attrs.frozen
+@frozen
 class SafetySnapshot:
     """The snapshots a recovery took of the volumes it was about to overwrite.
 
@@ -1035,7 +1036,7 @@ class CloneState(enum.Enum):
     """Recovered, promoted (or paused at its target), handed over."""
 
 
-@attrs.frozen
+@frozen
 class CloneVolume:
     """One volume of a clone: a new writable copy of backup snapshot ``snapshot_id``
     of the cluster's volume ``origin`` (``role``), found by the clone's server at
@@ -1062,7 +1063,7 @@ def _clone_volumes(values: Iterable[CloneVolume]) -> tuple[CloneVolume, ...]:
     return tuple(values)
 
 
-@attrs.frozen
+@frozen
 class CloneRecord:
     """A clone: a separate PostgreSQL instance on new writable copies of a backup's
     snapshots, recovered to ``target``; it never writes to the cluster it came from.
@@ -1097,7 +1098,7 @@ class CloneRecord:
     primary (dropped when the standby is destroyed)."""
 
 
-@attrs.frozen
+@frozen
 class DrillCheck:
     """One check a restore drill ran on its clone: ``name`` (``"reached target"``,
     ``"amcheck"``, ``"checksums"``, ``"server log"``, ``"sql 1"``...), whether it
@@ -1108,7 +1109,7 @@ class DrillCheck:
     detail: str = ""
 
 
-@attrs.frozen
+@frozen
 class DrillPhase:
     """How long one phase of a drill took: ``name`` is ``"storage"`` (the clone's
     volumes made and mounted), ``"replay"`` (server start to accepting connections at
@@ -1126,7 +1127,7 @@ def _drill_phases(values: Iterable[DrillPhase]) -> tuple[DrillPhase, ...]:
     return tuple(values)
 
 
-@attrs.frozen
+@frozen
 class DrillRecord:
     """The result of a restore drill of backup ``backup_id`` to ``target``: proof (or
     not) that the backup restores.
@@ -1222,7 +1223,7 @@ def _target_value_ok(
         )
 
 
-@attrs.frozen
+@frozen
 class RecoveryTarget:
     """Where recovery stops: exactly one target, and only one.
 
@@ -1653,7 +1654,7 @@ def _quote_conf(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-@attrs.frozen
+@frozen
 class RecoverySettings:
     """The recovery configuration written into the data directory (PostgreSQL 12+).
 

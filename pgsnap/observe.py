@@ -22,6 +22,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap._journal import JOURNAL_SUFFIX, RunState, read_journal
 from pgsnap.catalog import CatalogScan, catalog_system_identifiers, scan_catalog
 from pgsnap.copies import open_target
@@ -451,7 +452,7 @@ _INDEX_STRETCH: Final = 64
 """Segments :meth:`Observer.index_wal` reads between two progress reports."""
 
 
-@attrs.frozen
+@frozen
 class WalIndexRun:
     """What :meth:`Observer.index_wal` did: the backup and timeline it followed, the
     WAL from ``start`` to ``end``, the segments ``read`` (and so indexed: ``added``
@@ -477,7 +478,7 @@ class WalIndexRun:
         )
 
 
-@attrs.define
+@define
 class Observer:
     """Gathers facts for the planners from one cluster's collaborators.
 

@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import FormatError, InvalidPlanError
 from pgsnap.model import check_format_version
 from pgsnap.operations import (
@@ -52,7 +53,7 @@ def _frozen_params(value: Mapping[str, JSONValue]) -> dict[str, JSONValue]:
         raise FormatError(f"step parameters must be plain JSON data: {exc}") from exc
 
 
-@attrs.frozen
+@frozen
 class Step:
     """One step of a plan: an operation, why it is there, and what undoes it.
 
@@ -195,7 +196,7 @@ def validate_steps(steps: tuple[Step, ...], registry: OperationRegistry) -> None
                 )
 
 
-@attrs.frozen
+@frozen
 class Plan:
     """An ordered, explained plan (a backup or a recovery).
 

@@ -13,8 +13,7 @@ import logging
 import posixpath
 from collections.abc import Sequence
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import CommandError, ConfigurationError, HostError, HostFileNotFound
 from pgsnap.host import CommandResult, FileKind, Host
 
@@ -43,7 +42,7 @@ _TRANSIENT_DIRS = (
 )
 
 
-@attrs.frozen
+@frozen
 class Owner:
     """The OS user owning a data directory (and running its server)."""
 

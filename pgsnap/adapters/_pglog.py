@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-import attrs
+from pgsnap._attrs import frozen
 
 __all__ = [
     "KNOWN_FATALS",
@@ -136,7 +136,7 @@ def parse_line(line: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2).strip()
 
 
-@attrs.frozen
+@frozen
 class LogSummary:
     """What the log says about a recovery.
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.adapters import _pgconf, _pgctl, _pglog
 from pgsnap.adapters._lazy import psycopg
 from pgsnap.errors import (
@@ -102,7 +103,7 @@ def _tablespaces(rows: Iterable[tuple[Any, ...]]) -> Any:
     return tuple(Tablespace(int(o), str(n), str(loc)) for o, n, loc in rows)
 
 
-@attrs.frozen
+@frozen
 class RecoveryResult:
     """What the server did at the end of a recovery (implements ``RecoveryOutcome``).
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     ArchiveError,
     ArchiveRefused,
@@ -97,7 +98,7 @@ ERRORS: Final = StoreErrors(failed=ArchiveUnavailable, missing=ArchiveError, ref
 """A WAL archive's store raises archive errors."""
 
 
-@attrs.frozen
+@frozen
 class ArchiveSettings:
     """``[archive]``, checked: ``location`` a path (absolute) or ``s3://bucket/prefix``;
     ``options`` the S3 options (paths made absolute); ``config`` the configuration

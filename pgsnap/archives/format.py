@@ -35,8 +35,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import ArchiveError
 
 if TYPE_CHECKING:
@@ -75,7 +74,7 @@ def _zstd() -> Any | None:
         return None
 
 
-@attrs.frozen
+@frozen
 class Header:
     """An object's header and frame table (see the module docstring)."""
 

@@ -106,6 +106,7 @@ from typing import IO, TYPE_CHECKING, Any, Final, cast
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.archives.config import fatal_unless_missing
 from pgsnap.archives.store import etag_version
 from pgsnap.errors import (
@@ -184,7 +185,7 @@ _STANZA: Final = re.compile(r"[A-Za-z0-9_.-]+")
 # =========================================================================== names
 
 
-@attrs.frozen
+@frozen
 class StoredName:
     """What the name of a file in an archive id's directory says: PostgreSQL's
     ``name`` for it, the SHA-1 of its content (segments only) and its compression
@@ -228,7 +229,7 @@ def _key_of(archive_id: str, name: str) -> str:
 # =========================================================================== archive.info
 
 
-@attrs.frozen
+@frozen
 class ArchiveInfoEntry:
     """One ``[db:history]`` line: the cluster (``version``, ``system_identifier``)
     whose WAL archive id ``<version>-<db_id>`` holds."""
@@ -243,7 +244,7 @@ class ArchiveInfoEntry:
         return f"{self.version}-{self.db_id}"
 
 
-@attrs.frozen
+@frozen
 class ArchiveInfo:
     """``archive.info``, parsed and its checksum checked (:func:`parse_archive_info`).
     ``history`` in the file's order, oldest first; ``current_id`` the ``[db]
@@ -620,7 +621,7 @@ class _ContentStream:
 # =========================================================================== the archive
 
 
-@attrs.frozen
+@frozen
 class _Stored:
     """A file as the repository stores it: its key below the store's root."""
 

@@ -63,6 +63,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.archives.store import etag_version
 from pgsnap.errors import ArchiveError, ArchiveUnavailable
 from pgsnap.stores import DirectoryStore, ObjectStore, StoredObject
@@ -361,7 +362,7 @@ class _DecodedStream(io.RawIOBase):
         super().close()
 
 
-@attrs.frozen
+@frozen
 class StoredFile:
     """One WAL file as a tool stores it: PostgreSQL's ``name``, the object's ``key``
     (relative to the store), its ``compression`` (the key's suffix, "" for none)

@@ -137,6 +137,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.backends._common import CommandBackend, group_failure
 from pgsnap.errors import (
     BackendError,
@@ -372,7 +373,7 @@ def classify_failure(
 # --------------------------------------------------------------------------- parsing
 
 
-@attrs.frozen
+@frozen
 class Subvolume:
     """One line of ``btrfs subvolume list -a -u -q``."""
 
@@ -431,7 +432,7 @@ def parse_subvolume_list(text: str) -> tuple[Subvolume, ...]:
     return tuple(found)
 
 
-@attrs.frozen
+@frozen
 class SnapshotMetadata:
     """One snapshot in ``group.json``: what ``btrfs subvolume list`` cannot say."""
 
@@ -441,7 +442,7 @@ class SnapshotMetadata:
     created_at: dt.datetime
 
 
-@attrs.frozen
+@frozen
 class GroupMetadata:
     """A snapshot group's ``group.json`` (format :data:`METADATA_FORMAT`)."""
 
@@ -580,14 +581,14 @@ def _under(path: str, base: str) -> bool:
 # --------------------------------------------------------------------------- the view
 
 
-@attrs.frozen
+@frozen
 class _Vol:
     path: str
     sub: Subvolume
     self_mounts: tuple[Mount, ...]
 
 
-@attrs.frozen
+@frozen
 class _Snap:
     record: Snapshot
     sub: Subvolume
@@ -595,7 +596,7 @@ class _Snap:
     index: int
 
 
-@attrs.frozen
+@frozen
 class _View:
     """What the file system looks like now (one ``btrfs subvolume list`` pair)."""
 

@@ -118,8 +118,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.backends._common import CommandBackend, group_failure
 from pgsnap.errors import (
     BackendError,
@@ -352,7 +351,7 @@ def decode_tag_value(text: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
-@attrs.frozen
+@frozen
 class LogicalVolume:
     """One row of ``lvs``, normalized (sizes in bytes, percentages as floats)."""
 
@@ -564,7 +563,7 @@ def _cow_args(policy: str | int, origin_size: int = 0) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- the backend
 
 
-@attrs.frozen
+@frozen
 class _Snap:
     lv: LogicalVolume
     record: Snapshot

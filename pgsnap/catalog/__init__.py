@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import BackupNotFound, CatalogError, CatalogLockedError, PgsnapError
 from pgsnap.locks import FileClusterLock, MemoryClusterLock
 from pgsnap.model import _LSN_RE as _LSN_RE  # the one spelling of an LSN
@@ -173,7 +174,7 @@ _sort_key: Callable[[BackupRecord], tuple[dt.datetime, str]] = operator.attrgett
 "02:45+00:00"), then by id."""
 
 
-@attrs.frozen
+@frozen
 class UnreadableEntry:
     """A catalog entry that cannot be read back as a record.
 
@@ -189,7 +190,7 @@ class UnreadableEntry:
         return f"{self.path}: {self.error}"
 
 
-@attrs.frozen
+@frozen
 class CatalogScan:
     """What a catalog holds: the readable records (oldest first) and the unreadable entries."""
 

@@ -36,8 +36,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.catalog import CatalogScan, UnreadableEntry, is_valid_backup_id
 from pgsnap.errors import (
     BackupNotFound,
@@ -324,7 +323,7 @@ def _migrate(
     return tuple(applied)
 
 
-@attrs.frozen
+@frozen
 class FleetBackup:
     """One cluster's row of a fleet query: its name, its newest DONE backup (None:
     none) and when its last drill finished (None: never drilled)."""
@@ -919,7 +918,7 @@ ORDER BY name, at, id COLLATE "C"
 migration 2 (ties broken by id in code point order, as Python sorts)."""
 
 
-@attrs.frozen
+@frozen
 class ExpiryForecast:
     """One backup a retention policy would expire (:meth:`PostgresCatalog.expirable`):
     its cluster, id, state and when it is consistent; ``action`` is ``"backup"`` (its

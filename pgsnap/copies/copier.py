@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies.bandwidth import TokenBucket
 from pgsnap.copies.chunks import (
     chunk_id,
@@ -112,7 +113,7 @@ _sleep: Callable[[float], None] = time.sleep
 """How a finishing copy waits for a garbage collection to end (tests replace it)."""
 
 
-@attrs.frozen
+@frozen
 class CopyStats:
     """What a copy did: files and bytes read, chunks and bytes sent or found there.
 
@@ -138,7 +139,7 @@ def _left(done: int, total: int, seconds: float) -> float | None:
     return max(total - done, 0) / rate if rate > 0 else None
 
 
-@attrs.frozen
+@frozen
 class CopyProgress:
     """A progress report of :func:`copy_trees`: after each file, and about every
     second within a large one. ``seconds`` since the copy started; :attr:`rate`
@@ -162,7 +163,7 @@ class CopyProgress:
         return _left(self.bytes_read, self.bytes_total, self.seconds)
 
 
-@attrs.frozen
+@frozen
 class VerifyReport:
     """What :func:`verify_copy` found: chunks checked, and those missing or damaged
     with the files (``tree/path``) each breaks."""
@@ -216,7 +217,7 @@ def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
         stack.extend(reversed(subdirs))
 
 
-@attrs.frozen
+@frozen
 class _Item:
     """One entry of a tree being copied, from a directory here or a tar stream."""
 
@@ -769,7 +770,7 @@ def copy_trees(
     return manifest, stats
 
 
-@attrs.frozen
+@frozen
 class RestoreProgress:
     """A progress report of :func:`restore_trees` (after each file). ``seconds``
     since the restore started; :attr:`rate` and :attr:`seconds_left` follow."""

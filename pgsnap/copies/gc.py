@@ -83,8 +83,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.copies.manifest import decode_manifest
 from pgsnap.copies.markers import (
     DEFAULT_STALE_AFTER,
@@ -114,7 +113,7 @@ __all__ = ["GcProgress", "GcReport", "collect_garbage"]
 log = logging.getLogger(__name__)
 
 
-@attrs.frozen
+@frozen
 class GcProgress:
     """A progress report of :func:`collect_garbage` (after each chunk removed)."""
 
@@ -122,7 +121,7 @@ class GcProgress:
     chunks_to_delete: int
 
 
-@attrs.frozen
+@frozen
 class GcReport:
     """What a garbage collection found and did.
 

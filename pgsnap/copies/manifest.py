@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ConfigurationError, CopyKeyError, FormatError
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ def _relative(value: str) -> str:
     return value
 
 
-@attrs.frozen
+@frozen
 class FileEntry:
     """One entry of a copied tree.
 
@@ -239,7 +240,7 @@ def _int(value: object, where: str) -> int:
     return value
 
 
-@attrs.frozen
+@frozen
 class Manifest:
     """What one copy holds (see the module docstring).
 

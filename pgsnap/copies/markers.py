@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies.manifest import check_copy_id, check_marker_name
 from pgsnap.copies.target import CopyTarget
 from pgsnap.errors import CopyNotFound, FormatError
@@ -92,7 +93,7 @@ def _when(doc: dict[str, Any], key: str, name: str) -> dt.datetime:
     return when.astimezone(dt.UTC)
 
 
-@attrs.frozen
+@frozen
 class Marker:
     """One marker: who wrote it, when it started and was last refreshed.
 

@@ -19,6 +19,7 @@ from typing import IO, Final, Protocol, runtime_checkable
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies.manifest import EntryKind
 from pgsnap.errors import CopyError
 
@@ -28,7 +29,7 @@ TAR_CREATE: Final = ("tar", "--format=posix", "--numeric-owner", "-cf", "-")
 """``tar`` creating the stream :func:`tar_entries` reads (then ``-C DIR .``)."""
 
 
-@attrs.frozen
+@frozen
 class TarEntry:
     """One entry of a tar stream: ``rel`` is its path in the tree (``""`` the top);
     a file's content is read from ``content`` before the next entry is asked for."""

@@ -15,8 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     DeviceNotFound,
     HostError,
@@ -44,7 +43,7 @@ class FileKind(enum.Enum):
     """A device node, socket or pipe."""
 
 
-@attrs.frozen
+@frozen
 class FileInfo:
     """What ``stat`` says of a path on the host."""
 
@@ -59,7 +58,7 @@ class FileInfo:
     """The owner's user name (its uid as text when the host has no name for it)."""
 
 
-@attrs.frozen
+@frozen
 class ProcessInfo:
     """A process on the host."""
 

@@ -22,6 +22,7 @@ from typing import Protocol
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import CommandError, CommandTimeout, ConfigurationError, HostError
 
 __all__ = ["CommandResult", "LocalRunner", "Runner"]
@@ -36,7 +37,7 @@ def _argv(values: Sequence[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
-@attrs.frozen
+@frozen
 class CommandResult:
     """A finished command: its arguments, exit status and output (bytes)."""
 

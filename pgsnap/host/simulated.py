@@ -66,8 +66,7 @@ from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Final, Protocol
 
-import attrs
-
+from pgsnap._attrs import define
 from pgsnap.errors import DeviceNotFound, MountBusyError, MountError
 from pgsnap.host.host import Host
 from pgsnap.model import Mount
@@ -79,7 +78,7 @@ log = logging.getLogger(__name__)
 _POLL_SECONDS: Final = 0.05
 
 
-@attrs.define
+@define
 class SimulatedMount:
     """A simulated volume mounted on a simulated host: one line of the mount table.
 

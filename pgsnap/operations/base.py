@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap.errors import (
     BackupNotFound,
     CatalogError,
@@ -96,7 +97,7 @@ class Resume(enum.Enum):
     that still has such a step to do cannot resume and is undone instead."""
 
 
-@attrs.frozen(init=False)
+@frozen(init=False)
 class Ref:
     """A value produced by an earlier step: ``outputs[path[0]][path[1]][path[2]]...``.
 
@@ -132,7 +133,7 @@ def _is_ref_json(data: object) -> bool:
     return isinstance(data, dict) and set(data) == {"$ref"}
 
 
-@attrs.frozen
+@frozen
 class RunFailure:
     """Why a run is being undone, and what could not be undone so far.
 
@@ -145,7 +146,7 @@ class RunFailure:
     leftovers: tuple[str, ...] = ()
 
 
-@attrs.frozen
+@frozen
 class PlanView:
     """The operations of the plan being run, as :meth:`Operation.precheck` sees them.
 
@@ -186,7 +187,7 @@ class PlanView:
         return self.steps[self.index(step_id)][1]
 
 
-@attrs.define
+@define
 class OperationContext:
     """What an operation works with when it runs.
 

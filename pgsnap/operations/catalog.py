@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     ArchiveError,
     BackupNotFound,
@@ -83,7 +84,7 @@ def _update(ctx: OperationContext, backup_id: str, **changes: Any) -> BackupReco
     return record
 
 
-@attrs.frozen
+@frozen
 class RecordBackupStart(Operation):
     """Record the backup STARTED in the catalog, from what backup start returned.
 
@@ -148,7 +149,7 @@ class RecordBackupStart(Operation):
         return None
 
 
-@attrs.frozen
+@frozen
 class RecordBackupStop(Operation):
     """Keep the label, the tablespace map and the snapshots in the catalog: WAITING_FOR_WAL."""
 
@@ -232,7 +233,7 @@ def missing_backup_segments(archive: WalArchive, record: BackupRecord) -> tuple[
     return result.missing + result.missing_histories
 
 
-@attrs.frozen
+@frozen
 class WaitForWal(Operation):
     """Wait for the backup's stop segment and ``.backup`` file, then check start to stop."""
 
@@ -308,7 +309,7 @@ def _tell_wal_wait(ctx: OperationContext, waiting: list[str], waited: float, lim
     ctx.progress(said, data)
 
 
-@attrs.frozen
+@frozen
 class RecordSafetySnapshot(Operation):
     """Record in the catalog the safety snapshot a recovery just took (from the outputs
     of the step that took it), so it is listed, kept and deleted by name, and never
@@ -343,7 +344,7 @@ class RecordSafetySnapshot(Operation):
         return {"name": record.name}
 
 
-@attrs.frozen
+@frozen
 class PutRebuiltRecord(Operation):
     """Write a backup record a catalog rebuild made from the storage and the archive
     (:func:`~pgsnap.planner.reconcile.plan_rebuild`), unless the catalog has one of
@@ -370,7 +371,7 @@ class PutRebuiltRecord(Operation):
         return {"written": False, "why": "recorded meanwhile; kept as it is"}
 
 
-@attrs.frozen
+@frozen
 class SetPin(Operation):
     """Set a backup's pin: retention keeps a pinned backup (forever, or until a time)
     for the reason a person gave; ``pin`` None unpins it. Planned by
@@ -399,7 +400,7 @@ class SetPin(Operation):
         return {"pinned": self.pin is not None}
 
 
-@attrs.frozen
+@frozen
 class DeleteSafetyRecord(Operation):
     """Remove a safety snapshot's catalog record (one already gone is fine)."""
 
@@ -417,7 +418,7 @@ class DeleteSafetyRecord(Operation):
         return {"deleted": True}
 
 
-@attrs.frozen
+@frozen
 class VerifyWal(Operation):
     """Before anything changes: every archived segment the recovery will replay can be
     replayed (its size, page magic, system identifier, its own address, compressed
@@ -483,7 +484,7 @@ class VerifyWal(Operation):
         return {"verified": len(names), "seconds": round(time.monotonic() - started, 3)}
 
 
-@attrs.frozen
+@frozen
 class MarkBackupDone(Operation):
     """Mark the backup DONE, once every snapshot it names is confirmed to exist."""
 
@@ -513,7 +514,7 @@ class MarkBackupDone(Operation):
         return {"state": BackupState.DONE.value}
 
 
-@attrs.frozen
+@frozen
 class FailBackup(Operation):
     """Record the backup FAILED with the reason, and the snapshots that could not be removed.
 
@@ -549,7 +550,7 @@ def _names(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(values)
 
 
-@attrs.frozen
+@frozen
 class DeleteBackupRecord(Operation):
     """Remove a backup's record from the catalog (retention); one already gone is fine.
 
@@ -572,7 +573,7 @@ class DeleteBackupRecord(Operation):
         return {"deleted": True}
 
 
-@attrs.frozen
+@frozen
 class DeleteWal(Operation):
     """Delete archived WAL segments of one timeline, ``first``..``last`` (segment
     numbers), and the named ``.backup`` files; files already gone are fine."""
@@ -604,7 +605,7 @@ class DeleteWal(Operation):
         return {"deleted": int(deleted) if isinstance(deleted, int) else len(names)}
 
 
-@attrs.frozen
+@frozen
 class MarkUnusable(Operation):
     """Record a DONE backup FAILED because it can no longer be restored (its
     snapshots vanished from the storage), with the reason: the recovery planner

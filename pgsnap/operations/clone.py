@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import CatalogError, ExecutionError
 from pgsnap.host.readonly import mount_read_only
 from pgsnap.model import (
@@ -279,7 +280,7 @@ class _CloneServerStep(_CloneDirStep):
 # --------------------------------------------------------------------------- catalog
 
 
-@attrs.frozen
+@frozen
 class RecordClone(_CloneStep):
     """Record the clone in the catalog (state ``creating``) before anything is made, so
     a clone left half-made is listed and can be destroyed."""
@@ -350,7 +351,7 @@ class RecordClone(_CloneStep):
         return {"clone": self.clone}
 
 
-@attrs.frozen
+@frozen
 class MarkCloneReady(Operation):
     """Mark the clone ``ready`` in the catalog: recovered, checked, handed over."""
 
@@ -378,7 +379,7 @@ class MarkCloneReady(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class ForgetClone(Operation):
     """Remove the clone's record, once nothing of it is left on the storage (else the
     record stays, so a later ``pgsnap clone destroy`` finds what remains)."""
@@ -418,7 +419,7 @@ def _storage_name(clone: str, vol: CloneVolume) -> str:
 # --------------------------------------------------------------------------- host
 
 
-@attrs.frozen
+@frozen
 class MakeCloneDirectory(_CloneStep):
     """Create the clone's directory ``at`` (owned by the cluster's OS user, mode 0700):
     its volumes, socket and server log go in it."""
@@ -456,7 +457,7 @@ class MakeCloneDirectory(_CloneStep):
         return {"at": self.at}
 
 
-@attrs.frozen
+@frozen
 class RemoveCloneDirectory(_CloneStep):
     """Remove the clone's directory (what is left in it: the socket, the server log,
     empty mount points), on its own file system only; a no-op when it is gone."""
@@ -479,7 +480,7 @@ class RemoveCloneDirectory(_CloneStep):
 # --------------------------------------------------------------------------- storage
 
 
-@attrs.frozen
+@frozen
 class CloneSnapshot(_CloneStep):
     """A new writable volume with backup ``backup_id``'s snapshot ``snapshot_id`` of
     volume ``volume.origin``, at ``volume.path`` on the host, named after the clone.
@@ -548,7 +549,7 @@ class CloneSnapshot(_CloneStep):
         return (str(outputs.get("volume_id", "")),)
 
 
-@attrs.frozen
+@frozen
 class DeleteClone(_CloneStep):
     """Delete the clone's copy of ``volume.origin`` (found by its name or path); a no-op
     when it is gone. A volume of the layout is never deleted."""
@@ -592,7 +593,7 @@ def _clone_volume(
     return found
 
 
-@attrs.frozen
+@frozen
 class AttachClone(_CloneStep):
     """Attach the clone's copy of ``volume.origin`` (a block volume) to host ``host``;
     outputs the ``device`` the host finds it at. Idempotent; undone by detaching."""
@@ -614,7 +615,7 @@ class AttachClone(_CloneStep):
         return {"device": ctx.backend.locate(found.id).path, "volume_id": found.id}
 
 
-@attrs.frozen
+@frozen
 class DetachClone(_CloneStep):
     """Detach the clone's copy of ``volume.origin`` from ``host``; a no-op when it is
     gone or not attached. A volume of the layout is never detached."""
@@ -636,7 +637,7 @@ class DetachClone(_CloneStep):
         return {"detached": True}
 
 
-@attrs.frozen
+@frozen
 class MountClone(_CloneStep):
     """Wait for the clone volume's ``device`` and mount it read-write at
     ``volume.path`` (XFS with ``nouuid``: it mounts beside its origin)."""
@@ -666,7 +667,7 @@ class MountClone(_CloneStep):
         return {"device": device, "options": list(options)}
 
 
-@attrs.frozen
+@frozen
 class UnmountClone(_CloneStep):
     """Unmount the clone volume mounted at ``volume.path``; a no-op when nothing is."""
 
@@ -695,7 +696,7 @@ class UnmountClone(_CloneStep):
 # --------------------------------------------------------------------------- server
 
 
-@attrs.frozen
+@frozen
 class PrepareClone(_CloneServerStep):
     """Make the cloned data directory the clone's own: ``pg_wal`` a new empty directory
     (never the cluster's WAL volume), the tablespace links pointed at the clone's
@@ -727,7 +728,7 @@ def _moves(ctx: OperationContext, volumes: tuple[CloneVolume, ...]) -> dict[str,
     }
 
 
-@attrs.frozen
+@frozen
 class WriteCloneLabel(_CloneServerStep):
     """Write backup ``backup_id``'s ``backup_label`` into the clone, and its
     ``tablespace_map`` with each location moved to the clone's copy. The catalog's
@@ -769,7 +770,7 @@ class WriteCloneLabel(_CloneServerStep):
         return {"label_sha256": self.label_sha256}
 
 
-@attrs.frozen
+@frozen
 class ConfigureClone(_CloneServerStep):
     """Write the clone's own settings (:func:`clone_parameters`: port, socket, archiving
     off...) and its recovery settings (``restore_command`` from the archive, read
@@ -809,7 +810,7 @@ class ConfigureClone(_CloneServerStep):
         return {}
 
 
-@attrs.frozen
+@frozen
 class StartClone(_CloneServerStep):
     """Start the clone's server: it replays WAL from the archive to the target. Its
     undo stops it (a clone can always be thrown away)."""
@@ -833,7 +834,7 @@ class StartClone(_CloneServerStep):
         return {"already_running": False}
 
 
-@attrs.frozen
+@frozen
 class StopClone(_CloneServerStep):
     """Stop the clone's server (fast); a no-op when it is down or its data directory
     is gone."""
@@ -861,7 +862,7 @@ class StopClone(_CloneServerStep):
 _EXPECTED: Final = {RecoveryAction.PROMOTE: "promoted", RecoveryAction.PAUSE: "paused"}
 
 
-@attrs.frozen
+@frozen
 class WaitClone(_CloneServerStep):
     """Wait until the clone's recovery ends the way the plan asked, at its target, and
     check it replayed at least to ``min_replay_lsn``: the backup's consistency point,
@@ -922,7 +923,7 @@ class WaitClone(_CloneServerStep):
         }
 
 
-@attrs.frozen
+@frozen
 class ClearCloneRecovery(_CloneServerStep):
     """Remove the recovery settings from the promoted clone (a restart must not recover
     again); its own settings stay."""
@@ -941,7 +942,7 @@ class ClearCloneRecovery(_CloneServerStep):
         return {}
 
 
-@attrs.frozen
+@frozen
 class MaskClone(_CloneServerStep):
     """Run the masking hook in the clone before it is handed over: ``sql`` in database
     ``dbname``, and/or ``script`` (run on the host as the cluster's OS user with

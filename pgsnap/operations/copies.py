@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies import (
     CopyProgress,
     Manifest,
@@ -100,7 +101,7 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600} h {whole % 3600 // 60} min"
 
 
-@attrs.frozen
+@frozen
 class HostTree:
     """A tree on ``host`` at ``path`` (a mounted snapshot, a snapshot read in place),
     read through the Host seam (:class:`~pgsnap.copies.sources.StreamedTree`):
@@ -127,7 +128,7 @@ class HostTree:
             yield tar_entries(stream, str(self))
 
 
-@attrs.frozen
+@frozen
 class SendCopy(Operation):
     """Copy ``trees`` (name → a snapshot's directory) to the copy target
     ``target_dir`` (a directory or ``s3://bucket/prefix``, with ``target_options``)
@@ -294,7 +295,7 @@ class SendCopy(Operation):
         }
 
 
-@attrs.frozen
+@frozen
 class DeleteCopyManifest(Operation):
     """Remove a copy's manifest (its chunks stay: they are reused by the next copy)."""
 
@@ -310,7 +311,7 @@ class DeleteCopyManifest(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class RecordCopy(Operation):
     """Add copy ``copy_id`` (what the ``sent`` step reported) to its backup's record."""
 
@@ -508,7 +509,7 @@ def _clear(directory: str) -> int:
     return removed
 
 
-@attrs.frozen
+@frozen
 class RestoreFromCopy(Operation):
     """Replace volume ``volume_id``'s content (the directory the layout mounts it at)
     with tree ``tree`` of copy ``copy_id`` of backup ``backup_id``, in the copy target
@@ -664,7 +665,7 @@ def _data_directory_in(manifest: Manifest, tree: str) -> str | None:
     return None
 
 
-@attrs.frozen
+@frozen
 class RestoreWalFromCopy(Operation):
     """Write the WAL files a copy carries (its ``pg_wal`` tree: the backup's segments
     from its start to its stop) into the restored data directory's ``pg_wal``, in a

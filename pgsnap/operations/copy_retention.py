@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies import GcProgress, GcReport, collect_garbage, open_target
 from pgsnap.copies.keys import CopyKey
 from pgsnap.copies.manifest import decode_manifest
@@ -37,7 +38,7 @@ def _key(key_file: str) -> CopyKey | None:
     return CopyKey.from_file(key_file) if key_file else None
 
 
-@attrs.frozen
+@frozen
 class ExpireCopyManifest(Operation):
     """Remove the manifest of copy ``copy_id`` of backup ``backup_id`` from the copy
     target ``target_dir`` (with ``target_options``), if it is the one the catalog
@@ -105,7 +106,7 @@ class ExpireCopyManifest(Operation):
         return {"deleted": True}
 
 
-@attrs.frozen
+@frozen
 class ForgetCopy(Operation):
     """Remove copy ``copy_id`` from backup ``backup_id``'s record (a record or copy
     already gone is fine). Planned after :class:`ExpireCopyManifest`."""
@@ -164,7 +165,7 @@ def gc_report(outputs: Mapping[str, object]) -> GcReport | None:
     )
 
 
-@attrs.frozen
+@frozen
 class CollectCopyGarbage(Operation):
     """Remove from the copy target ``target_dir`` the chunks no manifest names
     (:func:`pgsnap.copies.collect_garbage`, with markers judged stale after

@@ -12,6 +12,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import CatalogError, DatabaseError, ExecutionError
 from pgsnap.model import (
     LSN,
@@ -93,7 +94,7 @@ def _wal_seconds_left(state: CheckpointState, rate: float | None) -> float | Non
     return max(0.0, (state.wal_checkpoint_bytes - since) / rate)
 
 
-@attrs.frozen
+@frozen
 class WaitForCheckpoint(Operation):
     """Wait for PostgreSQL's own checkpoint schedule (a gentle backup).
 
@@ -216,7 +217,7 @@ class WaitForCheckpoint(Operation):
         )
 
 
-@attrs.frozen
+@frozen
 class StartBackup(Operation):
     """Enter backup mode on a dedicated session, kept open in this process."""
 
@@ -247,7 +248,7 @@ class StartBackup(Operation):
         }
 
 
-@attrs.frozen
+@frozen
 class AbortBackup(Operation):
     """Close the backup session: the server aborts a backup whose session ends."""
 
@@ -261,7 +262,7 @@ class AbortBackup(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class StopBackup(Operation):
     """Leave backup mode without waiting for the archive; return the label and map."""
 
@@ -286,7 +287,7 @@ class StopBackup(Operation):
         }
 
 
-@attrs.frozen
+@frozen
 class SwitchPrimaryWal(Operation):
     """Switch WAL on the primary of the standby a backup was taken on, so the segment
     holding the backup's stop point is completed and archived now (a standby cannot
@@ -334,7 +335,7 @@ class SwitchPrimaryWal(Operation):
 # --------------------------------------------------------------------------- server
 
 
-@attrs.frozen
+@frozen
 class StopServer(Operation):
     """Stop the server (fast shutdown); a no-op when it is down."""
 
@@ -349,7 +350,7 @@ class StopServer(Operation):
         return {"was_running": was_running}
 
 
-@attrs.frozen
+@frozen
 class StartServer(Operation):
     """Start the server; on restored volumes it begins replaying WAL (a point of no return)."""
 
@@ -395,7 +396,7 @@ class StartServer(Operation):
         return {"already_running": False}
 
 
-@attrs.frozen
+@frozen
 class PrepareDataDirectory(Operation):
     """Clean a restored data directory (postmaster.pid, temporary state, stale pg_wal)."""
 
@@ -426,7 +427,7 @@ class PrepareDataDirectory(Operation):
         return {"removed": len(removed)}
 
 
-@attrs.frozen
+@frozen
 class WriteBackupLabel(Operation):
     """Write the backup's ``backup_label`` and ``tablespace_map`` from the catalog.
 
@@ -508,7 +509,7 @@ class WriteBackupLabel(Operation):
         return {"label_sha256": self.label_sha256, "system_identifier": found}
 
 
-@attrs.frozen
+@frozen
 class WriteRecoverySettings(Operation):
     """Write the recovery settings and ``recovery.signal``.
 
@@ -539,7 +540,7 @@ class WriteRecoverySettings(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class ClearRecoverySettings(Operation):
     """Remove what :class:`WriteRecoverySettings` wrote."""
 
@@ -569,7 +570,7 @@ _EXPECTED = {
 }
 
 
-@attrs.frozen
+@frozen
 class WaitRecovery(Operation):
     """Wait until recovery ends the way the plan asked, at its target."""
 
@@ -659,7 +660,7 @@ class _ReplayProgress:
         self._tell(message, out)
 
 
-@attrs.frozen
+@frozen
 class VerifyRecovery(Operation):
     """Check the server is where the plan said: state, timeline, replayed far enough.
 

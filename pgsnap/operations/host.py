@@ -16,6 +16,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import DeviceNotFound
 from pgsnap.host import Host, LocalRunner
 from pgsnap.host.readonly import mount_read_only
@@ -80,7 +81,7 @@ def _check_mount_point(
         )
 
 
-@attrs.frozen
+@frozen
 class UnmountVolume(Operation):
     """Unmount a volume's file system; a busy file system names the processes holding it."""
 
@@ -115,7 +116,7 @@ class UnmountVolume(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class MountVolume(Operation):
     """Mount a device on a mount point (no-op when exactly that is mounted)."""
 
@@ -141,7 +142,7 @@ _SLICE: Final = 3.0
 """Seconds a device wait goes between two progress reports."""
 
 
-@attrs.frozen
+@frozen
 class WaitForDevice(Operation):
     """Wait until a volume's device node appears on the host after it was attached."""
 
@@ -238,7 +239,7 @@ def check_apart_from_layout(op: Operation, ctx: OperationContext, path: str, wha
             )
 
 
-@attrs.frozen
+@frozen
 class MountSnapshot(Operation):
     """Mount the exposed snapshot ``snapshot_id`` (backup ``backup_id``'s snapshot of
     ``volume_id``) read-only at ``mount_point`` of host ``host``.
@@ -324,7 +325,7 @@ class MountSnapshot(Operation):
         return {"device": device, "options": list(options), "mount_point": self.mount_point}
 
 
-@attrs.frozen
+@frozen
 class UnmountSnapshot(Operation):
     """Unmount a snapshot that a ``host.mount_snapshot`` step of this plan mounted at
     ``mount_point`` of host ``host``, and remove the (empty) mount point; a no-op

@@ -24,8 +24,7 @@ import re
 import time
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import DatabaseError, ExecutionError
 from pgsnap.model import LSN
 from pgsnap.operations.base import (
@@ -116,7 +115,7 @@ def _slot_state(primary: PrimaryServer, slot: str) -> tuple[bool, bool] | None:
     return None if not rows else (bool(rows[0][0]), bool(rows[0][1]))
 
 
-@attrs.frozen
+@frozen
 class CreateSlot(Operation):
     """Create the standby's physical replication slot on the primary, reserving WAL
     from now on (``pg_create_physical_replication_slot(slot, true)``), before the
@@ -156,7 +155,7 @@ class CreateSlot(Operation):
         return {"slot": self.slot, "restart_lsn": str(rows[0][0]) if rows else ""}
 
 
-@attrs.frozen
+@frozen
 class DropSlot(Operation):
     """Drop the standby's replication slot on the primary (a no-op when it is gone).
     The standby must be down: an active slot is waited for a little (its walsender
@@ -191,7 +190,7 @@ class DropSlot(Operation):
             ctx.sleep(_POLL)
 
 
-@attrs.frozen
+@frozen
 class ConfigureStandby(_CloneServerStep):
     """Write the standby's settings (:func:`standby_parameters`) and ``standby.signal``."""
 
@@ -226,7 +225,7 @@ class ConfigureStandby(_CloneServerStep):
         return {}
 
 
-@attrs.frozen
+@frozen
 class WaitStandby(_CloneServerStep):
     """Wait until the standby accepts connections, streams from the primary, and has
     replayed up to where the primary was when streaming began (its lag then 0 bytes

@@ -8,6 +8,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import SnapshotNotFound
 from pgsnap.model import SnapshotGroup as SnapshotGroupRecord
 from pgsnap.model import VolumeRole
@@ -69,7 +70,7 @@ def _group_outputs(group: SnapshotGroupRecord) -> Outputs:
     }
 
 
-@attrs.frozen
+@frozen
 class TakeSnapshotGroup(Operation):
     """Snapshot volumes together (one consistency group where the storage can).
 
@@ -109,7 +110,7 @@ class TakeSnapshotGroup(Operation):
         return tuple(str(s) for s in outputs.get("snapshot_ids", ()))
 
 
-@attrs.frozen
+@frozen
 class DeleteSnapshotGroup(Operation):
     """Delete a snapshot group; one already gone is fine."""
 
@@ -128,7 +129,7 @@ class DeleteSnapshotGroup(Operation):
         return {"deleted": True}
 
 
-@attrs.frozen
+@frozen
 class DeleteSnapshots(Operation):
     """Delete snapshots one by one (a failed backup's leftovers); ones already gone
     are fine."""
@@ -150,7 +151,7 @@ class DeleteSnapshots(Operation):
         return {"deleted": deleted}
 
 
-@attrs.frozen
+@frozen
 class RestoreVolume(Operation):
     """Replace a volume's content with a snapshot's: a backup's, or the safety snapshot
     this run took (as the compensation that puts the volume back).
@@ -257,7 +258,7 @@ class RestoreVolume(Operation):
         return out
 
 
-@attrs.frozen
+@frozen
 class WaitForRestore(Operation):
     """Wait until a restore the storage completes later has completed."""
 
@@ -283,7 +284,7 @@ def _check_host(op: Operation, ctx: OperationContext, volume_id: str, host: str)
         )
 
 
-@attrs.frozen
+@frozen
 class AttachVolume(Operation):
     """Attach (map) a volume to the database host."""
 
@@ -302,7 +303,7 @@ class AttachVolume(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class DetachVolume(Operation):
     """Detach (unmap) a volume from the database host."""
 
@@ -336,7 +337,7 @@ class DetachVolume(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class PausePolicies(Operation):
     """Pause snapshot policies, so they do not rotate good snapshots out."""
 
@@ -352,7 +353,7 @@ class PausePolicies(Operation):
         return {}
 
 
-@attrs.frozen
+@frozen
 class ResumePolicies(Operation):
     """Let paused snapshot policies run again."""
 
@@ -422,7 +423,7 @@ def _check_copied_snapshot(
     return backend
 
 
-@attrs.frozen
+@frozen
 class ExposeSnapshot(Operation):
     """Make backup ``backup_id``'s snapshot ``snapshot_id`` of volume ``volume_id``
     readable as a block device on host ``host``
@@ -463,7 +464,7 @@ class ExposeSnapshot(Operation):
         return {"device": where.path, "kind": where.kind.value}
 
 
-@attrs.frozen
+@frozen
 class ConcealSnapshot(Operation):
     """Undo :class:`ExposeSnapshot` (the snapshot's file system is unmounted first);
     idempotent. Only a snapshot that a step of this plan exposes, and the catalog

@@ -13,6 +13,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import PreflightError
 from pgsnap.model import ArchiverStatus, LocationKind, Severity, Volume, VolumeRole
 from pgsnap.operations import Ref
@@ -51,7 +52,7 @@ DEFAULT_MAX_STANDBY_LAG: Final = 256 * 1024 * 1024
 """A standby more than this many bytes of WAL behind is not backed up (256 MiB)."""
 
 
-@attrs.frozen
+@frozen
 class Finding:
     """One named preflight finding (``code`` is stable, for scripts)."""
 
@@ -63,7 +64,7 @@ class Finding:
         return f"{self.severity.value}: {self.message} [{self.code}]"
 
 
-@attrs.frozen
+@frozen
 class BackupRequest:
     """What the caller asks for: the id and label (made by the caller: no clock here)."""
 

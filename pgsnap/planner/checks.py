@@ -38,8 +38,7 @@ import datetime as dt
 import logging
 from typing import TYPE_CHECKING, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.catalog import UnreadableEntry
 from pgsnap.errors import PgsnapError, TimelineError
 from pgsnap.model import LSN, ArchiverStatus, BackupRecord, SafetySnapshot, StorageProblem
@@ -68,7 +67,7 @@ DEFAULT_SEGMENT_SIZE = 16 * 1024 * 1024
 """The segment size assumed when no server, backup or archived segment says (16 MiB)."""
 
 
-@attrs.frozen
+@frozen
 class CheckFacts:
     """What a check observed, beyond the backup facts (see the module docstring).
 

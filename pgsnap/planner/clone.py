@@ -18,6 +18,7 @@ from typing import Final, TypedDict
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import (
     LSN,
@@ -120,7 +121,7 @@ def _check_at(_inst: object, _attr: object, value: str | None) -> None:
         )
 
 
-@attrs.frozen
+@frozen
 class CloneRequest:
     """What to clone, where.
 
@@ -276,7 +277,7 @@ def _check_other_host(facts: RecoveryFacts, host: str, volumes: tuple[CloneVolum
         )
 
 
-@attrs.frozen
+@frozen
 class _Made:
     """What a clone plan and a standby plan share: the backup, where the clone lives,
     its volumes, and the steps that make them (verify the WAL, record, directory,

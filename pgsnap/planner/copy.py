@@ -38,6 +38,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies.copier import DEFAULT_CHUNK_SIZE, DEFAULT_PARALLEL
 from pgsnap.copies.manifest import WAL_TREE, is_copy_id
 from pgsnap.errors import ConfigurationError, PlanningError
@@ -67,7 +68,7 @@ copied_roles = (VolumeRole.DATA, VolumeRole.TABLESPACE)
 """The roles whose snapshots a copy carries (the WAL comes from the archive)."""
 
 
-@attrs.frozen
+@frozen
 class CopyRequest:
     """What to copy where: ``backup_id`` to ``target_dir`` (an absolute directory
     path or ``s3://bucket/prefix``); ``copy_id``

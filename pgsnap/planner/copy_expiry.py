@@ -52,6 +52,7 @@ from collections.abc import Mapping
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.copies.markers import DEFAULT_STALE_AFTER, MIN_STALE_AFTER
 from pgsnap.errors import ConfigurationError
 from pgsnap.model import BackupRecord, BackupState, CopyRecord
@@ -88,7 +89,7 @@ def _count(name: str, value: object) -> None:
         )
 
 
-@attrs.frozen
+@frozen
 class CopyRetentionPolicy:
     """What copy retention keeps (see the module docstring). Combine freely.
 
@@ -196,7 +197,7 @@ class CopyRetentionPolicy:
         return "; ".join(parts) or "none (every copy kept)"
 
 
-@attrs.frozen
+@frozen
 class CopyExpiryFacts:
     """Everything the copy expiry planner looks at, for one copy target.
 
@@ -223,7 +224,7 @@ class CopyExpiryFacts:
         return not b.snapshots or any(s not in self.snapshots for s in b.snapshots.values())
 
 
-@attrs.frozen
+@frozen
 class _Entry:
     backup: BackupRecord
     copy: CopyRecord

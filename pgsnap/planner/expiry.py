@@ -65,8 +65,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final, TypeVar
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import BackupNotFound, ConfigurationError, PgsnapError, PlanningError
 from pgsnap.model import BackupRecord, BackupState, Pin, SafetySnapshot, Snapshot, encode_value
 from pgsnap.operations.catalog import (
@@ -99,7 +98,7 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@frozen
 class RetentionPolicy:
     """What retention keeps (see the module docstring). Combine freely.
 
@@ -250,7 +249,7 @@ class RetentionPolicy:
         return "; ".join(parts)
 
 
-@attrs.frozen
+@frozen
 class ExpiryFacts:
     """Everything the expiry planner looks at.
 

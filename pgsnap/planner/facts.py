@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ConfigurationError
 from pgsnap.model import (
     LSN,
@@ -48,7 +49,7 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@frozen
 class VolumeFacts:
     """What the storage and the database host say about one volume of the layout.
 
@@ -66,7 +67,7 @@ class VolumeFacts:
     mount: Mount | None = None
 
 
-@attrs.frozen
+@frozen
 class PathFacts:
     """Where one of the cluster's directories really is on the database host.
 
@@ -100,7 +101,7 @@ def cluster_paths(server: ServerFacts) -> tuple[tuple[str, str], ...]:
     return tuple(items)
 
 
-@attrs.frozen
+@frozen
 class BackupFacts:
     """Everything the backup planner looks at."""
 
@@ -145,7 +146,7 @@ def _str_map(value: Mapping[str, str]) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()}
 
 
-@attrs.frozen
+@frozen
 class RecoveryFacts:
     """Everything the recovery planner looks at.
 

@@ -19,8 +19,7 @@ import html
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.model import BackupRecord, DrillRecord, Snapshot
 
 if TYPE_CHECKING:
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["BackupList", "BackupOutlook", "ExpiryForecast", "expiry_forecast", "retention_notes"]
 
 
-@attrs.frozen
+@frozen
 class BackupOutlook:
     """What the next expiry does to one backup.
 
@@ -49,7 +48,7 @@ class BackupOutlook:
     secure_until: dt.datetime | None = None
 
 
-@attrs.frozen
+@frozen
 class ExpiryForecast:
     """What the next expiry with ``policy`` (described) does, backup by backup.
 

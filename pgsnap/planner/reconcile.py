@@ -46,8 +46,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import PgsnapError
 from pgsnap.model import (
     BackupRecord,
@@ -101,7 +100,7 @@ def group_name_of(snapshot: Snapshot) -> str:
 # --------------------------------------------------------------------------- holds
 
 
-@attrs.frozen
+@frozen
 class SnapshotHold:
     """Snapshots a plan whose run has not ended still needs: its journal names them.
 
@@ -190,7 +189,7 @@ def hold_of_journal(
 # --------------------------------------------------------------------------- orphans
 
 
-@attrs.frozen
+@frozen
 class Orphan:
     """A snapshot group (or the part of one) pgsnap made that no record names.
 
@@ -387,7 +386,7 @@ def labelfile_from_history(text: str) -> str:
     return "".join(line for line in lines if not line.startswith(_STOP_KEYS))
 
 
-@attrs.frozen
+@frozen
 class RebuildSource:
     """One ``.backup`` history file, read and parsed (``error``: why it could not be)."""
 
@@ -397,7 +396,7 @@ class RebuildSource:
     error: str | None = None
 
 
-@attrs.frozen
+@frozen
 class RebuildFacts:
     """What :func:`plan_rebuild` looks at.
 
@@ -424,7 +423,7 @@ class RebuildFacts:
     unreadable: tuple[str, ...] = ()
 
 
-@attrs.frozen
+@frozen
 class RebuildReport:
     """What a catalog rebuild did (or, ``dry_run``, would do).
 

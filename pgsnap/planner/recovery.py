@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     ConfigurationError,
     NoBackupForTarget,
@@ -100,7 +101,7 @@ def _roles(value: Iterable[VolumeRole | str]) -> frozenset[VolumeRole]:
     return frozenset(VolumeRole(v) for v in value)
 
 
-@attrs.frozen
+@frozen
 class RecoveryRequest:
     """What to recover, and how.
 
@@ -259,7 +260,7 @@ def _no_copy(facts: RecoveryFacts, request: RecoveryRequest, backup: BackupRecor
     return f"copies {names} not found in their targets"
 
 
-@attrs.frozen
+@frozen
 class Candidate:
     """A backup that can serve a request, with the timeline it recovers to."""
 
@@ -930,7 +931,7 @@ def _fmt_bytes(n: int) -> str:
 # --------------------------------------------------------------------------- the plan
 
 
-@attrs.frozen
+@frozen
 class Resolved:
     """What the recovery planner decided for a request, before any step: the
     ``backup`` (and the ``copy`` restored instead of its snapshots, if any), the

@@ -27,6 +27,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ConfigurationError, PlanningError
 from pgsnap.model import (
     LSN,
@@ -107,7 +108,7 @@ def _check_port(_inst: object, _attr: object, value: int) -> None:
         )
 
 
-@attrs.frozen
+@frozen
 class StandbyRequest:
     """What standby to seed, where.
 

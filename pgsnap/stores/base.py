@@ -17,14 +17,13 @@ import datetime as dt
 from collections.abc import Iterator
 from typing import Protocol, runtime_checkable
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import PgsnapError
 
 __all__ = ["ObjectStore", "StoreErrors", "StoredObject", "check_key"]
 
 
-@attrs.frozen
+@frozen
 class StoredObject:
     """One object as the store lists it: its ``key``, stored ``size`` in bytes, and
     ``etag``, an opaque tag that changes whenever the object is written again (S3's
@@ -37,7 +36,7 @@ class StoredObject:
     modified: dt.datetime | None = None
 
 
-@attrs.frozen
+@frozen
 class StoreErrors:
     """The exception classes a store raises: ``failed`` for any failure, ``missing``
     for a key that is not there, ``refused`` for a store that refuses (no such bucket,

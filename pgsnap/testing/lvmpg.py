@@ -38,8 +38,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, Self
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import ConfigurationError, PgsnapError
 from pgsnap.host import Host
 from pgsnap.testing.lvmvm import LvmVm, lvmvm_unavailable, virtiofsd_path
@@ -72,7 +71,7 @@ LOG: Final = "/pg/server.log"
 """The server log (on the VM's tmpfs root, outside the volumes)."""
 
 
-@attrs.frozen
+@frozen
 class VmPgSetup:
     """What to build: the PostgreSQL major version, the file system, thin or linear
     volumes (thin: thin snapshots; linear: classic copy-on-write ones), the size

@@ -81,8 +81,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import CommandTimeout, ConfigurationError, HostError, HostUnreachable
 from pgsnap.host import CommandResult, Host
 
@@ -457,7 +456,7 @@ def _package_programs(packages: Iterable[str]) -> list[str]:
     return sorted(set(found))
 
 
-@attrs.frozen
+@frozen
 class VmImage:
     """A kernel and an initramfs ready to boot."""
 

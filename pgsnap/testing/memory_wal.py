@@ -30,6 +30,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ArchiveError
 from pgsnap.wal.archive import (
     DECOMPRESSORS,
@@ -50,7 +51,7 @@ MAX_TEXT_FILE_SIZE: Final = 1024 * 1024
 """Largest ``.history``/``.backup`` file :meth:`MemoryWalArchive.read_text` reads (1 MiB)."""
 
 
-@attrs.frozen
+@frozen
 class _Stored:
     data: bytes
     mtime_ns: int

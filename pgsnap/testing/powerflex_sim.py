@@ -127,6 +127,7 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap.errors import ConfigurationError
 from pgsnap.host.simulated import SimulatedHost, SimulatedMount
 
@@ -256,7 +257,7 @@ def _empty(path: Path) -> None:
 # --------------------------------------------------------------------------- state
 
 
-@attrs.define
+@define
 class _Volume:
     id: str
     name: str
@@ -272,7 +273,7 @@ class _Volume:
     policy_id: str | None = None
 
 
-@attrs.define
+@define
 class _Host:
     """A host of the system: an SDC (``SdcHost``) or, on 4.x and 5.x, an NVMe host
     (``NVMeHost``). One object under two types: ``Sdc::<id>`` is ``Host::<id>``."""
@@ -287,7 +288,7 @@ class _Host:
     max_num_sys_ports: int | None = None
 
 
-@attrs.define
+@define
 class _Policy:
     id: str
     name: str
@@ -299,7 +300,7 @@ class _Policy:
     sources: list[str] = attrs.Factory(list)
 
 
-@attrs.define
+@define
 class _Token:
     value: str
     scheme: str  # "basic" (3.x /api/login), "bearer"
@@ -308,7 +309,7 @@ class _Token:
     refresh: str | None = None
 
 
-@attrs.frozen
+@frozen
 class SimRequest:
     """One request the simulator answered (or dropped: ``status`` 0)."""
 
@@ -319,7 +320,7 @@ class SimRequest:
     """The ``action/<name>`` of the path, if any."""
 
 
-@attrs.define
+@define
 class Fault:
     """A fault the simulator injects into matching requests.
 
@@ -1549,7 +1550,7 @@ class PowerFlexSimulator:
 # --------------------------------------------------------------------------- TLS
 
 
-@attrs.frozen
+@frozen
 class GatewayCertificate:
     """A server certificate made for tests by :func:`make_certificate`.
 

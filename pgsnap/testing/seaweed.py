@@ -36,6 +36,7 @@ from typing import Any, Self
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap.errors import ConfigurationError
 
 __all__ = ["SeaweedS3", "seaweed_unavailable", "self_signed_cert", "weed_binary"]
@@ -129,7 +130,7 @@ class _PortTaken(Exception):
     """``weed`` exited because a port chosen for it was taken meanwhile."""
 
 
-@attrs.frozen
+@frozen
 class Keys:
     """An access key and its secret."""
 
@@ -137,7 +138,7 @@ class Keys:
     secret_key: str = attrs.field(repr=False)
 
 
-@attrs.define
+@define
 class SeaweedS3:
     """A running ``weed server -s3`` (see the module docstring); stop it with :meth:`stop`."""
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.model import LSN, BackupRecord, BackupState, DrillRecord
 from pgsnap.plan import Plan
 from pgsnap.wal import ArchiveIndex, TimelineGraph, segment_name
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@frozen
 class WalRun:
     """Archived WAL without a gap on ``timeline``: ``start`` (the first byte of its
     first segment) to ``end`` (the end of its last)."""
@@ -49,7 +50,7 @@ class WalRun:
     segments: int
 
 
-@attrs.frozen
+@frozen
 class GapMark:
     """Missing WAL on ``timeline`` between two runs: ``start`` to ``end``, the first
     missing segment named (``first_missing``) and how many are missing."""
@@ -61,7 +62,7 @@ class GapMark:
     segments: int
 
 
-@attrs.frozen
+@frozen
 class Lane:
     """One timeline: where it forks from its parent (None for a first timeline) and
     the WAL archived on it."""
@@ -84,7 +85,7 @@ class Lane:
         return max((r.end for r in self.runs), default=self.start)
 
 
-@attrs.frozen
+@frozen
 class BackupMark:
     """A backup: where it starts and becomes consistent, and the window it can be
     recovered to (``recoverable_to``: the end of the gapless WAL from its start on its
@@ -103,7 +104,7 @@ class BackupMark:
     recoverable_to: LSN | None
 
 
-@attrs.frozen
+@frozen
 class RestorePointMark:
     """A restore point (``pg_create_restore_point``) the WAL index has seen."""
 
@@ -112,7 +113,7 @@ class RestorePointMark:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class DrillMark:
     """A restore drill of a backup: when it started and whether it passed."""
 
@@ -121,7 +122,7 @@ class DrillMark:
     ok: bool
 
 
-@attrs.frozen
+@frozen
 class TargetMark:
     """A recovery plan's target and chosen backup, drawn over the picture."""
 
@@ -133,7 +134,7 @@ class TargetMark:
     point's position); None when only a time is known."""
 
 
-@attrs.frozen
+@frozen
 class TimelineView:
     """Everything :mod:`pgsnap.timeline.svg` draws (see the module docstring)."""
 

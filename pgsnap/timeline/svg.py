@@ -40,8 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Final, TypeVar
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.model import LSN, BackupState
 
 if TYPE_CHECKING:  # the view's types: pgsnap.timeline imports this module to draw itself
@@ -220,7 +219,7 @@ def _state_class(state: BackupState) -> str:
 # --------------------------------------------------------------------------- geometry
 
 
-@attrs.frozen
+@frozen
 class _Scale:
     """LSN → x: ``lo`` at ``left``, ``hi`` at ``right``."""
 
@@ -233,7 +232,7 @@ class _Scale:
         return self.left + (lsn.value - self.lo) * (self.right - self.left) / (self.hi - self.lo)
 
 
-@attrs.frozen
+@frozen
 class _Row:
     """A lane's row: its timeline, its lane (None when only marks name the timeline)
     and where it is drawn."""
@@ -550,7 +549,7 @@ def _drill_element(b: BackupMark, row: _Row, scale: _Scale, drills: Sequence[Dri
     )
 
 
-@attrs.frozen
+@frozen
 class _BinStats:
     count: int
     done: int

@@ -10,8 +10,7 @@ import datetime as dt
 import re
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     BackupFileError,
     LSNError,
@@ -28,7 +27,7 @@ __all__ = [
 _U32: Final = 0xFFFFFFFF
 
 
-@attrs.frozen
+@frozen
 class BackupHistoryFile:
     """A parsed ``.backup`` history file or ``backup_label``.
 

@@ -42,6 +42,7 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN, RecoveryTarget, TargetKind
 from pgsnap.wal.events import WalEvents
@@ -99,7 +100,7 @@ def _time(us: int) -> dt.datetime:
 # =========================================================================== the question
 
 
-@attrs.frozen
+@frozen
 class WalQuery:
     """What the planner will ask of the WAL, besides its restore points and the last commit.
 
@@ -128,7 +129,7 @@ class WalQuery:
 # =========================================================================== what a segment holds
 
 
-@attrs.frozen
+@frozen
 class SegmentSummary:
     """What one segment file holds that planning asks about.
 
@@ -496,7 +497,7 @@ def _locked(path: str) -> Iterator[None]:
 # =========================================================================== reading with the index
 
 
-@attrs.frozen
+@frozen
 class IndexedRead:
     """What :func:`read_events` found, and how.
 
@@ -511,7 +512,7 @@ class IndexedRead:
     added: int = 0
 
 
-@attrs.frozen
+@frozen
 class _Piece:
     """One part of the walk: a stretch read from disk, or one indexed segment."""
 

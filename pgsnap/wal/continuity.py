@@ -21,6 +21,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     LSNError,
     TimelineError,
@@ -55,7 +56,7 @@ __all__ = [
 _U64: Final = 0xFFFFFFFFFFFFFFFF
 
 
-@attrs.frozen(order=True)
+@frozen(order=True)
 class SegmentRange:
     """Segments ``first..last`` (inclusive segment numbers) on ``timeline``."""
 
@@ -110,7 +111,7 @@ def _ranges_converter(value: Iterable[SegmentRange]) -> tuple[SegmentRange, ...]
     return tuple(value)
 
 
-@attrs.frozen
+@frozen
 class ArchiveIndex:
     """What a WAL archive holds: contiguous segment ranges per timeline, plus other files.
 
@@ -442,7 +443,7 @@ def _runs(tli: int, segnos: list[int]) -> list[SegmentRange]:
 # =========================================================================== continuity check
 
 
-@attrs.frozen
+@frozen
 class WalCheck:
     """The result of :func:`check`: is the WAL from a start to an end all there?
 
@@ -729,7 +730,7 @@ def segments_to_replay(
             return
 
 
-@attrs.frozen
+@frozen
 class SwitchGap:
     """Segments a timeline lacks before the point where a child forked from it.
 
@@ -801,7 +802,7 @@ def recoverable_window(
 # =========================================================================== archiver health
 
 
-@attrs.frozen
+@frozen
 class TimelineReport:
     """One timeline of an :class:`ArchiveReport`: where it forks from its parent, the
     runs of segments the archive holds (``ranges``, first and last names), the
@@ -816,7 +817,7 @@ class TimelineReport:
     missing_before_switch: tuple[SwitchGap, ...]
 
 
-@attrs.frozen
+@frozen
 class ArchiveReport:
     """The WAL archive per timeline (``pgsnap wal``): :func:`archive_report`."""
 

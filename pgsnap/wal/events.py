@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.model import LSN
 
 __all__ = ["WalEvents"]
@@ -28,7 +29,7 @@ def _spans(values: Iterable[tuple[LSN, LSN]]) -> tuple[tuple[LSN, LSN], ...]:
     return tuple(out)
 
 
-@attrs.frozen
+@frozen
 class WalEvents:
     """What a read of the WAL found, for placing targets and stating them as times.
 

@@ -18,15 +18,14 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import WalNameError
 from pgsnap.wal.names import parse_archive_name
 
 __all__ = ["ArchivedFile", "ReadStream", "WalFiles", "check_file_name"]
 
 
-@attrs.frozen
+@frozen
 class ArchivedFile:
     """One file as an archive stores it (what :meth:`WalFiles.stat` returns).
 

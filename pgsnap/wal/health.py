@@ -5,8 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.model import ArchiverStatus
 from pgsnap.wal.names import WalFileKind, parse_archive_name
 
@@ -16,7 +15,7 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@frozen
 class ArchiverHealth:
     """Whether WAL archiving works: ``reasons`` (blocking) and ``warnings`` (not blocking).
 

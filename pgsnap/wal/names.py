@@ -15,8 +15,7 @@ import enum
 import re
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     WalNameError,
 )
@@ -258,7 +257,7 @@ class WalFileKind(enum.Enum):
     """Anything else (temporary files, other tools' files, impossible names)."""
 
 
-@attrs.frozen
+@frozen
 class ArchiveEntry:
     """One file name of a WAL archive, classified (see :func:`parse_archive_name`).
 

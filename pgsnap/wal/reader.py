@@ -73,6 +73,7 @@ from typing import IO, Any, Final, NoReturn, Protocol
 
 import attrs
 
+from pgsnap._attrs import define, frozen
 from pgsnap.errors import ArchiveError, InputError
 from pgsnap.model import LSN
 from pgsnap.wal._crc32c import crc32c
@@ -218,7 +219,7 @@ _UNIX_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _INF: Final = 1 << 64
 
 
-@attrs.frozen
+@frozen
 class _Format:
     """What differs between the major versions for this reader."""
 
@@ -296,7 +297,7 @@ _XACT_KIND: Final = {
 }
 
 
-@attrs.frozen
+@frozen
 class XactRecord:
     """A transaction's commit or abort.
 
@@ -318,7 +319,7 @@ class XactRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class RestorePointRecord:
     """A restore point (``pg_create_restore_point``): its name and time."""
 
@@ -329,7 +330,7 @@ class RestorePointRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class CheckpointRecord:
     """A checkpoint record (online, or shutdown: also the end of a crash recovery
     on 12-14 and a timeline switch when ``this_timeline != prev_timeline``).
@@ -347,7 +348,7 @@ class CheckpointRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class EndOfRecoveryRecord:
     """An end-of-recovery record: a promotion started ``this_timeline`` from ``prev_timeline``."""
 
@@ -359,7 +360,7 @@ class EndOfRecoveryRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class SwitchRecord:
     """A WAL switch (``pg_switch_wal``); the rest of the segment is unused (``end_lsn``
     is the next segment's start)."""
@@ -369,7 +370,7 @@ class SwitchRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class BackupEndRecord:
     """The end of an online backup that started at ``backup_start``."""
 
@@ -379,7 +380,7 @@ class BackupEndRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class OverwriteContrecordRecord:
     """The record written where a record's lost continuation was (crash recovery
     found the WAL ending in the middle of the record at ``overwritten_lsn``)."""
@@ -391,7 +392,7 @@ class OverwriteContrecordRecord:
     timeline: int
 
 
-@attrs.frozen
+@frozen
 class TimelineSwitch:
     """The path moves from ``from_timeline`` to ``to_timeline`` at ``lsn`` (the switchpoint)."""
 
@@ -400,7 +401,7 @@ class TimelineSwitch:
     to_timeline: int
 
 
-@attrs.frozen
+@frozen
 class SegmentRead:
     """A segment file was opened and its first page (long header) checked.
 
@@ -422,7 +423,7 @@ class SegmentRead:
     source: int = 0
 
 
-@attrs.frozen
+@frozen
 class EndOfWal:
     """Where the valid WAL ends: replay stops here.
 
@@ -458,7 +459,7 @@ class StopReason(enum.Enum):
     """The next segment is in none of the directories."""
 
 
-@attrs.frozen
+@frozen
 class ScanEnd:
     """The last item of every scan.
 
@@ -500,7 +501,7 @@ WalItem = (
 """Everything :func:`read_wal` yields."""
 
 
-@attrs.frozen
+@frozen
 class PageHeader:
     """The header every WAL page starts with (:func:`parse_page_header`).
 
@@ -536,7 +537,7 @@ def parse_page_header(head: bytes) -> PageHeader | None:
     return PageHeader(magic=magic, info=info, timeline=tli, pageaddr=LSN(pageaddr), remaining=rem)
 
 
-@attrs.frozen
+@frozen
 class SegmentHeader:
     """The long page header of a segment's first page (:func:`read_segment_header`)."""
 
@@ -1049,7 +1050,7 @@ def _as_files(source: WalSource) -> WalFiles:
     return source
 
 
-@attrs.frozen
+@frozen
 class _File:
     source: int
     name: str
@@ -1325,7 +1326,7 @@ class _Restart(Exception):
     """An overwrite-contrecord page: read again from its start."""
 
 
-@attrs.define
+@define
 class _Context:
     """What a scan knows before walking: files, sizes, format, cluster and path."""
 

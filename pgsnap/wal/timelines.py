@@ -12,6 +12,7 @@ from typing import Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.errors import (
     HistoryFileError,
     LSNError,
@@ -31,7 +32,7 @@ __all__ = [
 _U32: Final = 0xFFFFFFFF
 
 
-@attrs.frozen
+@frozen
 class HistoryEntry:
     """One line of a history file: ``parent`` ran until ``switchpoint``.
 
@@ -45,7 +46,7 @@ class HistoryEntry:
     reason: str = ""
 
 
-@attrs.frozen
+@frozen
 class TimelineSpan:
     """A stretch of one timeline on the way to a target timeline.
 
@@ -113,7 +114,7 @@ def _entries_converter(value: Iterable[HistoryEntry]) -> tuple[HistoryEntry, ...
     return tuple(value)
 
 
-@attrs.frozen
+@frozen
 class TimelineHistory:
     """The content of ``<timeline>.history``: the ancestry of ``timeline``.
 

@@ -48,7 +48,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("pgsnap.stores",),  # object stores: a directory, an S3 bucket
     ("pgsnap.model",),
-    ("pgsnap.errors", "pgsnap._version", "pgsnap._moved", "pgsnap._argv"),
+    ("pgsnap.errors", "pgsnap._version", "pgsnap._moved", "pgsnap._argv", "pgsnap._attrs"),
 )
 """Top to bottom. A component (a top-level module or subpackage of pgsnap) imports
 only components of the layers below its own; those of one layer do not import

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from pgsnap._attrs import frozen
 from pgsnap.backends._common import group_failure
 from pgsnap.backends.mock._devices import MEMORY_DEVICE_DIR, MockDevices
 from pgsnap.backends.mock._faults import HOLD_TIMEOUT, Faults
@@ -119,7 +120,7 @@ def _capabilities(values: Iterable[Capability | str] | None) -> frozenset[Capabi
     return frozenset(caps)
 
 
-@attrs.frozen
+@frozen
 class _VolumeSpec:
     """A volume declared in the constructor's ``volumes`` (a configuration file)."""
 

@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
-import attrs
-
+from pgsnap._attrs import define
 from pgsnap.backends.mock._state import _NAME
 from pgsnap.errors import (
     BackendUnavailable,
@@ -43,7 +42,7 @@ HOLD_TIMEOUT: Final = 600.0
 """Seconds a held call (:meth:`MockBackend.add_hold`) waits before it fails."""
 
 
-@attrs.define
+@define
 class _Fault:
     method: str
     skip: int

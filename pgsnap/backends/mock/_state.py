@@ -12,6 +12,7 @@ from typing import Any, Final
 
 import attrs
 
+from pgsnap._attrs import define
 from pgsnap.errors import (
     BackendError,
     ConfigurationError,
@@ -43,7 +44,7 @@ _CORRUPT_HINT: Final = (
 # --------------------------------------------------------------------------- internal state
 
 
-@attrs.define
+@define
 class _Volume:
     id: str
     name: str
@@ -73,7 +74,7 @@ class _Volume:
         )
 
 
-@attrs.define
+@define
 class _Snap:
     record: Snapshot
     seq: int
@@ -88,7 +89,7 @@ class _Snap:
         return self.home / "tree"
 
 
-@attrs.define
+@define
 class _Group:
     id: str
     name: str
@@ -97,7 +98,7 @@ class _Group:
     policy_id: str | None = None
 
 
-@attrs.define
+@define
 class _Policy:
     id: str
     name: str
@@ -112,7 +113,7 @@ class _Policy:
         )
 
 
-@attrs.define
+@define
 class _Copy:
     """A copy into a new directory under way: recorded (and saved) before it starts.
 
@@ -220,7 +221,7 @@ def _bool(value: object, where: str) -> bool:
     return value
 
 
-@attrs.define
+@define
 class _State:
     """Everything a state file holds."""
 
