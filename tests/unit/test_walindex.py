@@ -138,6 +138,31 @@ def test_a_mid_segment_start_and_end_are_read(tmp_path: Path) -> None:
     assert got.events.scanned_to == ref.scanned_to == LSN(end)
 
 
+def test_a_start_just_past_a_segments_header_cuts_nothing(tmp_path: Path) -> None:
+    """A backup's start LSN is just past its segment's first page header
+    (X/XX000028: pg_backup_start switches WAL first). No record begins before it in
+    that segment, so the segment is taken from the index as a whole one, and a read
+    from there indexes it: a plan from that backup reads it once, not every time."""
+    w, _done = workload(tmp_path / "a")
+    hi = (w.pos // MB + 1) * MB
+    idx = WalIndex(tmp_path / "idx")
+    start = 3 * MB + 0x28  # SizeOfXLogLongPHD
+    cold = read(tmp_path / "a", hi, index=idx, lo=start)
+    warm = read(tmp_path / "a", hi, index=idx, lo=start)
+    at_boundary = read(tmp_path / "a", hi, index=idx, lo=3 * MB)
+    assert cold.read > warm.read
+    assert warm.read == at_boundary.read  # segment 3 and the next not read again
+    assert warm.indexed == at_boundary.indexed
+    for got in (cold, warm):
+        ref = full(tmp_path / "a", hi, lo=start)
+        bounds = [LSN(s * MB) for s in range(4, hi // MB + 1)]
+        assert answers(got.events, WalQuery(), [], bounds) == answers(ref, WalQuery(), [], bounds)
+        assert got.events.scanned_from == ref.scanned_from == LSN(start)
+    # one byte further is a cut: the segment is read, as any mid-segment start
+    later = read(tmp_path / "a", hi, index=idx, lo=start + 1)
+    assert later.read > warm.read
+
+
 def test_a_changed_file_is_read_again(tmp_path: Path) -> None:
     w, _done = workload(tmp_path / "a")
     hi = (w.pos // MB + 1) * MB
@@ -334,11 +359,20 @@ def test_indexed_answers_equal_a_full_read(tmp_path_factory, ops, data) -> None:
         if data.draw(st.booleans()):  # windows on segment boundaries, as the observer reads
             a = data.draw(st.integers(1, hi // MB - 1)) * MB
             b = data.draw(st.integers(a // MB + 1, hi // MB)) * MB
-        else:
-            a = data.draw(st.integers(MB, hi - 1))
+        else:  # anywhere, or just past a segment's first page header (a backup's start)
+            seg_start = data.draw(st.integers(1, hi // MB - 1)) * MB
+            a = data.draw(
+                st.sampled_from(
+                    [
+                        data.draw(st.integers(MB, hi - 1)),
+                        seg_start + data.draw(st.integers(0, 0x29)),
+                    ]
+                )
+            )
             b = data.draw(st.integers(a + 1, hi))
         read(root / "a", b, index=idx, lo=a)
-    lo = data.draw(st.sampled_from([MB, data.draw(st.integers(MB, hi - 1))]))
+    past_header = data.draw(st.integers(1, hi // MB - 1)) * MB + data.draw(st.integers(0, 0x29))
+    lo = data.draw(st.sampled_from([MB, data.draw(st.integers(MB, hi - 1)), past_header]))
     end = data.draw(
         st.sampled_from(
             [
