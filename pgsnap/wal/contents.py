@@ -48,8 +48,8 @@ from pgsnap.model import LSN, RecoveryTarget, TargetKind
 from pgsnap.wal.events import WalEvents
 from pgsnap.wal.files import ArchivedFile, WalFiles
 from pgsnap.wal.names import WalFileKind, parse_archive_name, segment_name, validate_segment_size
-from pgsnap.wal.reader import _LONG_PHD as _SEGMENT_HEADER
 from pgsnap.wal.reader import (
+    _LONG_PHD,
     EndOfWal,
     RestorePointRecord,
     ScanEnd,
@@ -687,9 +687,9 @@ class _Reader:
             # The segment holding the end is read (a record beginning in it may end
             # after the end, and a full read leaves it out when the WAL stops there),
             # unless the end is its end and the next segment is there to finish it.
-            # A start within the segment's first page header cuts nothing: no record
-            # begins there (a backup's start LSN is usually just past it).
-            whole = s_lo - segno * segsz <= _SEGMENT_HEADER and (
+            # A start within the segment's first page header (_LONG_PHD) cuts nothing:
+            # no record begins there (a backup's start LSN is usually just past it).
+            whole = s_lo - segno * segsz <= _LONG_PHD and (
                 (segno + 1) * segsz < hi or ((segno + 1) * segsz == hi and self._present(segno + 1))
             )
             summary = self._indexed(segno) if whole else None
@@ -869,7 +869,7 @@ class _Reader:
         if end.end_of_wal is not None:
             reach = min(reach, end.end_of_wal.found_at.value - _tail_redo(segsz))
         for segno, (source, st) in opened.items():
-            cut = segno * segsz + _SEGMENT_HEADER < read_lo  # records before read_lo unread
+            cut = segno * segsz + _LONG_PHD < read_lo  # records before read_lo unread
             if cut or (segno + 2) * segsz > reach or st is None:
                 continue
             if source != 0:
