@@ -22,11 +22,18 @@ property test holds them equal).
 
 from __future__ import annotations
 
+import importlib
+import importlib.machinery
+import importlib.util
+import logging
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from typing import Final
 
 __all__ = ["accelerated", "crc32c", "crc32c_python"]
+
+log = logging.getLogger(__name__)
 
 _POLY: Final = 0x82F63B78
 """The Castagnoli polynomial 0x1EDC6F41, bit-reflected."""
@@ -77,14 +84,42 @@ def accelerated() -> bool:
 
 def _c_crc() -> _Crc | None:
     if not _fast:
+        found: _Crc | None = None
         try:
-            import crc32c as c_module  # noqa: PLC0415 - optional, looked for on first use
-        except ImportError:
-            _fast.append(None)
-        else:
-            found = getattr(c_module, "crc32c", None)
-            _fast.append(found if callable(found) and found(b"123456789") == 0xE3069283 else None)
+            candidate = getattr(_c_module(), "crc32c", None)
+            if callable(candidate) and candidate(b"123456789") == 0xE3069283:
+                found = candidate
+        except (ImportError, RuntimeError, RuntimeWarning) as exc:
+            # RuntimeError: CRC32C_SW_MODE=none on a processor without a CRC instruction
+            # (the package then refuses every call); RuntimeWarning: its warning of that,
+            # made an error by the interpreter's warning filters.
+            log.debug("the crc32c package is not used: %s", exc)
+        _fast.append(found)
     return _fast[0]
+
+
+def _c_module() -> object:
+    """The ``crc32c`` package's C extension (``crc32c._crc32c``), or None when the
+    package is not installed.
+
+    The extension is loaded on its own where it can be: the package's ``__init__``
+    imports :mod:`importlib.metadata` to look up its own version, about 20 ms of
+    every command that reads WAL, against 1 ms for the extension. A package laid
+    out otherwise is imported as a package.
+    """
+    loaded = sys.modules.get("crc32c")
+    if loaded is not None:  # imported already (by the caller's program)
+        return loaded
+    spec = importlib.util.find_spec("crc32c")  # found, not run
+    if spec is None:
+        return None
+    places = spec.submodule_search_locations
+    ext = importlib.machinery.PathFinder.find_spec("crc32c._crc32c", list(places or []))
+    if ext is None or not isinstance(ext.loader, importlib.machinery.ExtensionFileLoader):
+        return importlib.import_module("crc32c")
+    module = importlib.util.module_from_spec(ext)
+    ext.loader.exec_module(module)
+    return module
 
 
 def crc32c(data: bytes | bytearray | memoryview, crc: int = 0) -> int:

@@ -13,10 +13,14 @@ from __future__ import annotations
 import bz2
 import datetime as dt
 import gzip
+import importlib.machinery
+import importlib.util
 import lzma
 import os
 import random
 import struct
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -341,6 +345,62 @@ def test_the_c_crc32c_is_used_when_installed():
     assert _crc32c.accelerated(), "crc32c (pip install 'pgsnap[fast]') is not installed"
     data = random.Random(5).randbytes(1 << 16)
     assert crc32c(data) == crc32c_python(data)
+
+
+def _crc_in_a_new_process(code: str, warnings: str = "error", **env: str) -> list[str]:
+    """Run ``code`` after importing pgsnap's CRC in a fresh interpreter (``-W
+    warnings``); what it printed."""
+    done = subprocess.run(
+        [sys.executable, "-W", warnings, "-c", "from pgsnap.wal import _crc32c\n" + code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_the_c_crc32c_is_loaded_without_its_packages_import():
+    """The package's ``__init__`` looks up its version through importlib.metadata
+    (about 20 ms of every command that reads WAL): only its extension is loaded."""
+    out = _crc_in_a_new_process(
+        "import sys\n"
+        "print(_crc32c.accelerated(), hex(_crc32c.crc32c(b'123456789')))\n"
+        "print('crc32c' in sys.modules, 'importlib.metadata' in sys.modules)"
+    )
+    assert out == ["True", "0xe3069283", "False", "False"]
+
+
+def test_a_crc32c_package_laid_out_otherwise_is_imported_whole(monkeypatch, tmp_path):
+    """No extension where pgsnap looks for it (the package found in an empty folder):
+    the package is imported, and used."""
+    from pgsnap.wal import _crc32c
+
+    elsewhere = importlib.machinery.ModuleSpec("crc32c", None, is_package=True)
+    elsewhere.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(_crc32c, "_fast", [])
+    monkeypatch.delitem(sys.modules, "crc32c", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: elsewhere)
+    assert _crc32c.accelerated()
+    assert "crc32c" in sys.modules
+    data = random.Random(6).randbytes(999)
+    assert _crc32c.crc32c(data) == crc32c_python(data)
+
+
+@pytest.mark.parametrize("warnings", ["error", "ignore"])
+def test_a_crc32c_package_that_refuses_every_call_is_not_used(warnings):
+    """CRC32C_SW_MODE=none on a processor without a CRC instruction (probing skipped
+    here): the package warns when loaded and raises on every call. The pure-Python
+    CRC is used instead, whether the warning is made an error or not."""
+    out = _crc_in_a_new_process(
+        "print(_crc32c.accelerated(), hex(_crc32c.crc32c(b'123456789')))",
+        warnings,
+        CRC32C_SW_MODE="none",
+        CRC32C_SKIP_HW_PROBE="1",
+    )
+    assert out == ["False", "0xe3069283"]
 
 
 REAL_COMMIT = bytes.fromhex(
