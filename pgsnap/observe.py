@@ -1088,18 +1088,17 @@ class Observer:
             if isinstance(configured, str)
             else (server.data_directory if server is not None else "")
         )
-        facts = attrs.evolve(
-            facts,
+        facts = facts.evolve(
             data_directory=data_directory,
             copies=self._copies_found(backups),
             copy_options=self.copy_options,
             copy_key_file=self.copy_key_file,
         )
-        facts = attrs.evolve(facts, damaged=self._damaged_segments(facts, request))
+        facts = facts.evolve(damaged=self._damaged_segments(facts, request))
         if not read_wal:
             return facts
         events = self._scan_events(facts, request, local_dir)
-        return attrs.evolve(facts, events=events)
+        return facts.evolve(events=events)
 
     def _copies_found(self, backups: Iterable[BackupRecord]) -> frozenset[tuple[str, str]]:
         """``(target, copy id)`` of the DONE backups' copies whose manifests are in their

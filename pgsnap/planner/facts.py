@@ -207,7 +207,8 @@ class RecoveryFacts:
         """The usable backups (DONE, with a stop LSN), the newest stop first: the order
         a recovery considers them in. Sorted on the first call and kept: a plan and
         its observation ask several times, which at ten thousand backups cost 8 ms a
-        time. (``attrs.evolve`` makes facts that sort again.)"""
+        time. (:meth:`evolve` passes it on; ``attrs.evolve`` makes facts that sort
+        again.)"""
         if self._newest_first is None:
             done = [b for b in self.backups if b.is_usable and b.stop_lsn is not None]
             done.sort(
@@ -217,6 +218,16 @@ class RecoveryFacts:
             object.__setattr__(self, "_newest_first", tuple(done))
         assert self._newest_first is not None
         return self._newest_first
+
+    def evolve(self, **changes: Any) -> RecoveryFacts:
+        """``attrs.evolve(self, **changes)`` that keeps the order
+        :meth:`usable_newest_first` found, when ``backups`` is not among the changes:
+        the observer adds to the facts three times, and each new one sorted ten
+        thousand backups again (about 12 ms each)."""
+        evolved = attrs.evolve(self, **changes)
+        if "backups" not in changes and self._newest_first is not None:
+            object.__setattr__(evolved, "_newest_first", self._newest_first)
+        return evolved
 
     def volume(self, volume_id: str) -> VolumeFacts:
         """The facts of ``volume_id``; ConfigurationError when they were not gathered

@@ -36,3 +36,21 @@ def test_the_order_is_sorted_once_and_evolved_facts_sort_again() -> None:
     assert fewer.usable_newest_first() == first[1:]
     assert fewer == attrs.evolve(fewer)  # the kept order is no part of the facts' value
     assert "newest_first" not in repr(facts)
+
+
+def test_facts_evolve_keeps_the_order_unless_the_backups_change() -> None:
+    backups = (backup("b1", 2, 3, 1), backup("b2", 5, 6, 5), backup("b3", 9, 10, 9))
+    facts = make_facts(backups)
+    unsorted = facts.evolve(host="elsewhere")
+    assert unsorted == attrs.evolve(facts, host="elsewhere")
+    first = facts.usable_newest_first()
+    added = facts.evolve(host="elsewhere", data_directory="/srv/pg")
+    assert added == attrs.evolve(facts, host="elsewhere", data_directory="/srv/pg")
+    assert added.usable_newest_first() is first  # passed on, not sorted again
+    assert unsorted.usable_newest_first() == first  # made before the sort: sorts itself
+    # Other backups: sorted anew, never the kept order (even the same backups anew).
+    fewer = facts.evolve(backups=backups[:2])
+    assert [b.id for b in fewer.usable_newest_first()] == ["b2", "b1"]
+    same = facts.evolve(backups=backups)
+    assert same.usable_newest_first() == first
+    assert same.usable_newest_first() is not first
