@@ -424,19 +424,25 @@ class DirectoryCatalog:
         width = len(_EAGER_FIELDS)
         crc32 = zlib.crc32
         for item, tail, line in zip(parsed, tails, body, strict=True):
-            if not isinstance(item, list) or len(item) < 2:
+            # Types checked by ``__class__ is`` (JSON makes exactly these), the
+            # identity unpacked: a listing checks ten thousand entries here.
+            if item.__class__ is not list:
                 continue
-            if item[0] == "delete":
-                entries.pop(str(item[1]), None)
-            elif item[0] == "put" and len(item) == 5:
-                ident, crc, values = item[2], item[3], item[4]
+            if len(item) == 5 and item[0] == "put":
+                _put, backup_id, ident, crc, values = item
                 if (
-                    _is_identity(ident)
-                    and isinstance(values, list)
+                    backup_id.__class__ is str
+                    and ident.__class__ is list
+                    and len(ident) == 3
+                    and values.__class__ is list
                     and len(values) == width
                     and crc == crc32(tail)
                 ):
-                    entries[str(item[1])] = ((ident[0], ident[1], ident[2]), values, tail, line)
+                    ino, size, mtime = ident
+                    if ino.__class__ is int and size.__class__ is int and mtime.__class__ is int:
+                        entries[backup_id] = ((ino, size, mtime), values, tail, line)
+            elif len(item) >= 2 and item[0] == "delete":
+                entries.pop(str(item[1]), None)
         return entries, len(body)
 
     def _rewrite_index(self, records: dict[str, tuple[_Identity, BackupRecord, _Source]]) -> None:

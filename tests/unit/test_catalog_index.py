@@ -130,6 +130,61 @@ def test_a_damaged_index_entry_is_read_from_its_file(tmp_path):
     assert fresh.list() == (_rec(0),)
 
 
+def _spoilt(entry: list[Any], how: str) -> Any:
+    if how == "not a list":
+        return {"put": entry}
+    if how == "too short":
+        return entry[:4]
+    if how == "id not text":
+        return [entry[0], 7, *entry[2:]]
+    if how in ("identity of two", "identity of text", "identity of booleans"):
+        ident = {
+            "identity of two": entry[2][:2],
+            "identity of text": [str(v) for v in entry[2]],
+            "identity of booleans": [True, True, True],
+        }[how]
+        return [*entry[:2], ident, *entry[3:]]
+    if how == "crc of other values":
+        return [*entry[:3], entry[3] ^ 1, entry[4]]
+    if how == "values not a list":
+        return [*entry[:4], {"values": entry[4]}]
+    if how == "a value short":
+        return [*entry[:4], entry[4][:-1]]
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "not a list",
+        "too short",
+        "id not text",
+        "identity of two",
+        "identity of text",
+        "identity of booleans",
+        "crc of other values",
+        "values not a list",
+        "a value short",
+    ],
+)
+def test_an_entry_of_another_shape_is_skipped_and_its_record_read_from_its_file(
+    tmp_path, monkeypatch, how
+):
+    path = tmp_path / "c"
+    DirectoryCatalog(path).put(_rec(0))
+    lines = (path / ".index").read_text().splitlines()
+    head, lazy = lines[1].split("\t")
+    spoilt = json.dumps(_spoilt(json.loads(head), how))
+    (path / ".index").write_text(lines[0] + "\n" + spoilt + "\t" + lazy + "\n")
+    read: list[str] = []
+    get = DirectoryCatalog.get
+    monkeypatch.setattr(DirectoryCatalog, "get", lambda self, i: read.append(i) or get(self, i))
+    fresh = DirectoryCatalog(path)
+    assert fresh.list() == (_rec(0),)
+    assert read == ["b-000"]  # from its file, not from the entry
+    assert fresh.scan().unreadable == ()
+
+
 def test_an_entry_whose_lazy_values_changed_is_read_from_its_file(tmp_path, monkeypatch):
     """The fields decoded when first read (the layout, the label...) are checked against
     the CRC of what pgsnap wrote when the index is read: an entry whose lazy values
