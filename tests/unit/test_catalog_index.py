@@ -178,7 +178,12 @@ def test_an_entry_of_another_shape_is_skipped_and_its_record_read_from_its_file(
     (path / ".index").write_text(lines[0] + "\n" + spoilt + "\t" + lazy + "\n")
     read: list[str] = []
     get = DirectoryCatalog.get
-    monkeypatch.setattr(DirectoryCatalog, "get", lambda self, i: read.append(i) or get(self, i))
+
+    def reading(self: DirectoryCatalog, backup_id: str) -> BackupRecord:
+        read.append(backup_id)
+        return get(self, backup_id)
+
+    monkeypatch.setattr(DirectoryCatalog, "get", reading)
     fresh = DirectoryCatalog(path)
     assert fresh.list() == (_rec(0),)
     assert read == ["b-000"]  # from its file, not from the entry
