@@ -389,11 +389,21 @@ class Host:
             raise InputError(f"read_heads reads 1 to 65536 bytes per file, not {size}")
         if self.local:
             return self._read_heads_here(directory, size)
-        result = self._script(_HEADS_SCRIPT, [_operand(directory), str(size)], timeout=300.0)
+        args = [_operand(directory), str(size)]
+        result = self._script(_HEADS_SCRIPT, args, timeout=300.0)
+        if not result.ok:
+            raise self._file_error(result, directory, what=f"reading the files of {directory}")
+        heads = _parse_heads(result.stdout, size)
+        if heads is not None:
+            return heads
+        # The files changed between the listing and the reading, or head is not GNU
+        # head: read them again one by one (a process per file).
+        _log.debug("%s: reading the files of %s one by one", self.description, directory)
+        result = self._script(_HEADS_EACH_SCRIPT, args, timeout=300.0)
         if not result.ok:
             raise self._file_error(result, directory, what=f"reading the files of {directory}")
         fields = result.stdout.split(b"\0")[:-1]
-        heads: dict[str, bytes] = {}
+        heads = {}
         for name, hexed in zip(fields[::2], fields[1::2], strict=True):
             heads[name.decode("utf-8", "surrogateescape")] = bytes.fromhex(hexed.decode())
         return heads
@@ -790,16 +800,31 @@ trap - EXIT
 sync -- "$dir"
 """
 
-# read_heads: $1 directory, $2 byte count. For each regular file (links not
-# followed): its name NUL, its first bytes in hex NUL. Hex keeps the stream in
-# step whatever a file holds or however it changes meanwhile.
+# read_heads: $1 directory, $2 byte count. Every regular file (links not followed)
+# as "name NUL size NUL", an empty field, then what GNU ``head -v -c`` prints of them
+# all (each file's first bytes after a "==> ./name <==" line), in hex (od's lines,
+# whose spaces and newlines bytes.fromhex skips). Four processes, however many files
+# (a pg_wal holds hundreds): :func:`_parse_heads` takes it apart with the sizes, and
+# finds it does not add up when a file changed meanwhile, when find split the files
+# over two head runs (thousands of files), or when head is another head: then the
+# files are read one by one (:data:`_HEADS_EACH_SCRIPT`).
 _HEADS_SCRIPT: Final = r"""set -e
+[ -d "$1" ] || { ls -d -- "$1" >/dev/null; exit 2; }
+cd -- "$1"
+find . -mindepth 1 -maxdepth 1 -type f -printf '%f\0%s\0'
+printf '\0'
+find . -mindepth 1 -maxdepth 1 -type f -exec head -v -c "$2" -- {} + 2>/dev/null | od -An -v -tx1
+"""
+
+# read_heads, file by file (when the above does not add up): for each regular
+# file, its name NUL, its first bytes in hex NUL. A process (od) per file.
+_HEADS_EACH_SCRIPT: Final = r"""set -e
 [ -d "$1" ] || { ls -d -- "$1" >/dev/null; exit 2; }
 find -H "$1" -mindepth 1 -maxdepth 1 -type f -exec sh -c '
   n=$1; shift
   for f do
     printf "%s\0" "${f##*/}"
-    od -An -v -tx1 -N "$n" -- "$f" 2>/dev/null | tr -d " \n"
+    od -An -v -tx1 -N "$n" -- "$f" 2>/dev/null || :
     printf "\0"
   done' sh "$2" {} +
 """
@@ -859,6 +884,42 @@ def _check_owner(owner: str) -> None:
 def _operand(path: str) -> str:
     """``path`` safe as an operand of commands that read options (``-x`` → ``./-x``)."""
     return path if path.startswith(("/", "./", "../")) else f"./{path}"
+
+
+def _parse_heads(out: bytes, size: int) -> dict[str, bytes] | None:
+    """The files' first ``size`` bytes from :data:`_HEADS_SCRIPT`'s output, by name; None
+    when it does not add up (a file added, removed or resized between the listing and
+    head, a file head could not read, the files split over two head runs, or a head
+    that writes otherwise)."""
+    if out.startswith(b"\0"):
+        listing, rest = b"", out[1:]
+    else:
+        listing, sep, rest = out.partition(b"\0\0")
+        if not sep:
+            return None
+    fields = listing.split(b"\0") if listing else []
+    if len(fields) % 2:
+        return None
+    try:
+        data = bytes.fromhex(rest.decode("ascii"))
+    except ValueError:
+        return None
+    heads: dict[str, bytes] = {}
+    at = 0
+    for name, length in zip(fields[::2], fields[1::2], strict=True):
+        if not length.isdigit():
+            return None
+        # Between two files a newline, always: where find split the files over two
+        # head runs there is none, and where a file shrank by a byte it was read as
+        # the file's: both are refused.
+        header = (b"\n" if heads else b"") + b"==> ./" + name + b" <==\n"
+        if not data.startswith(header, at):
+            return None
+        at += len(header)
+        end = at + min(size, int(length))
+        heads[name.decode("utf-8", "surrogateescape")] = data[at:end]
+        at = end
+    return heads if at == len(data) else None  # (past the end: a file shrank)
 
 
 def _from_root(path: str) -> str:

@@ -628,6 +628,93 @@ def test_read_heads_reads_the_start_of_every_file_in_one_round_trip(tmp_path):
             host.read_heads(str(tmp_path / "missing"), 16)
 
 
+def _heads_output(listing: list[tuple[bytes, int]], *runs: bytes) -> bytes:
+    """What the heads script prints: the listing, an empty field, then the hex of what
+    each ``head -v`` run wrote (find may split the files over several runs)."""
+    head = b"".join(runs)
+    out = b"".join(name + b"\0" + str(size).encode() + b"\0" for name, size in listing)
+    return out + b"\0" + " ".join(f"{b:02x}" for b in head).encode() + b"\n"
+
+
+def test_read_heads_takes_heads_output_apart_by_the_files_sizes():
+    from pgsnap.host.host import _parse_heads
+
+    listing = [(b"a", 3), (b"b <==\nx", 40), (b"e", 0)]
+    first = b"==> ./a <==\nabc\n==> ./b <==\nx <==\n" + bytes(range(16))
+    out = _heads_output(listing, first, b"\n==> ./e <==\n")
+    assert _parse_heads(out, 16) == {"a": b"abc", "b <==\nx": bytes(range(16)), "e": b""}
+    assert _parse_heads(_heads_output([]), 16) == {}
+    # find split the files over two head runs: the second's first header has no
+    # newline before it, as after a file that shrank by a byte; read one by one.
+    assert _parse_heads(_heads_output(listing, first, b"==> ./e <==\n"), 16) is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "grown",
+        "shrunk",
+        "shrunk by one",
+        "removed",
+        "added",
+        "no headers",
+        "not hex",
+        "no listing end",
+    ],
+)
+def test_read_heads_output_that_does_not_add_up_is_refused(case):
+    """A file changed between the listing and head, or a head that writes otherwise:
+    None, and the files are read again one by one."""
+    from pgsnap.host.host import _parse_heads
+
+    listing = [(b"a", 3), (b"b", 2)]
+    runs = [b"==> ./a <==\nabc\n==> ./b <==\nxy"]
+    if case == "grown":
+        runs = [b"==> ./a <==\nabcdef\n==> ./b <==\nxy"]
+    elif case == "shrunk":
+        runs = [b"==> ./a <==\na\n==> ./b <==\nxy"]
+    elif case == "shrunk by one":
+        runs = [b"==> ./a <==\nab\n==> ./b <==\nxy"]
+    elif case == "removed":
+        runs = [b"==> ./a <==\nabc"]
+    elif case == "added":
+        runs = [*runs, b"\n==> ./c <==\nz"]
+    elif case == "no headers":
+        runs = [b"abcxy"]
+    out = _heads_output(listing, *runs)
+    if case == "not hex":
+        out = out[:-3] + b"zz\n"
+    elif case == "no listing end":
+        out = out.replace(b"\0\0", b"\0", 1)
+    assert _parse_heads(out, 16) is None
+
+
+def test_read_heads_reads_file_by_file_when_the_output_does_not_add_up(tmp_path):
+    (tmp_path / "seg").write_bytes(bytes(range(40)))
+    (tmp_path / "short").write_bytes(b"ab")
+
+    class Remote:
+        """Over "ssh", where a file grows between the listing and head."""
+
+        description = "remote"
+
+        def __init__(self) -> None:
+            self.inner = LocalRunner()
+            self.scripts: list[str] = []
+
+        def run(self, argv, **kw):
+            self.scripts.append(argv[2])
+            done = self.inner.run(argv, **kw)
+            if len(self.scripts) == 1:
+                done = CommandResult(done.argv, done.returncode, done.stdout + b"00\n", b"")
+            return done
+
+    remote = Remote()
+    assert Host(remote).read_heads(str(tmp_path), 16) == {"seg": bytes(range(16)), "short": b"ab"}
+    assert len(remote.scripts) == 2  # the heads of all, then file by file
+    assert "head -v" in remote.scripts[0] and "head" not in remote.scripts[1]
+
+
 def test_read_heads_follows_a_directory_given_as_a_symbolic_link(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "seg").write_bytes(b"abcd")
