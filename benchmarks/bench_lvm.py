@@ -103,7 +103,6 @@ MB = 1000**2
 MIB = 1 << 20
 GIB = 1 << 30
 SNAPSHOT_CALL = "backend.create_snapshot_group"
-RESTORE_STEP = f"restore-{VG}/data"
 SAFETY_STEP = "safety-snapshot"
 BB_LV = "bb"
 BB_MNT = "/bb"
@@ -452,7 +451,12 @@ class Mode:
             "plan": t1 - t0,
             "execute": t2 - t1,
             "wall": t2 - t0,
-            "restore": seconds.get(RESTORE_STEP),
+            # The step that restores the data volume (its id names the volume by the
+            # layout's name for it: restore-pgdata).
+            "restore": next(
+                (seconds.get(st.id) for st in plan.steps if st.action == "storage.restore_volume"),
+                None,
+            ),
             "safety": seconds.get(SAFETY_STEP),
             "steps": seconds,
             "restore_calls": [s for _st, name, s in log.calls if name == "backend.restore_volume"],
@@ -622,7 +626,7 @@ def report(say: Callable[[str], None], results: dict[tuple[str, int], dict[str, 
                     "scale (database)",
                     "MB changed (classic COW)",
                     "safety snapshot step",
-                    f"{RESTORE_STEP} step",
+                    "restore step (data volume)",
                     "planning",
                     "execute",
                     "plan + execute",
