@@ -226,10 +226,12 @@ def clean_data_directory(
         posixpath.join(data_dir, n) for n in ("postmaster.pid", "postmaster.opts", "standby.signal")
     ]
     doomed = [p for p in doomed if posixpath.basename(p) in present]
-    doomed += _entries(host, posixpath.join(data_dir, "pg_replslot"))
-    for name in _TRANSIENT_DIRS:
-        if name in present:
-            doomed += _entries(host, posixpath.join(data_dir, name))
+    # Emptied, not removed: one listing for them all (a command each was 7 round trips).
+    emptied = [
+        posixpath.join(data_dir, n) for n in ("pg_replslot", *_TRANSIENT_DIRS) if n in present
+    ]
+    for directory, names in host.list_dirs(emptied).items():
+        doomed += [posixpath.join(directory, n) for n in names or ()]
     if clear_wal:
         wal = posixpath.join(data_dir, "pg_wal")
         info = host.stat(wal)

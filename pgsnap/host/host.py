@@ -377,6 +377,45 @@ class Host:
         names = (r[4:].decode("utf-8", "surrogateescape") for r in records[1:])
         return tuple(sorted(names))
 
+    def list_dirs(self, paths: Sequence[str]) -> dict[str, tuple[str, ...] | None]:
+        """:meth:`list_dir` of several directories in one command: each path's names,
+        sorted, or None for a path that does not exist. A path that is not a
+        directory, or cannot be read, raises as :meth:`list_dir` does."""
+        for path in paths:
+            _check_path(path)
+        wanted = list(dict.fromkeys(paths))
+        if self.local or len(wanted) < 2:
+            return {path: self._listed_or_none(path) for path in wanted}
+        operands = {_operand(path): path for path in wanted}
+        argv = ["find", "-H", *operands, "-maxdepth", "1", "-printf", r"%H\0%d %y %f\0"]
+        result = self.run(argv, timeout=300.0, check=False)
+        if not result.ok:  # one is missing, or not readable: each asked alone says which
+            return {path: self._listed_or_none(path) for path in wanted}
+        names: dict[str, list[str]] = {path: [] for path in wanted}
+        kinds: dict[str, bytes] = {}
+        fields = result.stdout.split(b"\0")[:-1]
+        for start, record in zip(fields[::2], fields[1::2], strict=True):
+            listed = operands.get(start.decode("utf-8", "surrogateescape"))
+            if listed is None:
+                raise HostError(
+                    f"unexpected output listing {', '.join(wanted)}: {result.stdout[:200]!r}",
+                    host=self.description,
+                )
+            if record.startswith(b"0 "):
+                kinds[listed] = record[2:3]
+            else:
+                names[listed].append(record[4:].decode("utf-8", "surrogateescape"))
+        for path in wanted:
+            if kinds.get(path) != b"d":
+                return {path: self._listed_or_none(path) for path in wanted}
+        return {path: tuple(sorted(names[path])) for path in wanted}
+
+    def _listed_or_none(self, path: str) -> tuple[str, ...] | None:
+        try:
+            return self.list_dir(path)
+        except HostFileNotFound:
+            return None
+
     def read_heads(self, directory: str, size: int) -> dict[str, bytes]:
         """The first ``size`` bytes of every regular file in ``directory``, by name.
 

@@ -360,6 +360,26 @@ class TestHostFiles:
             host.list_dir(str(public_dir / "file"))
         assert not isinstance(not_dir.value, HostFileNotFound)
 
+    def test_list_dirs_lists_several_at_once(self, host, public_dir):
+        (public_dir / "a").mkdir()
+        (public_dir / "a" / "x\ny z").write_bytes(b"")
+        (public_dir / "a" / "sub").mkdir()
+        (public_dir / "b").mkdir()
+        (public_dir / "link").symlink_to(public_dir / "a")
+        a, b, link = (str(public_dir / n) for n in ("a", "b", "link"))
+        missing = str(public_dir / "missing")
+        assert host.list_dirs([a, b, link, missing, a]) == {
+            a: ("sub", "x\ny z"),
+            b: (),
+            link: ("sub", "x\ny z"),
+            missing: None,
+        }
+        assert host.list_dirs([a, b]) == {a: host.list_dir(a), b: ()}
+        assert host.list_dirs([]) == {}
+        (public_dir / "file").write_bytes(b"")
+        with pytest.raises(HostError, match="not a directory"):
+            host.list_dirs([a, str(public_dir / "file")])
+
     def test_write_atomic_creates_with_mode_and_owner(self, host, public_dir):
         require_root()
         for name in NAMES:
@@ -634,6 +654,30 @@ def _heads_output(listing: list[tuple[bytes, int]], *runs: bytes) -> bytes:
     head = b"".join(runs)
     out = b"".join(name + b"\0" + str(size).encode() + b"\0" for name, size in listing)
     return out + b"\0" + " ".join(f"{b:02x}" for b in head).encode() + b"\n"
+
+
+def test_list_dirs_is_one_command_elsewhere(tmp_path):
+    for name in ("pg_replslot", "pg_stat_tmp", "pg_subtrans"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "pg_stat_tmp" / "global.stat").write_bytes(b"")
+    calls: list[list[str]] = []
+
+    class Remote:
+        description = "remote"
+
+        def run(self, argv, **kw):
+            calls.append(list(argv))
+            return LocalRunner().run(argv, **kw)
+
+    paths = [str(tmp_path / n) for n in ("pg_replslot", "pg_stat_tmp", "pg_subtrans")]
+    listed = Host(Remote()).list_dirs(paths)
+    assert listed == dict(zip(paths, [(), ("global.stat",), ()], strict=True))
+    assert len(calls) == 1
+    # One missing: the command fails, and each is asked alone (which says which).
+    calls.clear()
+    gone = str(tmp_path / "pg_notify")
+    assert Host(Remote()).list_dirs([*paths, gone]) == {**listed, gone: None}
+    assert len(calls) == 1 + 4
 
 
 def test_read_heads_takes_heads_output_apart_by_the_files_sizes():

@@ -27,7 +27,7 @@ from pgsnap.adapters._pgconf import (
 )
 from pgsnap.adapters.postgres import PostgresAdapter, _db_error, _LogFollower
 from pgsnap.errors import BackupFileError, ConfigurationError, DatabaseError
-from pgsnap.host import Host
+from pgsnap.host import Host, LocalRunner
 from pgsnap.model import RecoveryAction, RecoverySettings, RecoveryTarget
 
 AUTO = """\
@@ -418,6 +418,27 @@ def test_prepare_keeps_wal_unless_asked(tmp_path):
     removed = _pgctl.clean_data_directory(Host(), str(dd), clear_wal=False, major=17)
     assert (tmp_path / "wal" / "000000010000000000000003").exists()
     assert str(dd / "postmaster.opts") in removed
+
+
+def test_prepare_lists_the_directories_it_empties_in_one_command_elsewhere(tmp_path):
+    """On a database host reached over ssh every command is a round trip: the data
+    directory, then pg_replslot and the transient directories together."""
+    dd = _fake_data_dir(tmp_path)
+    commands: list[list[str]] = []
+
+    class Remote:
+        description = "remote"
+
+        def run(self, argv, **kw):
+            commands.append(list(argv))
+            return LocalRunner().run(argv, **kw)
+
+    removed = _pgctl.clean_data_directory(Host(Remote()), str(dd), clear_wal=False, major=17)
+    listings = [c for c in commands if c[0] == "find"]
+    assert len(listings) == 2, listings
+    assert str(dd / "pg_replslot" / "slot1") in removed
+    assert str(dd / "pg_stat_tmp" / "global.stat") in removed
+    assert not (dd / "pg_subtrans" / "0000").exists()
 
 
 def test_write_and_clear_recovery_settings_offline(tmp_path):
