@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pgsnap._argv import WAL_COMMANDS, subcommand
+from pgsnap._argv import WAL_COMMANDS, set_collector, subcommand
 
 __all__ = ["main", "script"]
 
@@ -26,13 +26,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli_main(args)
 
 
-_FIRST_THRESHOLD = 20_000
-"""The collector's first threshold in the ``pgsnap`` process (Python's default: 700):
-importing pgsnap and psycopg makes some 200 classes and tens of thousands of objects
-that live as long as the process, and a pass over them every 700 allocations is
-30-50 ms of a command that takes half a second. A long command still collects."""
-
-
 def script() -> int:
     """The ``pgsnap`` console script and ``python -m pgsnap``: :func:`main` in a process of
     its own, with the cyclic garbage collector set for one.
@@ -40,7 +33,8 @@ def script() -> int:
     With ``PGSNAP_AGENT`` set (and the command not ``agent`` itself), the agent at that
     socket runs the command (:mod:`pgsnap.agent`); when it does not, this process does.
 
-    The collector runs less often (:data:`_FIRST_THRESHOLD`), and what is alive when
+    The collector runs less often, or not at all for a command that only reads and
+    reports (:func:`pgsnap._argv.set_collector`), and what is alive when
     the command ends is frozen (``gc.freeze``): the interpreter's last collection at
     exit skips it, and the process's memory goes with the process. Files, logs and
     connections are closed by then as in any run (the collector only ever finds
@@ -55,8 +49,7 @@ def script() -> int:
         served = request(agent, args)
         if served is not None:
             return served
-    first, *older = gc.get_threshold()
-    gc.set_threshold(max(first, _FIRST_THRESHOLD), *older)
+    set_collector(args)
     code = main(args)
     gc.freeze()
     return code

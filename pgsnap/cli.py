@@ -1232,12 +1232,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
         """What the agent's forks run: the ``pgsnap`` command, routed as its entry
         point routes it (``wal-push``, ``wal-get``, ``wal-prefetch`` to their own
         module)."""
-        from pgsnap._argv import WAL_COMMANDS, subcommand  # noqa: PLC0415
+        from pgsnap._argv import WAL_COMMANDS, set_collector, subcommand  # noqa: PLC0415
 
         if subcommand(argv) in WAL_COMMANDS:
             from pgsnap.archives.commands import main as wal_main  # noqa: PLC0415
 
             return wal_main(argv)
+        set_collector(argv)  # the fork is a process of its own, as the command's is
         return _guarded(argv, parser)
 
     serve(os.path.abspath(path), command=forked, on_ready=ready)

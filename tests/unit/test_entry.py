@@ -8,16 +8,19 @@ import sys
 
 import pytest
 
-from pgsnap import _entry
+from pgsnap import _argv, _entry
 
 
 @pytest.fixture
 def collector():
-    """The collector's thresholds and frozen objects put back after the test."""
+    """The collector's state, thresholds and frozen objects put back after the test."""
     before = gc.get_threshold()
+    enabled = gc.isenabled()
     yield
     gc.unfreeze()
     gc.set_threshold(*before)
+    if enabled:
+        gc.enable()
 
 
 def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
@@ -32,17 +35,39 @@ def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
 
     gc.set_threshold(700, 10, 10)
     monkeypatch.setattr(_entry, "main", command)
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "backup", "-c", "x.toml"])
     assert _entry.script() == 3  # the command's exit code
-    assert seen == [(_entry._FIRST_THRESHOLD, 10, 10)]
+    assert seen == [(_argv.FIRST_THRESHOLD, 10, 10)]
     assert gc.get_freeze_count() > 0
     assert gc.isenabled()
 
 
+@pytest.mark.parametrize("command", ["plan-recovery", "list", "timeline"])
+def test_a_command_that_reads_and_reports_runs_without_the_collector(
+    monkeypatch, collector, command
+):
+    seen: list[bool] = []
+
+    def main(argv) -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    monkeypatch.setattr(_entry, "main", main)
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "-v", command, "-c", "x.toml"])
+    assert _entry.script() == 0
+    assert seen == [False]
+    gc.enable()
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "clone", "list", "-c", "x.toml"])
+    assert _entry.script() == 0
+    assert seen == [False, True]  # `clone list` is not `list`
+
+
 def test_a_higher_threshold_of_the_callers_is_kept(monkeypatch, collector):
     monkeypatch.setattr(_entry, "main", lambda argv: 0)
-    gc.set_threshold(10 * _entry._FIRST_THRESHOLD, 5, 5)
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "backup"])
+    gc.set_threshold(10 * _argv.FIRST_THRESHOLD, 5, 5)
     _entry.script()
-    assert gc.get_threshold() == (10 * _entry._FIRST_THRESHOLD, 5, 5)
+    assert gc.get_threshold() == (10 * _argv.FIRST_THRESHOLD, 5, 5)
 
 
 def test_the_console_script_and_python_m_pgsnap_are_the_script():
