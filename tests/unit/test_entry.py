@@ -35,15 +35,15 @@ def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
 
     gc.set_threshold(700, 10, 10)
     monkeypatch.setattr(_entry, "main", command)
-    monkeypatch.setattr(sys, "argv", ["pgsnap", "backup", "-c", "x.toml"])
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "recover", "-c", "x.toml"])
     assert _entry.script() == 3  # the command's exit code
     assert seen == [(_argv.FIRST_THRESHOLD, 10, 10)]
     assert gc.get_freeze_count() > 0
     assert gc.isenabled()
 
 
-@pytest.mark.parametrize("command", ["plan-recovery", "list", "timeline"])
-def test_a_command_that_reads_and_reports_runs_without_the_collector(
+@pytest.mark.parametrize("command", ["plan-recovery", "list", "timeline", "backup"])
+def test_a_command_of_bounded_memory_runs_without_the_collector(
     monkeypatch, collector, command
 ):
     seen: list[bool] = []
@@ -64,7 +64,7 @@ def test_a_command_that_reads_and_reports_runs_without_the_collector(
 
 def test_a_higher_threshold_of_the_callers_is_kept(monkeypatch, collector):
     monkeypatch.setattr(_entry, "main", lambda argv: 0)
-    monkeypatch.setattr(sys, "argv", ["pgsnap", "backup"])
+    monkeypatch.setattr(sys, "argv", ["pgsnap", "recover"])
     gc.set_threshold(10 * _argv.FIRST_THRESHOLD, 5, 5)
     _entry.script()
     assert gc.get_threshold() == (10 * _argv.FIRST_THRESHOLD, 5, 5)
