@@ -43,9 +43,7 @@ def test_the_script_collects_less_often_and_freezes_what_is_alive_at_the_end(
 
 
 @pytest.mark.parametrize("command", ["plan-recovery", "list", "timeline", "backup"])
-def test_a_command_of_bounded_memory_runs_without_the_collector(
-    monkeypatch, collector, command
-):
+def test_a_command_of_bounded_memory_runs_without_the_collector(monkeypatch, collector, command):
     seen: list[bool] = []
 
     def main(argv) -> int:
