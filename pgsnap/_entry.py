@@ -33,8 +33,8 @@ def script() -> int:
     With ``PGSNAP_AGENT`` set (and the command not ``agent`` itself), the agent at that
     socket runs the command (:mod:`pgsnap.agent`); when it does not, this process does.
 
-    The collector runs less often, or not at all for a command that only reads and
-    reports (:func:`pgsnap._argv.set_collector`), and what is alive when
+    The collector runs less often, or not at all for a command whose memory is bounded
+    by what it reads (:func:`pgsnap._argv.set_collector`), and what is alive when
     the command ends is frozen (``gc.freeze``): the interpreter's last collection at
     exit skips it, and the process's memory goes with the process. Files, logs and
     connections are closed by then as in any run (the collector only ever finds
