@@ -613,6 +613,20 @@ def test_processes_using_the_root_includes_this_process():
     assert os.getpid() in {p.pid for p in found}
 
 
+class Elsewhere:
+    """A runner that is not the local one, so a Host takes the commands' path (as over
+    ssh); it runs them here and keeps their argv in ``calls``."""
+
+    description = "remote"
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def run(self, argv, **kw):
+        self.calls.append(list(argv))
+        return LocalRunner().run(argv, **kw)
+
+
 def test_read_heads_reads_the_start_of_every_file_in_one_round_trip(tmp_path):
     (tmp_path / "seg").write_bytes(bytes(range(256)) * 4)
     (tmp_path / "short").write_bytes(b"ab")
@@ -627,23 +641,11 @@ def test_read_heads_reads_the_start_of_every_file_in_one_round_trip(tmp_path):
         "odd\nname \\x": b"\x00\xff\n\x00",
     }
 
-    class Remote:
-        """A runner that is not the local one: the script path (as over ssh)."""
-
-        def __init__(self) -> None:
-            self.inner = LocalRunner()
-            self.calls = 0
-            self.description = "remote"
-
-        def run(self, *a, **kw):
-            self.calls += 1
-            return self.inner.run(*a, **kw)
-
-    remote = Remote()
+    remote = Elsewhere()
     assert Host(remote).read_heads(str(tmp_path), 16) == expected
-    assert remote.calls == 1  # one round trip for the whole directory
+    assert len(remote.calls) == 1  # one round trip for the whole directory
     assert Host().read_heads(str(tmp_path), 16) == expected  # on this machine, in-process
-    for host in (Host(), Host(Remote())):
+    for host in (Host(), Host(Elsewhere())):
         with pytest.raises(HostFileNotFound):
             host.read_heads(str(tmp_path / "missing"), 16)
 
@@ -660,24 +662,16 @@ def test_list_dirs_is_one_command_elsewhere(tmp_path):
     for name in ("pg_replslot", "pg_stat_tmp", "pg_subtrans"):
         (tmp_path / name).mkdir()
     (tmp_path / "pg_stat_tmp" / "global.stat").write_bytes(b"")
-    calls: list[list[str]] = []
-
-    class Remote:
-        description = "remote"
-
-        def run(self, argv, **kw):
-            calls.append(list(argv))
-            return LocalRunner().run(argv, **kw)
-
+    remote = Elsewhere()
     paths = [str(tmp_path / n) for n in ("pg_replslot", "pg_stat_tmp", "pg_subtrans")]
-    listed = Host(Remote()).list_dirs(paths)
+    listed = Host(remote).list_dirs(paths)
     assert listed == dict(zip(paths, [(), ("global.stat",), ()], strict=True))
-    assert len(calls) == 1
+    assert len(remote.calls) == 1
     # One missing: the command fails, and each is asked alone (which says which).
-    calls.clear()
+    remote.calls.clear()
     gone = str(tmp_path / "pg_notify")
-    assert Host(Remote()).list_dirs([*paths, gone]) == {**listed, gone: None}
-    assert len(calls) == 1 + 4
+    assert Host(remote).list_dirs([*paths, gone]) == {**listed, gone: None}
+    assert len(remote.calls) == 1 + 4
 
 
 def test_read_heads_takes_heads_output_apart_by_the_files_sizes():
@@ -737,26 +731,20 @@ def test_read_heads_reads_file_by_file_when_the_output_does_not_add_up(tmp_path)
     (tmp_path / "seg").write_bytes(bytes(range(40)))
     (tmp_path / "short").write_bytes(b"ab")
 
-    class Remote:
-        """Over "ssh", where a file grows between the listing and head."""
-
-        description = "remote"
-
-        def __init__(self) -> None:
-            self.inner = LocalRunner()
-            self.scripts: list[str] = []
+    class Growing(Elsewhere):
+        """Where a file grows between the listing and head (one byte more is read)."""
 
         def run(self, argv, **kw):
-            self.scripts.append(argv[2])
-            done = self.inner.run(argv, **kw)
-            if len(self.scripts) == 1:
+            done = super().run(argv, **kw)
+            if len(self.calls) == 1:
                 done = CommandResult(done.argv, done.returncode, done.stdout + b"00\n", b"")
             return done
 
-    remote = Remote()
+    remote = Growing()
     assert Host(remote).read_heads(str(tmp_path), 16) == {"seg": bytes(range(16)), "short": b"ab"}
-    assert len(remote.scripts) == 2  # the heads of all, then file by file
-    assert "head -v" in remote.scripts[0] and "head" not in remote.scripts[1]
+    scripts = [argv[2] for argv in remote.calls]
+    assert len(scripts) == 2  # the heads of all, then file by file
+    assert "head -v" in scripts[0] and "head" not in scripts[1]
 
 
 def test_read_heads_follows_a_directory_given_as_a_symbolic_link(tmp_path):
