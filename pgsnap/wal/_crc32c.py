@@ -22,7 +22,6 @@ property test holds them equal).
 
 from __future__ import annotations
 
-import importlib
 import importlib.machinery
 import importlib.util
 import logging
@@ -116,7 +115,9 @@ def _c_module() -> object:
     places = spec.submodule_search_locations
     ext = importlib.machinery.PathFinder.find_spec("crc32c._crc32c", list(places or []))
     if ext is None or not isinstance(ext.loader, importlib.machinery.ExtensionFileLoader):
-        return importlib.import_module("crc32c")
+        import crc32c  # noqa: PLC0415 - laid out otherwise: the package, imported whole
+
+        return crc32c
     module = importlib.util.module_from_spec(ext)
     ext.loader.exec_module(module)
     return module
