@@ -55,8 +55,17 @@ def _git(*args: str) -> str:
 
 
 def git_commit() -> str:
-    """The checkout's short commit id (empty outside a git checkout)."""
-    return _git("rev-parse", "--short", "HEAD").strip()
+    """The checkout's short commit id; in a tree exported by ``git archive`` (as the
+    figures are best taken: compiled, no uncommitted change), the commit it was exported
+    from, which git writes into ``_commit.txt`` (``export-subst``); else empty."""
+    found = _git("rev-parse", "--short", "HEAD").strip()
+    if found:
+        return found
+    try:
+        exported = (_HERE / "_commit.txt").read_text().strip()
+    except OSError:
+        return ""
+    return "" if exported.startswith("$") else exported
 
 
 def uncommitted(path: str = "pgsnap") -> list[str]:
