@@ -571,5 +571,10 @@ def test_a_port_taken_before_weed_binds_it_is_drawn_again(
             assert server.client().list_buckets()["Buckets"] == []
     finally:
         held.close()
-    assert len(drawn) == 16  # eight ports, then eight others
+    # Eight ports, then eight others; on a busy machine (the other xdist workers start
+    # servers of their own) the second eight may lose a race too, and a third are drawn
+    # (a CI run met that).
+    assert len(drawn) in (16, 24)
+    held_port = drawn[0]
+    assert held_port not in drawn[8:]  # the taken port is never drawn again
     assert "bind: address already in use" in (tmp_path / "weed" / "weed.log").read_text()
